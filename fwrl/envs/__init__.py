@@ -1,0 +1,7 @@
+"""Environments: spec strings, families, wrappers and env workers.
+
+Nothing here imports torch: env worker processes import only this package.
+"""
+
+from fwrl.envs.registry import EnvInfo, describe_env, make_env, resolve  # noqa: F401
+from fwrl.envs.spec import EnvSpec, parse_env_spec  # noqa: F401

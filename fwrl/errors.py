@@ -1,0 +1,29 @@
+"""User-facing errors.
+
+Anything a researcher can get wrong (an unknown env, core or option, a missing
+optional dependency, a bad run directory, a foreign checkpoint) raises
+:class:`FwrlError` with a one-paragraph message. The CLI prints the message and
+exits with status 2 instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class FwrlError(Exception):
+    """An error caused by the user's input, shown without a traceback."""
+
+
+def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> FwrlError:
+    """Error for a value that is not one of ``choices``; the message lists them."""
+    valid = ", ".join(sorted(str(c) for c in choices))
+    return FwrlError(f"unknown {kind} {value!r}; valid choices: {valid}.")
+
+
+def missing_dependency(module: str, extra: str, purpose: str) -> FwrlError:
+    """Error for an optional dependency that is not installed."""
+    return FwrlError(
+        f"{purpose} needs the Python module '{module}', which is not installed. "
+        f"Install it with: pip install 'fwrl[{extra}]'"
+    )

@@ -1,0 +1,1 @@
+"""Plain PyTorch per-step loops that define the maths of every recurrence."""

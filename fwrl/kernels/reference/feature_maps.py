@@ -1,0 +1,56 @@
+"""Feature maps phi applied to queries and keys (paper 001, Sec. 5 and Eq. 37).
+
+- ``elu1_sumnorm``: phi(x) = elu(x) + 1, then divided by (sum + 1e-5)
+  ("sum normalisation", paper 001 Eq. 29; how the RL code ran LT / Delta Net).
+- ``softmax``: softmax over the head dimension (RDN, Delta RNN, SRWM).
+- ``dpfp-N``: deterministic parameter-free projection with nu = N
+  (paper 001 Eq. 37): r = relu([x, -x]), phi_{i*2d+j} = r_j * r_{(j+i) mod 2d}
+  for i = 1..nu; output size 2 * nu * d; followed by sum normalisation.
+- ``identity``: no map (for tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fwrl.errors import unknown_choice
+
+SUM_NORM_EPS = 1e-5
+FEATURE_MAPS = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3", "identity")
+
+
+def sum_normalise(x: Tensor) -> Tensor:
+    return x / (x.sum(dim=-1, keepdim=True) + SUM_NORM_EPS)
+
+
+def dpfp(x: Tensor, nu: int) -> Tensor:
+    r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
+    rolled = torch.cat([torch.roll(r, shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+    repeated = torch.cat([r] * nu, dim=-1)
+    return repeated * rolled
+
+
+def feature_dim(name: str, dim: int) -> int:
+    """Size of phi(x) for x of size ``dim``."""
+    check_feature_map(name)
+    if name.startswith("dpfp-"):
+        return 2 * int(name.split("-")[1]) * dim
+    return dim
+
+
+def check_feature_map(name: str) -> None:
+    if name not in FEATURE_MAPS:
+        raise unknown_choice("feature map", name, FEATURE_MAPS)
+
+
+def apply_feature_map(name: str, x: Tensor) -> Tensor:
+    check_feature_map(name)
+    if name == "elu1_sumnorm":
+        return sum_normalise(F.elu(x) + 1.0)
+    if name == "softmax":
+        return torch.softmax(x, dim=-1)
+    if name.startswith("dpfp-"):
+        return sum_normalise(dpfp(x, int(name.split("-")[1])))
+    return x

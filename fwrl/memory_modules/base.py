@@ -1,0 +1,182 @@
+"""The Core interface every memory module implements, and the registry of cores.
+
+A core maps a sequence of feature vectors to a sequence of outputs while
+carrying a recurrent state (LSTM cells, fast weight matrices, RTRL
+sensitivities...). The same ``forward`` serves inference (T = 1) and learning
+(T = unroll + 1), see ``shared/ARCHITECTURE.md``:
+
+    x [T, B, D_in], state {name: [B, ...]}, done [T, B] bool
+        -> y [T, B, output_size], final state
+
+``done[t]`` means observation t is the first frame of a new episode: before
+step t, the rows with ``done[t]`` are reset to ``initial_state``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from fwrl.errors import FwrlError, unknown_choice
+
+State = dict[str, Tensor]
+
+
+@dataclass
+class CoreConfig:
+    """Base of every core's configuration dataclass.
+
+    Subclasses add their own fields with defaults; ``from_options`` turns the
+    strings of ``--core-opt key=value`` (or a YAML mapping) into a typed config
+    and refuses unknown keys with the list of valid ones.
+    """
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None) -> "CoreConfig":
+        options = dict(options or {})
+        valid = {f.name: f for f in fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, raw in options.items():
+            if key not in valid:
+                raise unknown_choice(f"option for core config {cls.__name__}", key, valid)
+            kwargs[key] = _coerce(key, raw, hints[key], valid[key])
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(key: str, raw: Any, hint: Any, field: dataclasses.Field) -> Any:
+    """Convert ``raw`` (often a string from the command line) to the field's type."""
+    origin = typing.get_origin(hint)
+    choices = field.metadata.get("choices")
+    try:
+        if hint is bool:
+            if isinstance(raw, bool):
+                value = raw
+            elif str(raw).lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(raw)
+        elif hint in (int, float, str):
+            value = hint(raw)
+        elif origin is typing.Literal:
+            choices = typing.get_args(hint)
+            value = str(raw)
+        else:
+            value = raw
+    except (TypeError, ValueError):
+        raise FwrlError(
+            f"core option {key}={raw!r} is not a valid {getattr(hint, '__name__', hint)}."
+        ) from None
+    if choices is not None and value not in choices:
+        raise unknown_choice(f"value for core option {key}", value, choices)
+    return value
+
+
+class Core(nn.Module):
+    """A recurrent memory module behind one interface (ARCHITECTURE.md, Core interface).
+
+    Subclasses set ``output_size`` and implement ``initial_state`` and ``forward``.
+    Resets: before step t, rows with ``done[t]`` must start from
+    ``initial_state`` (``reset_rows`` does it for a whole state dict).
+    """
+
+    output_size: int
+    config_class: ClassVar[type[CoreConfig]] = CoreConfig
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> State:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+
+def reset_rows(state: State, initial: State, done_t: Tensor) -> State:
+    """Replace the rows of ``state`` where ``done_t`` [B] is true by ``initial``'s rows."""
+    out = {}
+    for name, value in state.items():
+        mask = done_t.view(-1, *([1] * (value.dim() - 1)))
+        out[name] = torch.where(mask, initial[name].to(value.dtype), value)
+    return out
+
+
+def zero_rows(state: State, done_t: Tensor) -> State:
+    """Zero the rows of ``state`` where ``done_t`` [B] is true (a zero initial state)."""
+    out = {}
+    for name, value in state.items():
+        keep = (~done_t).to(value.dtype).view(-1, *([1] * (value.dim() - 1)))
+        out[name] = value * keep
+    return out
+
+
+# --------------------------------------------------------------------------- registry
+
+CoreFactory = Callable[[int, CoreConfig], Core]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: CoreFactory
+    config_class: type[CoreConfig]
+    summary: str
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_core(name: str, config_class: type[CoreConfig], summary: str = ""):
+    """Class or function decorator: register ``factory(input_size, config) -> Core``."""
+
+    def decorate(factory: CoreFactory) -> CoreFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"core {name!r} registered twice")
+        _REGISTRY[name] = _Entry(factory, config_class, summary)
+        return factory
+
+    return decorate
+
+
+def core_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def core_summary(name: str) -> str:
+    return _entry(name).summary
+
+
+def core_config_class(name: str) -> type[CoreConfig]:
+    return _entry(name).config_class
+
+
+def _entry(name: str) -> _Entry:
+    if name not in _REGISTRY:
+        raise unknown_choice("core", name, _REGISTRY)
+    return _REGISTRY[name]
+
+
+def build_core(
+    name: str, input_size: int, options: Mapping[str, Any] | CoreConfig | None = None
+) -> Core:
+    """Build the core ``name`` for inputs of size ``input_size``.
+
+    ``options`` is a typed config or a mapping of option strings (``--core-opt``).
+    """
+    entry = _entry(name)
+    config = options if isinstance(options, CoreConfig) else entry.config_class.from_options(options)
+    core = entry.factory(input_size, config)
+    core.core_name = name
+    core.config = config
+    return core

@@ -1,0 +1,109 @@
+"""The Transformer-style block shared by the fast-weight cores (REFERENCE §2).
+
+    x = input_proj(core_input)                      Linear(D_in -> hidden, bias)
+    for each of L layers:
+        x = x + out_linear(FWP(LN(x)))              out_linear: Linear(H*dv -> hidden, no bias)
+        x = x + W2 ReLU(W1 LN(x))                   hidden -> ff_dim -> hidden
+    (no final LayerNorm)
+
+``FWP`` is a :class:`FastWeightLayer` supplied by each core (Linear
+Transformer, Delta Net, RDN, Delta RNN, SRWM...). Every layer runs over the
+whole sequence at once (so a fused kernel can take the rollout in one call);
+its state lives in the core state under ``"l{i}.{name}"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import Tensor, nn
+
+from fwrl.memory_modules.base import Core, CoreConfig, State
+
+GRAD_MODES = ("full", "step")
+
+
+@dataclass
+class FWPConfig(CoreConfig):
+    """Options common to the fast-weight cores (Atari defaults of the RFWP paper)."""
+
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_heads: int = 4
+    head_dim: int = 32
+    ff_dim: int = 512
+    dropout: float = 0.0
+    feature_map: str = "elu1_sumnorm"
+    grad_mode: str = field(default="full", metadata={"choices": GRAD_MODES})
+    # LayerNorm before the fast-weight layer; the SRWM cores feed the raw
+    # residual stream instead (REFERENCE §2).
+    pre_norm: bool = True
+
+
+class FastWeightLayer(nn.Module):
+    """One fast-weight layer: x [T, B, hidden] -> y [T, B, out_size] with carried state."""
+
+    out_size: int
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+
+LayerFactory = Callable[[FWPConfig, int], FastWeightLayer]
+
+
+class _Block(nn.Module):
+    def __init__(self, config: FWPConfig, fwp: FastWeightLayer):
+        super().__init__()
+        h = config.hidden_size
+        self.norm1 = nn.LayerNorm(h) if config.pre_norm else nn.Identity()
+        self.fwp = fwp
+        self.out_linear = nn.Linear(fwp.out_size, h, bias=False)
+        self.norm2 = nn.LayerNorm(h)
+        self.ff = nn.Sequential(
+            nn.Linear(h, config.ff_dim),
+            nn.ReLU(),
+            nn.Dropout(config.dropout),
+            nn.Linear(config.ff_dim, h),
+            nn.Dropout(config.dropout),
+        )
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        y, state = self.fwp(self.norm1(x), state, done)
+        x = x + self.dropout(self.out_linear(y))
+        x = x + self.ff(self.norm2(x))
+        return x, state
+
+
+class FWPTransformerCore(Core):
+    """input_proj, then L blocks of (fast-weight layer, feed-forward), residual."""
+
+    def __init__(self, input_size: int, config: FWPConfig, make_layer: LayerFactory):
+        super().__init__()
+        self.input_proj = nn.Linear(input_size, config.hidden_size)
+        self.blocks = nn.ModuleList(
+            _Block(config, make_layer(config, i)) for i in range(config.num_layers)
+        )
+        self.output_size = config.hidden_size
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        state = {}
+        for i, block in enumerate(self.blocks):
+            for name, value in block.fwp.initial_state(batch_size, device).items():
+                state[f"l{i}.{name}"] = value
+        return state
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        x = self.input_proj(x)
+        new_state = {}
+        for i, block in enumerate(self.blocks):
+            prefix = f"l{i}."
+            layer_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            x, layer_state = block(x, layer_state, done)
+            new_state.update({prefix + k: v for k, v in layer_state.items()})
+        return x, new_state

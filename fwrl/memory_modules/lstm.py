@@ -1,0 +1,55 @@
+"""The classic IMPALA memory: one ``nn.LSTM(257, 256)`` layer (REFERENCE §1-2).
+
+The whole sequence runs through ``nn.LSTM`` in as few calls as the resets
+allow: the sequence is cut only at steps where some row starts a new episode,
+and those rows' (h, c) are zeroed there. This keeps the fused LSTM kernels
+(cuDNN on GPU, oneDNN on CPU) instead of a Python loop over steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, zero_rows
+
+
+@dataclass
+class LSTMConfig(CoreConfig):
+    hidden_size: int = 256
+    num_layers: int = 1
+
+
+class LSTMCore(Core):
+    config_class = LSTMConfig
+
+    def __init__(self, input_size: int, config: LSTMConfig | None = None):
+        super().__init__()
+        config = config or LSTMConfig()
+        self.lstm = nn.LSTM(input_size, config.hidden_size, num_layers=config.num_layers)
+        self.output_size = config.hidden_size
+        self.num_layers = config.num_layers
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        shape = (batch_size, self.num_layers, self.output_size)
+        return {"h": torch.zeros(shape, device=device), "c": torch.zeros(shape, device=device)}
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        T = x.shape[0]
+        reset_steps = done.any(dim=1).nonzero().flatten().tolist()
+        bounds = sorted(set([0, *reset_steps, T]))
+        outputs = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            state = zero_rows(state, done[start])
+            hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())
+            y, (h, c) = self.lstm(x[start:end], hc)
+            outputs.append(y)
+            state = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
+        return torch.cat(outputs), state
+
+
+@register_core("lstm", LSTMConfig, "nn.LSTM, BPTT across the rollout")
+def _build(input_size: int, config: LSTMConfig) -> Core:
+    return LSTMCore(input_size, config)

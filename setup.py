@@ -1,0 +1,34 @@
+"""fwrl: IMPALA / V-trace agents with fast-weight memories."""
+
+from setuptools import find_packages, setup
+
+EXTRAS = {
+    "atari": ["ale-py>=0.12,<0.13"],
+    "procgen": ["procgen2"],
+    "envpool": ["envpool>=1.2"],
+    "ray": ["ray[default]>=2.9"],
+    "kernels": ["triton>=3.2"],
+    "test": ["pytest>=8", "ale-py>=0.12,<0.13"],
+}
+EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
+
+setup(
+    name="fwrl",
+    version="0.1.0",
+    description="IMPALA / V-trace agents whose memory is a fast-weight programmer",
+    packages=find_packages(include=["fwrl", "fwrl.*"]),
+    package_data={"fwrl.launch": ["presets/*.yaml"]},
+    python_requires=">=3.10",
+    # torch: install torch first (2.13.0 on the CPU machines); any torch >= 2.4 works.
+    install_requires=[
+        "torch>=2.4",
+        "numpy",
+        "gymnasium>=1.0",
+        "pyyaml",
+        "rich",
+        "tensorboard",
+        "matplotlib",
+    ],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["fwrl=fwrl.launch.cli:main"]},
+)
