@@ -1,0 +1,168 @@
+"""The IMPALA agent network: vision stem + memory core + policy/baseline heads.
+
+REFERENCE §1:
+
+- ``impala`` stem (the default): for channels (16, 32, 32): Conv3x3 s1 p1,
+  MaxPool 3x3 s2 p1, two residual blocks ``x + Conv(ReLU(Conv(ReLU(x))))``;
+  then ReLU, flatten, Linear -> 256, ReLU. Frames are uint8 / 255.
+- ``nature`` stem (Nature DQN): Conv 32 8x8/4, Conv 64 4x4/2, Conv 64 3x3/1,
+  Linear -> 512, all ReLU.
+- ``mlp`` stem for flat vector observations: Linear -> 256, ReLU, twice.
+- Core input = concat(stem features, clamp(reward, -1, 1)); the last action
+  is not fed. Heads: policy Linear(core_out -> A), baseline Linear(core_out -> 1).
+- Acting samples from softmax(logits); evaluation is greedy (argmax).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fwrl.errors import FwrlError, unknown_choice
+from fwrl.memory_modules import build_core
+from fwrl.memory_modules.base import State
+
+STEMS = ("impala", "nature", "mlp")
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaStem(nn.Module):
+    """IMPALA "large" ResNet stem (Espeholt et al. 2018, Fig. 3 right)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], channels=(16, 32, 32), out_size: int = 256):
+        super().__init__()
+        c, h, w = obs_shape
+        layers: list[nn.Module] = []
+        for out_c in channels:
+            layers += [
+                nn.Conv2d(c, out_c, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _ResidualBlock(out_c),
+                _ResidualBlock(out_c),
+            ]
+            c = out_c
+            h, w = (h + 1) // 2, (w + 1) // 2
+        self.convs = nn.Sequential(*layers)
+        self.flat_size = c * h * w
+        self.fc = nn.Linear(self.flat_size, out_size)
+        self.out_size = out_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.convs(x))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class NatureStem(nn.Module):
+    """Nature-DQN stem (Mnih et al. 2015)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_size: int = 512):
+        super().__init__()
+        c, h, w = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        )
+        with torch.no_grad():
+            self.flat_size = self.convs(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Linear(self.flat_size, out_size)
+        self.out_size = out_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(self.fc(self.convs(x).flatten(1)))
+
+
+class MLPStem(nn.Module):
+    """Two ReLU layers of 256 for flat vector observations."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_size: int = 256):
+        super().__init__()
+        (d,) = obs_shape
+        self.net = nn.Sequential(nn.Linear(d, out_size), nn.ReLU(), nn.Linear(out_size, out_size), nn.ReLU())
+        self.out_size = out_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+def make_stem(name: str, obs_shape: tuple[int, ...]) -> nn.Module:
+    if name not in STEMS:
+        raise unknown_choice("vision stem", name, STEMS)
+    is_image = len(obs_shape) == 3
+    if name == "mlp" and is_image:
+        raise FwrlError(f"stem 'mlp' needs flat vector observations, got shape {obs_shape}; use impala or nature.")
+    if name != "mlp" and not is_image:
+        raise FwrlError(f"stem {name!r} needs image observations (C, H, W), got shape {obs_shape}; use mlp.")
+    return {"impala": ImpalaStem, "nature": NatureStem, "mlp": MLPStem}[name](obs_shape)
+
+
+def default_stem(obs_shape: tuple[int, ...]) -> str:
+    return "impala" if len(obs_shape) == 3 else "mlp"
+
+
+class AgentNet(nn.Module):
+    """Stem + core + heads. ``forward`` runs a whole [T, B] sequence in one call."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        num_actions: int,
+        core: str = "lstm",
+        core_options: Mapping[str, Any] | None = None,
+        stem: str | None = "impala",
+    ):
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.num_actions = num_actions
+        self.stem_name = stem or default_stem(self.obs_shape)
+        self.stem = make_stem(self.stem_name, self.obs_shape)
+        self.core = build_core(core, self.stem.out_size + 1, core_options)
+        self.policy = nn.Linear(self.core.output_size, num_actions)
+        self.baseline = nn.Linear(self.core.output_size, 1)
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        return self.core.initial_state(batch_size, device)
+
+    def forward(
+        self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False
+    ) -> tuple[dict[str, Tensor], State]:
+        """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool)."""
+        obs = inputs["obs"]
+        T, B = obs.shape[:2]
+        x = obs.reshape(T * B, *obs.shape[2:])
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        features = self.stem(x).view(T, B, -1)
+        reward = inputs["reward"].float().clamp(-1.0, 1.0).unsqueeze(-1)
+        core_out, state = self.core(torch.cat([features, reward], dim=-1), state, inputs["done"].bool())
+        logits = self.policy(core_out)
+        baseline = self.baseline(core_out).squeeze(-1)
+        if greedy:
+            action = logits.argmax(dim=-1)
+        else:
+            action = torch.multinomial(F.softmax(logits.reshape(T * B, -1), dim=-1), 1).view(T, B)
+        return {"policy_logits": logits, "baseline": baseline, "action": action}, state
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def layer_table(model: nn.Module, depth: int = 2) -> list[tuple[str, int]]:
+    """(module path, parameter count) for modules down to ``depth`` dots."""
+    rows: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        key = ".".join(name.split(".")[:depth]) if "." in name else name
+        rows[key] = rows.get(key, 0) + p.numel()
+    return list(rows.items())
