@@ -1,0 +1,109 @@
+"""The IMPALA optimiser settings (REFERENCE.md Sec. 4; Espeholt et al. 2018).
+
+RMSProp (lr 6e-4, alpha 0.99, eps 0.01, momentum 0), the learning rate
+decayed linearly to 0 over the total number of agent steps, and global-norm
+gradient clipping at 40. torch's RMSprop adds eps outside the square root,
+as the torchbeast runs of the papers' authors did.
+
+The schedule is a pure function of the agent-step count
+(:func:`linear_decay_lr`), so a resumed run that restores the step count from
+its checkpoint gets exactly the learning rate it would have had.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from fwrl.errors import FwrlError
+
+
+def make_optimizer(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    lr: float = 6e-4,
+    alpha: float = 0.99,
+    eps: float = 0.01,
+    momentum: float = 0.0,
+) -> torch.optim.RMSprop:
+    """torch RMSprop with the IMPALA defaults."""
+    return torch.optim.RMSprop(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum)
+
+
+def linear_decay_lr(base_lr: float, agent_steps: int, total_steps: int) -> float:
+    """base_lr * (1 - min(agent_steps, total_steps) / total_steps): 0 from total_steps on."""
+    return base_lr * (1.0 - min(max(agent_steps, 0), total_steps) / total_steps)
+
+
+class LinearDecayScheduler:
+    """Sets each param group's lr to ``linear_decay_lr(initial_lr, agent_steps, total_steps)``.
+
+    ``step()`` after each optimiser update advances the count by
+    ``steps_per_update`` (T x B agent steps) or sets it to the count given.
+    ``state_dict`` / ``load_state_dict`` carry the count, so a restored
+    scheduler continues the same schedule.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int,
+                 steps_per_update: int, agent_steps: int = 0) -> None:
+        if total_steps <= 0:
+            raise FwrlError(f"total steps must be a positive number of agent steps, got {total_steps}.")
+        if steps_per_update <= 0:
+            raise FwrlError(
+                f"steps per update (unroll length x batch size) must be positive, got {steps_per_update}."
+            )
+        self.optimizer = optimizer
+        self.total_steps = int(total_steps)
+        self.steps_per_update = int(steps_per_update)
+        self.base_lrs = [group.setdefault("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        self.agent_steps = int(agent_steps)
+        self._apply()
+
+    def lr_at(self, agent_steps: int) -> list[float]:
+        """The learning rate of each param group at ``agent_steps``."""
+        return [linear_decay_lr(base, agent_steps, self.total_steps) for base in self.base_lrs]
+
+    def _apply(self) -> None:
+        for group, lr in zip(self.optimizer.param_groups, self.lr_at(self.agent_steps)):
+            group["lr"] = lr
+
+    def step(self, agent_steps: int | None = None) -> None:
+        """Advance by one update's worth of agent steps, or jump to ``agent_steps``."""
+        if agent_steps is None:
+            self.agent_steps += self.steps_per_update
+        else:
+            self.agent_steps = int(agent_steps)
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates currently set, one per param group."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "agent_steps": self.agent_steps,
+            "total_steps": self.total_steps,
+            "steps_per_update": self.steps_per_update,
+            "base_lrs": list(self.base_lrs),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.agent_steps = int(state["agent_steps"])
+        self.total_steps = int(state["total_steps"])
+        self.steps_per_update = int(state["steps_per_update"])
+        self.base_lrs = list(state["base_lrs"])
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["initial_lr"] = base
+        self._apply()
+
+
+def linear_decay_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
+                           steps_per_update: int, agent_steps: int = 0) -> LinearDecayScheduler:
+    """Linear decay of the learning rate to 0 over ``total_steps`` agent steps."""
+    return LinearDecayScheduler(optimizer, total_steps, steps_per_update, agent_steps)
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float = 40.0) -> Tensor:
+    """Scale the gradients so their global L2 norm is at most ``max_norm``; returns the norm before clipping."""
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
