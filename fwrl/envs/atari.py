@@ -1,0 +1,109 @@
+"""Atari 2600 games (``atari:<Game>``) with the torchbeast / IMPALA protocol.
+
+``atari:Pong`` makes ``ALE/Pong-v5`` (Bellemare et al. 2013, ale_py) with
+``frameskip=1`` and ``repeat_action_probability=0``, the minimal action set,
+and the wrappers of :mod:`fwrl.envs.wrappers`: noop reset (up to 30), skip 4
+with max over the last two frames, episodic life in train mode, fire on
+reset for games with FIRE, 84x84 greyscale, stack 4 -> ``(4, 84, 84)``
+uint8 (REFERENCE.md section 5; Espeholt et al. 2018; Mnih et al. 2015).
+
+Options:
+
+- ``sticky=true``: sticky actions, ``repeat_action_probability=0.25``
+  (Machado et al. 2018; the RFWP paper, Irie et al. 2021, mentions them);
+- ``full_action_space=true``: all 18 actions instead of the minimal set.
+
+In ``mode="test"`` there is no episodic life: an episode is a full game (the
+evaluation protocol). Episodes are capped by ALE's 108 000 frames
+(``truncated``). Rewards are not clipped here (the learner clips them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from functools import lru_cache
+from typing import Any
+
+import gymnasium as gym
+
+from fwrl.envs.registry import EnvFamily, register_family
+from fwrl.envs.spec import EnvSpec, Option
+from fwrl.envs.wrappers import AtariPreprocess, EpisodicLife, FireReset, SeedOnFirstReset
+from fwrl.errors import FwrlError, missing_dependency
+
+STICKY_PROBABILITY = 0.25
+NOOP_MAX = 30
+FRAME_SKIP = 4
+FRAME_SIZE = 84
+FRAME_STACK = 4
+MODES = ("train", "test")
+
+
+def _import_ale():
+    """Import ale_py quietly (no banner) and register its gymnasium envs."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import ale_py
+    except ImportError:
+        raise missing_dependency("ale_py", "atari", "Atari envs") from None
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    gym.register_envs(ale_py)
+    return ale_py
+
+
+@lru_cache(maxsize=1)
+def atari_games() -> tuple[str, ...]:
+    """Names ``X`` of the registered ``ALE/X-v5`` envs (e.g. Pong, SpaceInvaders)."""
+    _import_ale()
+    names = [
+        env_id[len("ALE/") : -len("-v5")]
+        for env_id in gym.registry
+        if env_id.startswith("ALE/") and env_id.endswith("-v5")
+    ]
+    return tuple(sorted(names))
+
+
+class AtariFamily(EnvFamily):
+    name = "atari"
+    options = {
+        "sticky": Option(bool, False, "sticky actions (repeat_action_probability=0.25)"),
+        "full_action_space": Option(bool, False, "use all 18 actions, not the minimal set"),
+    }
+
+    def validate(self, spec: EnvSpec) -> dict[str, Any]:
+        opts = super().validate(spec)
+        games = atari_games()
+        for game in spec.names:
+            if game not in games:
+                close = difflib.get_close_matches(game, games, n=3, cutoff=0.5)
+                close += [g for g in games if g.lower() == game.lower() and g not in close]
+                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                raise FwrlError(
+                    f"unknown atari game {game!r}.{hint} Valid games (ALE/<Game>-v5 ids "
+                    f"of ale_py): {', '.join(games)}."
+                )
+        return opts
+
+    def make(self, spec: EnvSpec, *, worker_index: int, seed: int, mode: str = "train"):
+        if mode not in MODES:
+            raise FwrlError(f"unknown env mode {mode!r}; valid choices: {', '.join(MODES)}.")
+        opts = self.validate(spec)
+        game = spec.name_for_worker(worker_index)
+        env = gym.make(
+            f"ALE/{game}-v5",
+            frameskip=1,
+            repeat_action_probability=STICKY_PROBABILITY if opts["sticky"] else 0.0,
+            full_action_space=opts["full_action_space"],
+        )
+        env = AtariPreprocess(env, noop_max=NOOP_MAX, skip=FRAME_SKIP, size=FRAME_SIZE)
+        if mode == "train":
+            env = EpisodicLife(env)
+        if FireReset.needed(env):
+            env = FireReset(env)
+        env = gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+        return SeedOnFirstReset(env, seed)
+
+
+register_family(AtariFamily())
