@@ -57,3 +57,85 @@ def delta_rule(
         if backend == "triton":
             raise FwrlError(f"FWRL_KERNELS=triton but the delta-rule kernel cannot run: {reason}.")
     return delta_rule_reference(q, k, v, beta, W0, reset, **kwargs)
+
+
+# --------------------------------------------------------------------------- recurrent FWPs
+# RDN, Delta RNN and Delta LSTM: the PyTorch references only, until their
+# Triton kernels exist (forcing FWRL_KERNELS=triton on them is an error).
+
+
+def _reference_only(name: str) -> None:
+    if kernel_backend() == "triton":
+        raise FwrlError(
+            f"FWRL_KERNELS=triton but there is no Triton kernel for the {name} recurrence yet; "
+            "use FWRL_KERNELS=auto or reference."
+        )
+
+
+def rdn(
+    xq: Tensor,
+    xk: Tensor,
+    xv: Tensor,
+    xb: Tensor,
+    Rq: Tensor,
+    Rk: Tensor,
+    Rv: Tensor,
+    rb: Tensor,
+    W0: Tensor,
+    h0: Tensor,
+    reset: Tensor,
+    *,
+    feature_map: str = "softmax",
+    grad_mode: str = "full",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Recurrent Delta Net over a whole sequence (see ``reference.rdn``)."""
+    from fwrl.kernels.reference.rdn import rdn_reference
+
+    _reference_only("rdn")
+    return rdn_reference(
+        xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, feature_map=feature_map, grad_mode=grad_mode
+    )
+
+
+def delta_rnn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    kr: Tensor,
+    vr: Tensor,
+    betar: Tensor,
+    W0: Tensor,
+    R0: Tensor,
+    h0: Tensor,
+    reset: Tensor,
+    *,
+    feature_map: str = "softmax",
+    grad_mode: str = "full",
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Delta RNN over a whole sequence (see ``reference.delta_rnn``)."""
+    from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
+
+    _reference_only("delta_rnn")
+    return delta_rnn_reference(
+        q, k, v, beta, kr, vr, betar, W0, R0, h0, reset, feature_map=feature_map, grad_mode=grad_mode
+    )
+
+
+def delta_lstm(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    W0: Tensor,
+    c0: Tensor,
+    y0: Tensor,
+    reset: Tensor,
+    *,
+    grad_mode: str = "full",
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Delta LSTM over a whole sequence (see ``reference.delta_lstm``)."""
+    from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
+
+    _reference_only("delta_lstm")
+    return delta_lstm_reference(q, k, v, beta, W0, c0, y0, reset, grad_mode=grad_mode)
