@@ -1,0 +1,79 @@
+"""Delta RNN core: a fast RNN whose two weight matrices follow delta rules.
+
+Paper 000 (RFWP), Sec. 3.1, Eq. 12 (version B, App. A.2):
+
+    y_t = W_t phi(q_t) + R_t f(y_{t-1})
+
+W_t is written as in the Delta Net (paper 001 Eq. 20-24) with (q, k, v, beta);
+the recurrent fast matrix R_t [d, d] by its own delta rule with (k_r, v_r,
+beta_r). f = softmax (denominator + 1e-6). Per head the slow net emits
+``[q | k | v | beta | k_r | v_r | beta_r]`` (5d + 2). phi = softmax by
+default (REFERENCE §2). The recurrence runs in
+:func:`fwrl.kernels.dispatch.delta_rnn`. Atari agent: 1.6 M parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from fwrl.kernels import dispatch
+from fwrl.kernels.reference.feature_maps import feature_dim
+from fwrl.memory_modules.base import Core, State, register_core
+from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
+
+
+@dataclass
+class DeltaRNNConfig(FWPConfig):
+    """FWPConfig with softmax features by default; phi applies to q and k of W only."""
+
+    feature_map: str = field(default="softmax", metadata={"choices": FEATURE_MAP_CHOICES})
+
+
+class DeltaRNNLayer(FastWeightLayer):
+    """One Delta RNN layer; state ``W`` [B,H,d,F], ``R`` [B,H,d,d], ``h`` [B,H,d]."""
+
+    def __init__(self, config: FWPConfig):
+        super().__init__()
+        H, d = config.num_heads, config.head_dim
+        self.num_heads, self.head_dim = H, d
+        self.feature_map = config.feature_map
+        self.grad_mode = config.grad_mode
+        self.key_dim = feature_dim(config.feature_map, d)
+        self.per_head = 5 * d + 2
+        self.slow_net = nn.Linear(config.hidden_size, H * self.per_head, bias=False)
+        self.out_size = H * d
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        kw = dict(device=device, dtype=self.slow_net.weight.dtype)
+        H, d = self.num_heads, self.head_dim
+        return {
+            "W": torch.zeros(batch_size, H, d, self.key_dim, **kw),
+            "R": torch.zeros(batch_size, H, d, d, **kw),
+            "h": torch.zeros(batch_size, H, d, **kw),
+        }
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        T, B, _ = x.shape
+        d = self.head_dim
+        p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+        q, k, v, beta = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d]
+        o = 3 * d + 1
+        kr, vr, betar = p[..., o : o + d], p[..., o + d : o + 2 * d], p[..., o + 2 * d]
+        y, W, R, h = dispatch.delta_rnn(
+            q, k, v, beta, kr, vr, betar, state["W"], state["R"], state["h"], done,
+            feature_map=self.feature_map, grad_mode=self.grad_mode,
+        )
+        return y.reshape(T, B, self.out_size), {"W": W, "R": R, "h": h}
+
+
+@register_core(
+    "delta_rnn",
+    DeltaRNNConfig,
+    "Delta RNN: fast RNN with delta-rule W and R (RFWP paper Eq. 12), Transformer block",
+)
+def build_delta_rnn(input_size: int, config: DeltaRNNConfig) -> Core:
+    return FWPTransformerCore(input_size, config, lambda cfg, i: DeltaRNNLayer(cfg))

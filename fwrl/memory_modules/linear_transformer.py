@@ -1,0 +1,89 @@
+"""Linear Transformer core: a fast-weight programmer with the sum rule.
+
+Paper 001 (Schlag et al. 2021), Sec. 3: a linear Transformer layer is a fast
+weight programmer. Per head, the slow net (one Linear, no bias) emits
+``[q | k | v]`` and the fast weight matrix is written by the sum rule and read
+after the write (Eq. 17 and 19):
+
+    W_t = W_{t-1} + v_t phi(k_t)^T
+    y_t = W_t phi(q_t)
+
+with the denominator of Eq. 18-19 replaced by sum normalisation of phi
+(Eq. 29), as the RL runs did (REFERENCE §2). phi: ``elu1_sumnorm`` (ELU + 1,
+Eq. 30, then Eq. 29; default), ``softmax`` or ``dpfp-1/2/3`` (Eq. 37).
+
+The layer sits in the shared Transformer-style block
+(:class:`~fwrl.memory_modules.fwp_block.FWPTransformerCore`). Atari defaults
+(RFWP paper Sec. 4.4): 2 layers, hidden 128, 4 heads of 32, feed-forward 512;
+the whole agent has 1.5 M parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from fwrl.kernels import dispatch
+from fwrl.kernels.reference.feature_maps import feature_dim
+from fwrl.memory_modules.base import Core, State, register_core
+from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+
+# The feature maps a user can pick for LT / Delta Net (``identity`` is for tests).
+FEATURE_MAP_CHOICES = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3")
+
+
+@dataclass
+class LinearTransformerConfig(FWPConfig):
+    """FWPConfig with the feature maps of paper 001 (Sec. 5) as choices."""
+
+    feature_map: str = field(default="elu1_sumnorm", metadata={"choices": FEATURE_MAP_CHOICES})
+
+
+class SlowNetFastWeightLayer(FastWeightLayer):
+    """A feed-forward slow net programming one fast matrix per head (LT, Delta Net).
+
+    ``rule="sum"``: per-head slice ``[q | k | v]`` (3d), sum rule (paper 001 Eq. 17).
+    ``rule="delta"``: per-head slice ``[q | k | v | beta]`` (3d + 1), delta rule
+    (paper 001 Eq. 20-25). The recurrence runs through
+    :func:`fwrl.kernels.dispatch.delta_rule` over the whole sequence.
+    State: ``W`` [B, H, d, F] with F = feature size of phi.
+    """
+
+    def __init__(self, config: FWPConfig, rule: str):
+        super().__init__()
+        self.rule = rule
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.feature_map = config.feature_map
+        self.grad_mode = config.grad_mode
+        self.key_dim = feature_dim(config.feature_map, config.head_dim)
+        self.per_head = 3 * config.head_dim + (1 if rule == "delta" else 0)
+        self.slow_net = nn.Linear(config.hidden_size, config.num_heads * self.per_head, bias=False)
+        self.out_size = config.num_heads * config.head_dim
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        shape = (batch_size, self.num_heads, self.head_dim, self.key_dim)
+        return {"W": torch.zeros(shape, device=device, dtype=self.slow_net.weight.dtype)}
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        T, B, _ = x.shape
+        d = self.head_dim
+        p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+        q, k, v = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d]
+        beta = p[..., 3 * d] if self.rule == "delta" else None
+        y, W = dispatch.delta_rule(
+            q, k, v, beta, state["W"], done,
+            rule=self.rule, feature_map=self.feature_map, grad_mode=self.grad_mode,
+        )
+        return y.reshape(T, B, self.out_size), {"W": W}
+
+
+@register_core(
+    "linear_transformer",
+    LinearTransformerConfig,
+    "Linear Transformer: sum-rule fast weights (paper 001 Eq. 17, 29), Transformer block",
+)
+def build_linear_transformer(input_size: int, config: LinearTransformerConfig) -> Core:
+    return FWPTransformerCore(input_size, config, lambda cfg, i: SlowNetFastWeightLayer(cfg, "sum"))

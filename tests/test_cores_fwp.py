@@ -1,0 +1,507 @@
+"""Fast-weight cores: Linear Transformer, Delta Net, RDN, Delta RNN, Delta LSTM.
+
+Checks, for every core: sequence call == step-by-step calls (values and
+gradients) with resets inside the sequence; each update rule against a naive
+implementation written here from the papers' equations; float64 gradcheck;
+the RDN / Delta RNN identities with the Delta Net; long-run stability; the
+``step`` gradient truncation; the Atari parameter counts of REFERENCE §2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from fwrl.errors import FwrlError
+from fwrl.memory_modules import build_core
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: intra-op threads only add overhead (torch.softmax on a [2, 2, 3]
+    tensor takes milliseconds with 2 threads on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+CORES = ("linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm")
+TINY = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=3, ff_dim=8)
+D_IN = 5
+
+
+def make_core(name: str, seed: int = 0, **options):
+    torch.manual_seed(seed)
+    core = build_core(name, D_IN, {**TINY, **options})
+    return core.double()
+
+
+def random_done(T: int, B: int, seed: int) -> torch.Tensor:
+    """Resets at random steps, including at least one row inside the sequence."""
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(T, B, generator=g) < 0.25
+    done[T // 2, 0] = True
+    done[T // 2, 1:] = False
+    return done
+
+
+def warm_state(core, B: int, seed: int = 1) -> dict:
+    """A non-trivial state: the state after a few random steps (detached)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, B, D_IN, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        _, state = core(x, core.initial_state(B), torch.zeros(4, B, dtype=torch.bool))
+    return {k: v.clone() for k, v in state.items()}
+
+
+# --------------------------------------------------------------------------- sequence == steps
+
+
+@pytest.mark.parametrize("grad_mode", ["full", "step"])
+@pytest.mark.parametrize("name", CORES)
+def test_sequence_equals_single_steps(name, grad_mode):
+    T, B = 6, 3
+    core = make_core(name, grad_mode=grad_mode)
+    done = random_done(T, B, seed=2)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(T, B, D_IN, generator=g, dtype=torch.float64)
+    s0 = warm_state(core, B)
+    w_y = torch.randn(T, B, core.output_size, generator=g, dtype=torch.float64)
+    w_s = {k: torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in s0.items()}
+
+    def run(split: bool):
+        xi = x.clone().requires_grad_(True)
+        state = {k: v.clone().requires_grad_(True) for k, v in s0.items()}
+        leaves = dict(state)
+        if split:
+            ys, s = [], state
+            for t in range(T):
+                y_t, s = core(xi[t : t + 1], s, done[t : t + 1])
+                ys.append(y_t)
+            y = torch.cat(ys)
+        else:
+            y, s = core(xi, state, done)
+        loss = (y * w_y).sum() + sum((s[k] * w_s[k]).sum() for k in s)
+        params = list(core.parameters())
+        grads = torch.autograd.grad(loss, [xi, *leaves.values(), *params], allow_unused=True)
+        return y.detach(), {k: v.detach() for k, v in s.items()}, grads
+
+    y1, s1, g1 = run(split=False)
+    y2, s2, g2 = run(split=True)
+    torch.testing.assert_close(y1, y2, rtol=1e-10, atol=1e-12)
+    assert s1.keys() == s2.keys() == s0.keys()
+    for k in s1:
+        torch.testing.assert_close(s1[k], s2[k], rtol=1e-10, atol=1e-12)
+    assert g1[0].abs().sum() > 0
+    for a, b in zip(g1, g2):
+        if a is None or b is None:
+            assert a is None and b is None or (a if a is not None else b).abs().max() == 0
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_reset_rows_start_from_initial_state():
+    """A row with done[t] behaves exactly like a fresh core started at step t."""
+    T, B = 5, 2
+    for name in CORES:
+        core = make_core(name)
+        x = torch.randn(T, B, D_IN, dtype=torch.float64)
+        done = torch.zeros(T, B, dtype=torch.bool)
+        done[2, 0] = True
+        with torch.no_grad():
+            y, _ = core(x, warm_state(core, B), done)
+            y_fresh, _ = core(x[2:], core.initial_state(B), torch.zeros(T - 2, B, dtype=torch.bool))
+        torch.testing.assert_close(y[2:, 0], y_fresh[:, 0], rtol=1e-10, atol=1e-12)
+        assert not torch.allclose(y[2:, 1], y_fresh[:, 1])
+
+
+# --------------------------------------------------------------------------- naive equations
+
+
+def naive_phi(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Feature maps straight from paper 001 (Eq. 29, 30, 37) for one vector."""
+    if name == "elu1_sumnorm":
+        f = torch.stack([xi + 1 if xi > 0 else torch.exp(xi) for xi in x])
+        return f / (f.sum() + 1e-5)
+    if name == "softmax":
+        e = torch.exp(x - x.max())
+        return e / e.sum()
+    if name.startswith("dpfp-"):
+        nu = int(name.split("-")[1])
+        r = torch.cat([x, -x]).clamp(min=0)
+        n = r.numel()
+        f = torch.stack([r[i] * r[(i + s) % n] for s in range(1, nu + 1) for i in range(n)])
+        return f / (f.sum() + 1e-5)
+    raise AssertionError(name)
+
+
+def naive_recurrent_softmax(y: torch.Tensor) -> torch.Tensor:
+    e = torch.exp(y - y.max())
+    return e / (e.sum() + 1e-6)
+
+
+def delta(W, k, v, beta_pre):
+    """Paper 001 Eq. 20-24 for one head: W + sigmoid(beta) (v - W k) k^T."""
+    vbar = W @ k
+    return W + torch.sigmoid(beta_pre) * torch.outer(v - vbar, k)
+
+
+def naive_layer(name, layer, x, state, done, feature_map):
+    """Explicit loops over rows, heads and steps; returns y [T, B, H*d] and the final state."""
+    T, B, _ = x.shape
+    H, d = layer.num_heads, layer.head_dim
+    P = layer.per_head
+    Wslow = layer.slow_net.weight
+    y = torch.zeros(T, B, H * d, dtype=x.dtype)
+    final = {k: v.clone() for k, v in state.items()}
+    for b in range(B):
+        for h in range(H):
+            S = {k: v[b, h].clone() for k, v in state.items()}
+            init = {k: torch.zeros_like(v) for k, v in S.items()}
+            for t in range(T):
+                if done[t, b]:
+                    S = {k: v.clone() for k, v in init.items()}
+                p = Wslow[h * P : (h + 1) * P] @ x[t, b]
+                if name == "linear_transformer":  # Eq. 17 with Eq. 29
+                    q, k, v = p[:d], p[d : 2 * d], p[2 * d : 3 * d]
+                    S["W"] = S["W"] + torch.outer(v, naive_phi(feature_map, k))
+                    out = S["W"] @ naive_phi(feature_map, q)
+                elif name == "delta_net":  # Eq. 20-25
+                    q, k, v, beta = p[:d], p[d : 2 * d], p[2 * d : 3 * d], p[3 * d]
+                    S["W"] = delta(S["W"], naive_phi(feature_map, k), v, beta)
+                    out = S["W"] @ naive_phi(feature_map, q)
+                elif name == "rdn":  # RFWP Eq. 15-18
+                    s = torch.tanh(S["h"])
+                    q = naive_phi(feature_map, p[:d] + layer.R_q[h] @ s)
+                    k = naive_phi(feature_map, p[d : 2 * d] + layer.R_k[h] @ s)
+                    v = p[2 * d : 3 * d] + layer.R_v[h] @ s
+                    beta = p[3 * d] + layer.r_b[h] @ s
+                    S["W"] = delta(S["W"], k, v, beta)
+                    out = S["W"] @ q
+                    S["h"] = out
+                elif name == "delta_rnn":  # RFWP Eq. 12
+                    q, k, v, beta = p[:d], p[d : 2 * d], p[2 * d : 3 * d], p[3 * d]
+                    o = 3 * d + 1
+                    kr, vr, betar = p[o : o + d], p[o + d : o + 2 * d], p[o + 2 * d]
+                    S["W"] = delta(S["W"], naive_phi(feature_map, k), v, beta)
+                    S["R"] = delta(S["R"], torch.softmax(kr, 0), vr, betar)
+                    out = S["W"] @ naive_phi(feature_map, q) + S["R"] @ naive_recurrent_softmax(S["h"])
+                    S["h"] = out
+                elif name == "delta_lstm":  # RFWP App. A.2 version D, Eq. 36-40
+                    q = torch.softmax(p[:d], 0)
+                    ks = [torch.softmax(p[d + m * d : d + (m + 1) * d], 0) for m in range(6)]
+                    vs = [p[7 * d + m * d : 7 * d + (m + 1) * d] for m in range(6)]
+                    betas = [p[13 * d + m] for m in range(6)]
+                    Ms = [delta(S["W"][m], ks[m], vs[m], betas[m]) for m in range(6)]
+                    S["W"] = torch.stack(Ms)
+                    r = naive_recurrent_softmax(S["y"])
+                    u = Ms[0] @ q + Ms[3] @ r
+                    f = torch.sigmoid(Ms[1] @ q + Ms[4] @ r)
+                    o_gate = torch.sigmoid(Ms[2] @ q + Ms[5] @ r)
+                    S["c"] = f * S["c"] + (1 - f) * u
+                    out = S["c"] * o_gate
+                    S["y"] = out
+                y[t, b, h * d : (h + 1) * d] = out
+            for k in final:
+                final[k][b, h] = S[k]
+    return y, final
+
+
+NAIVE_CASES = [
+    ("linear_transformer", "elu1_sumnorm"),
+    ("linear_transformer", "softmax"),
+    ("linear_transformer", "dpfp-2"),
+    ("delta_net", "elu1_sumnorm"),
+    ("delta_net", "dpfp-1"),
+    ("delta_net", "dpfp-3"),
+    ("rdn", "softmax"),
+    ("rdn", "elu1_sumnorm"),
+    ("delta_rnn", "softmax"),
+    ("delta_lstm", "softmax"),
+]
+
+
+@pytest.mark.parametrize("name,feature_map", NAIVE_CASES)
+def test_update_rule_matches_paper_equations(name, feature_map):
+    T, B = 5, 2
+    core = make_core(name, feature_map=feature_map)
+    layer = core.blocks[0].fwp
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(T, B, TINY["hidden_size"], generator=g, dtype=torch.float64)
+    done = random_done(T, B, seed=5)
+    state = layer.initial_state(B)
+    if not feature_map.startswith("dpfp"):
+        # A non-zero start (DPFP's feature order is an implementation choice,
+        # so its W columns are only comparable from W = 0).
+        state = {k: 0.3 * torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in state.items()}
+    with torch.no_grad():
+        y, final = layer(x, state, done)
+        y_ref, final_ref = naive_layer(name, layer, x, state, done, feature_map)
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-11)
+    if feature_map.startswith("dpfp"):
+        final = {"W": final["W"][..., dpfp_paper_order(feature_map, layer.head_dim)]}
+    for k in final_ref:
+        torch.testing.assert_close(final[k], final_ref[k], rtol=1e-9, atol=1e-11)
+
+
+def dpfp_paper_order(feature_map: str, d: int) -> torch.Tensor:
+    """Index into fwrl's DPFP features giving the paper's order (Eq. 37).
+
+    Feature j of block nu is r_j r_{j+nu} in the paper and r_j r_{j-nu} in
+    fwrl (a roll the other way): the same products, in another order.
+    """
+    nu, n = int(feature_map.split("-")[1]), 2 * d
+    return torch.tensor([(s - 1) * n + (i + s) % n for s in range(1, nu + 1) for i in range(n)])
+
+
+# --------------------------------------------------------------------------- gradcheck
+
+GC = dict(num_layers=1, hidden_size=4, num_heads=2, head_dim=2, ff_dim=4)
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_gradcheck_full(name):
+    """float64 gradcheck through inputs, initial state and the layer's parameters."""
+    torch.manual_seed(0)
+    core = build_core(name, 3, {**GC, "grad_mode": "full"}).double()
+    T, B = 3, 2
+    done = torch.tensor([[False, False], [True, False], [False, False]])
+    x = torch.randn(T, B, 3, dtype=torch.float64, requires_grad=True)
+    s0 = warm_state_small(core, B)
+    keys = sorted(s0)
+    pnames = [n for n, _ in core.named_parameters() if ".fwp." in n]
+    params = dict(core.named_parameters())
+
+    def f(x, *rest):
+        state = dict(zip(keys, rest[: len(keys)]))
+        p = {**params, **dict(zip(pnames, rest[len(keys) :]))}
+        y, s = functional_call(core, p, (x, state, done))
+        return (y, *[s[k] for k in keys])
+
+    inputs = (x, *[s0[k].requires_grad_(True) for k in keys],
+              *[params[n].detach().clone().requires_grad_(True) for n in pnames])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_gradcheck_step(name):
+    """In step mode the carried state is a constant of each step: check one step."""
+    torch.manual_seed(0)
+    core = build_core(name, 3, {**GC, "grad_mode": "step"}).double()
+    B = 2
+    s0 = warm_state_small(core, B)
+    x = torch.randn(1, B, 3, dtype=torch.float64, requires_grad=True)
+    pnames = [n for n, _ in core.named_parameters() if ".fwp." in n]
+    params = dict(core.named_parameters())
+    done = torch.zeros(1, B, dtype=torch.bool)
+
+    def f(x, *ps):
+        y, s = functional_call(core, {**params, **dict(zip(pnames, ps))}, (x, s0, done))
+        return (y, *s.values())
+
+    inputs = (x, *[params[n].detach().clone().requires_grad_(True) for n in pnames])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def warm_state_small(core, B):
+    x = torch.randn(3, B, 3, dtype=torch.float64)
+    with torch.no_grad():
+        _, s = core(x, core.initial_state(B), torch.zeros(3, B, dtype=torch.bool))
+    return {k: v.clone() for k, v in s.items()}
+
+
+# --------------------------------------------------------------------------- step truncation
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_step_mode_cuts_gradient_through_carried_state(name):
+    """grad_mode=step: every carried state (fast weights and recurrent vectors) is
+    detached at each step, so x_0 reaches no output after step 0; full mode does."""
+    T, B = 4, 2
+    for mode in ("step", "full"):
+        core = make_core(name, grad_mode=mode)
+        x = torch.randn(T, B, D_IN, dtype=torch.float64, requires_grad=True)
+        s0 = {k: v.requires_grad_(True) for k, v in warm_state(core, B).items()}
+        y, s = core(x, s0, torch.zeros(T, B, dtype=torch.bool))
+        later = y[1:].sum() + sum(v.sum() for v in s.values())
+        gx, *gs = torch.autograd.grad(later, [x, *s0.values()], allow_unused=True)
+        reach = gx[0].abs().max().item()
+        state_reach = max((g.abs().max().item() if g is not None else 0.0) for g in gs)
+        if mode == "step":
+            assert reach == 0.0 and state_reach == 0.0
+            assert gx[1:].abs().max() > 0  # the step's own input still gets a gradient
+        else:
+            assert reach > 0 and state_reach > 0
+
+
+# --------------------------------------------------------------------------- identities
+
+
+def _copy_common(dst, src):
+    missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+    assert not unexpected
+    return missing
+
+
+@pytest.mark.parametrize("feature_map", ["softmax", "elu1_sumnorm"])
+def test_rdn_with_zero_recurrence_is_delta_net(feature_map):
+    T, B = 6, 2
+    dn = make_core("delta_net", seed=0, feature_map=feature_map)
+    rdn = make_core("rdn", seed=1, feature_map=feature_map)
+    missing = _copy_common(rdn, dn)
+    assert sorted({m.rsplit(".", 1)[1] for m in missing}) == ["R_k", "R_q", "R_v", "r_b"]
+    with torch.no_grad():
+        for n in missing:
+            rdn.get_parameter(n).zero_()
+    x = torch.randn(T, B, D_IN, dtype=torch.float64)
+    done = random_done(T, B, seed=6)
+    with torch.no_grad():
+        y1, s1 = dn(x, dn.initial_state(B), done)
+        y2, s2 = rdn(x, rdn.initial_state(B), done)
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    for i in range(TINY["num_layers"]):
+        torch.testing.assert_close(s1[f"l{i}.W"], s2[f"l{i}.W"], rtol=1e-12, atol=1e-12)
+    # and the recurrence matters once R != 0
+    rdn_default = make_core("rdn", seed=1, feature_map=feature_map)
+    _copy_common(rdn_default, dn)
+    with torch.no_grad():
+        y3, _ = rdn_default(x, rdn_default.initial_state(B), done)
+    assert not torch.allclose(y1, y3)
+
+
+@pytest.mark.parametrize("feature_map", ["softmax", "elu1_sumnorm"])
+def test_delta_rnn_without_recurrent_part_is_delta_net(feature_map):
+    T, B = 6, 2
+    H, d, hid = TINY["num_heads"], TINY["head_dim"], TINY["hidden_size"]
+    dn = make_core("delta_net", seed=0, feature_map=feature_map)
+    rnn = make_core("delta_rnn", seed=1, feature_map=feature_map)
+    dn_sd = dn.state_dict()
+    sd = {}
+    for key, value in rnn.state_dict().items():
+        if key.endswith("fwp.slow_net.weight"):
+            w = value.clone().view(H, 5 * d + 2, hid)
+            w[:, : 3 * d + 1] = dn_sd[key].view(H, 3 * d + 1, hid)
+            w[:, 4 * d + 1 : 5 * d + 1] = 0.0  # v_r = 0: R stays 0 from R_0 = 0
+            sd[key] = w.view_as(value)
+        else:
+            sd[key] = dn_sd[key]
+    rnn.load_state_dict(sd)
+    x = torch.randn(T, B, D_IN, dtype=torch.float64)
+    done = random_done(T, B, seed=7)
+    with torch.no_grad():
+        y1, s1 = dn(x, dn.initial_state(B), done)
+        y2, s2 = rnn(x, rnn.initial_state(B), done)
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    for i in range(TINY["num_layers"]):
+        torch.testing.assert_close(s1[f"l{i}.W"], s2[f"l{i}.W"], rtol=1e-12, atol=1e-12)
+        assert s2[f"l{i}.R"].abs().max() == 0
+
+
+# --------------------------------------------------------------------------- stability
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_long_run_states_stay_finite_and_bounded(name):
+    """5 000 steps of random input (batch 2, no resets, no grad).
+
+    Delta-rule matrices stay bounded: with keys on the simplex (softmax) or
+    sum-normalised, W <- W (I - b k k^T) + b v k^T only moves W k towards v.
+    The sum rule (Linear Transformer) adds v k^T forever, so its W may grow
+    like a random walk; for it only a loose bound is checked.
+    """
+    torch.manual_seed(0)
+    core = build_core(name, D_IN, {**TINY, "num_layers": 1})
+    B, chunk = 2, 500
+    state = core.initial_state(B)
+    no_done = torch.zeros(chunk, B, dtype=torch.bool)
+    bound = 1e4 if name == "linear_transformer" else 100.0
+    with torch.no_grad():
+        for _ in range(5000 // chunk):
+            x = torch.randn(chunk, B, D_IN)
+            y, state = core(x, state, no_done)
+            assert torch.isfinite(y).all()
+            for key, value in state.items():
+                assert torch.isfinite(value).all(), key
+                assert value.abs().max() < bound, (key, value.abs().max().item())
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_feature_map_choices_are_checked():
+    with pytest.raises(FwrlError, match="elu1_sumnorm"):
+        build_core("delta_net", 257, {"feature_map": "relu"})
+    with pytest.raises(FwrlError, match="softmax"):
+        build_core("delta_lstm", 257, {"feature_map": "elu1_sumnorm"})
+    with pytest.raises(FwrlError, match="full"):
+        build_core("rdn", 257, {"grad_mode": "truncated"})
+    assert build_core("linear_transformer", 257, {"feature_map": "dpfp-3"}).blocks[0].fwp.key_dim == 6 * 32
+
+
+def test_rdn_recurrent_init_std():
+    """R_q, R_k, R_v, r_b ~ N(0, std = 1/sqrt(d)) (REFERENCE §2)."""
+    torch.manual_seed(0)
+    core = build_core("rdn", 257, {})
+    layer = core.blocks[0].fwp
+    R = torch.cat([layer.R_q.flatten(), layer.R_k.flatten(), layer.R_v.flatten()])
+    assert abs(R.std().item() - 1 / math.sqrt(32)) < 0.01
+    assert abs(R.mean().item()) < 0.01
+
+
+def test_forcing_triton_on_reference_only_recurrence_is_an_error(monkeypatch):
+    monkeypatch.setenv("FWRL_KERNELS", "triton")
+    core = build_core("rdn", 3, GC)
+    with pytest.raises(FwrlError, match="rdn"):
+        core(torch.randn(2, 1, 3), core.initial_state(1), torch.zeros(2, 1, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+def impala_stem_params(in_channels: int = 4, flat: int = 3872) -> int:
+    """IMPALA 'large' stem (REFERENCE §1): per stage a conv and two residual blocks."""
+    total, c_in = 0, in_channels
+    for c in (16, 32, 32):
+        total += c_in * c * 9 + c  # stage conv
+        total += 4 * (c * c * 9 + c)  # two residual blocks of two convs
+        c_in = c
+    return total + flat * 256 + 256
+
+
+# (core, options, published agent size in millions): RFWP paper, Table 9 caption
+# and Sec. 4.4 ("double the model size to 3.4 M parameters").
+PUBLISHED = [
+    ("linear_transformer", {}, 1.5),
+    ("delta_net", {}, 1.5),
+    ("rdn", {}, 1.5),
+    ("delta_rnn", {}, 1.6),
+    ("rdn", {"num_layers": 4, "hidden_size": 256, "num_heads": 8, "head_dim": 32}, 3.4),
+]
+
+
+@pytest.mark.parametrize("name,options,published", PUBLISHED)
+def test_atari_agent_parameter_count(name, options, published):
+    A = 18
+    core = build_core(name, 257, options)
+    heads = core.output_size * A + A + core.output_size + 1
+    total = impala_stem_params() + sum(p.numel() for p in core.parameters()) + heads
+    # The paper gives one decimal in millions: the count must round to it. The
+    # RDN (1.546 M, the architecture of REFERENCE §2 with per-head R matrices)
+    # is 3.1 % above its rounded 1.5 M; all others are within 3 %.
+    assert round(total / 1e6, 1) == published
+    tolerance = 0.035 if (name, options) == ("rdn", {}) else 0.03
+    assert abs(total / (published * 1e6) - 1) < tolerance
+
+
+def test_stem_formula_matches_reference_baselines():
+    """The formula reproduces the published feedforward (1.1 M) and LSTM (1.6 M) agents."""
+    A, stem = 18, impala_stem_params()
+    ff = stem + 257 * A + A + 257 + 1
+    lstm = stem + 4 * (257 * 256 + 256 * 256 + 2 * 256) + 256 * A + A + 256 + 1
+    assert abs(ff / 1.1e6 - 1) < 0.03 and abs(lstm / 1.6e6 - 1) < 0.03
+    assert sum(p.numel() for p in build_core("lstm", 257, {}).parameters()) == lstm - stem - 256 * A - A - 257
