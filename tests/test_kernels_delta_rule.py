@@ -1,0 +1,380 @@
+"""Fused Triton sum / delta rule against the float64 PyTorch reference.
+
+The kernels run on CPU through the Triton interpreter: a private copy of
+``fwrl.kernels.triton.delta_rule`` is imported with ``TRITON_INTERPRET=1`` set
+only while it loads (so the module other tests import is left compiled for
+GPUs), and the variable is set per test with ``monkeypatch``. Shapes are tiny
+because the interpreter costs milliseconds per program per step. A compile-only
+check builds the shipped configurations for sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from fwrl.kernels.reference.delta_rule import delta_rule_reference  # noqa: E402
+
+_MODULE_PATH = os.path.join(
+    os.path.dirname(__file__), "..", "fwrl", "kernels", "triton", "delta_rule.py"
+)
+
+
+def _load_kernel_module(interpret: bool):
+    """A private copy of the kernel module, built for the interpreter or for GPUs."""
+    name = f"_fwrl_delta_rule_{'interpreted' if interpret else 'compiled'}"
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location(name, _MODULE_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.pop("TRITON_INTERPRET", None)
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+    return module
+
+
+K = _load_kernel_module(interpret=True)
+RULES = ("delta", "sum")
+GRAD_MODES = ("full", "step")
+FEATURE_MAPS = ("elu1_sumnorm", "softmax")
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _inputs(T, B, H, dk, dv=None, *, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    dv = dk if dv is None else dv
+    q = scale * torch.randn(T, B, H, dk, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(T, B, H, dk, generator=g, dtype=torch.float64)
+    v = torch.randn(T, B, H, dv, generator=g, dtype=torch.float64)
+    beta = torch.randn(T, B, H, generator=g, dtype=torch.float64)
+    W0 = 0.5 * torch.randn(B, H, dv, dk, generator=g, dtype=torch.float64)
+    return q, k, v, beta, W0
+
+
+def _resets(T, B, pattern):
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    if pattern == "start":
+        reset[0] = True
+    elif pattern == "mid":  # row 0 once, row 1 on consecutive steps
+        reset[T // 2, 0] = True
+        reset[T // 2 : T // 2 + 3, 1 % B] = True
+    elif pattern == "everywhere":
+        reset[:] = True
+    return reset
+
+
+def _run(fn, inputs, reset, grads, dtype=None, **kwargs):
+    """Outputs of ``fn`` and gradients of <y, gy> + <W_T, gW> for every input."""
+    leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
+    y, WT = fn(*leaves, reset, **kwargs)
+    gy, gW = grads
+    loss = 0.0
+    if gy is not None:
+        loss = loss + (y.double() * gy).sum()
+    if gW is not None:
+        loss = loss + (WT.double() * gW).sum()
+    d = torch.autograd.grad(loss, leaves, allow_unused=True)
+    d = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, d)]
+    return y, WT, d
+
+
+def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
+    names = ("y", "W_T", "dq", "dk", "dv", "dbeta", "dW0")
+    (y_r, W_r, d_r), (y_g, W_g, d_g) = ref, got
+    for name, r, g in zip(names, (y_r, W_r, *d_r), (y_g, W_g, *d_g)):
+        assert torch.isfinite(g).all(), f"{label}: {name} is not finite"
+        torch.testing.assert_close(g.double(), r.double(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{label}: {name}: {m}")
+
+
+CASES = [(1, "none"), (1, "start"), (2, "none"), (2, "start"), (2, "mid"), (2, "everywhere"),
+         (17, "none"), (17, "start"), (17, "mid"), (17, "everywhere")]
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+@pytest.mark.parametrize("rule", RULES)
+def test_matches_reference(rule, grad_mode, feature_map):
+    kwargs = dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode)
+    for T, pattern in CASES:
+        inputs = _inputs(T, 2, 1, 16, seed=T)
+        reset = _resets(T, 2, pattern)
+        g = torch.Generator().manual_seed(100 + T)
+        grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
+                 torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
+        ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+        got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32, **kwargs)
+        _assert_matches(ref, got, label=f"T={T} resets={pattern}")
+
+
+@pytest.mark.parametrize("which", ["final_state_only", "outputs_only"])
+def test_partial_losses(which):
+    """Only W_T (or only y) feeds the loss: the other incoming gradient is absent."""
+    T = 5
+    inputs = _inputs(T, 2, 2, 16, seed=3)
+    reset = _resets(T, 2, "mid")
+    g = torch.Generator().manual_seed(7)
+    gy = torch.randn(T, 2, 2, 16, generator=g, dtype=torch.float64)
+    gW = torch.randn(2, 2, 16, 16, generator=g, dtype=torch.float64)
+    grads = (None, gW) if which == "final_state_only" else (gy, None)
+    for grad_mode in GRAD_MODES:
+        kwargs = dict(rule="delta", feature_map="elu1_sumnorm", grad_mode=grad_mode)
+        ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+        got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32, **kwargs)
+        _assert_matches(ref, got, label=f"{which} {grad_mode}")
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_odd_head_dims_and_row_blocks(rule):
+    """Non-power-of-two Dk != Dv, W split over several row blocks (partials added)."""
+    T = 4
+    inputs = _inputs(T, 1, 2, 20, 24, seed=11)
+    reset = _resets(T, 1, "mid")
+    g = torch.Generator().manual_seed(5)
+    grads = (torch.randn(T, 1, 2, 24, generator=g, dtype=torch.float64),
+             torch.randn(1, 2, 24, 20, generator=g, dtype=torch.float64))
+    for feature_map, block_v in (("elu1_sumnorm", None), ("softmax", 16), ("elu1_sumnorm", 16)):
+        kwargs = dict(rule=rule, feature_map=feature_map, grad_mode="full")
+        ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+        got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32,
+                   block_v=block_v, **kwargs)
+        _assert_matches(ref, got, label=f"{feature_map} block_v={block_v}")
+
+
+def test_dpfp_applied_outside_the_kernel():
+    T = 3
+    q, k, v, beta, _ = _inputs(T, 1, 1, 8, 16, seed=2)
+    W0 = 0.5 * torch.randn(1, 1, 16, 16, dtype=torch.float64)  # dpfp-1 doubles Dk
+    inputs = (q, k, v, beta, W0)
+    reset = _resets(T, 1, "mid")
+    g = torch.Generator().manual_seed(1)
+    grads = (torch.randn(T, 1, 1, 16, generator=g, dtype=torch.float64),
+             torch.randn(1, 1, 16, 16, generator=g, dtype=torch.float64))
+    kwargs = dict(rule="delta", feature_map="dpfp-1", grad_mode="full")
+    ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+    got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32, **kwargs)
+    _assert_matches(ref, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(dtype):
+    """bf16/fp16 q, k, v, beta with an fp32 state, against the reference on the same
+    rounded inputs (in float64)."""
+    T = 6
+    q, k, v, beta, W0 = _inputs(T, 2, 1, 16, seed=4)
+    q, k, v, beta = (x.to(dtype).double() for x in (q, k, v, beta))
+    reset = _resets(T, 2, "mid")
+    g = torch.Generator().manual_seed(9)
+    grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
+             torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
+    kwargs = dict(rule="delta", feature_map="elu1_sumnorm", grad_mode="full")
+    ref = _run(delta_rule_reference, (q, k, v, beta, W0), reset, grads, **kwargs)
+    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, beta)]
+    leaves.append(W0.float().requires_grad_())
+    y, WT = K.delta_rule_triton(*leaves, reset, **kwargs)
+    assert y.dtype == dtype and WT.dtype == torch.float32
+    loss = (y.double() * grads[0]).sum() + (WT.double() * grads[1]).sum()
+    d = torch.autograd.grad(loss, leaves)
+    assert [x.dtype for x in d] == [dtype] * 4 + [torch.float32]
+    torch.testing.assert_close(WT.double(), ref[1], atol=1e-5, rtol=1e-4)
+    # Outputs and input gradients are rounded to the input dtype once.
+    _assert_matches(ref, (y, WT, d), atol=2e-2, rtol=2e-2, label=str(dtype))
+
+
+def test_split_sequence_equals_one_call():
+    T, T1 = 9, 4
+    inputs = _inputs(T, 2, 2, 16, seed=8)
+    reset = _resets(T, 2, "mid")
+    g = torch.Generator().manual_seed(3)
+    gy = torch.randn(T, 2, 2, 16, generator=g, dtype=torch.float64).float()
+    gW = torch.randn(2, 2, 16, 16, generator=g, dtype=torch.float64).float()
+    for rule in RULES:
+        kwargs = dict(rule=rule, feature_map="elu1_sumnorm", grad_mode="full")
+        leaves = [x.float().requires_grad_() for x in inputs]
+        y, WT = K.delta_rule_triton(*leaves, reset, **kwargs)
+        whole = torch.autograd.grad((y * gy).sum() + (WT * gW).sum(), leaves, allow_unused=True)
+
+        leaves2 = [x.float().requires_grad_() for x in inputs]
+        q, k, v, beta, W0 = leaves2
+        y1, W1 = K.delta_rule_triton(q[:T1], k[:T1], v[:T1], beta[:T1], W0, reset[:T1], **kwargs)
+        y2, W2 = K.delta_rule_triton(q[T1:], k[T1:], v[T1:], beta[T1:], W1, reset[T1:], **kwargs)
+        y12 = torch.cat([y1, y2])
+        split = torch.autograd.grad((y12 * gy).sum() + (W2 * gW).sum(), leaves2,
+                                    allow_unused=True)
+        torch.testing.assert_close(y12, y, atol=0, rtol=0)  # same operations, same order
+        torch.testing.assert_close(W2, WT, atol=0, rtol=0)
+        for a, b in zip(whole, split):
+            if a is None or b is None:
+                assert a is None and b is None and rule == "sum"
+                continue
+            torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("fmap", ["elu1_sumnorm", "softmax"])
+def test_reversal_rebuilds_the_initial_state(rule, fmap):
+    """Undoing 100 updates from the fp32 records gives back W0 (relative 1e-5)."""
+    T = 100
+    q, k, v, beta, W0 = (x.float() for x in _inputs(T, 1, 1, 16, seed=21))
+    reset = torch.zeros(T, 1, dtype=torch.bool)
+    delta, code = rule == "delta", K.KERNEL_FEATURE_MAPS[fmap]
+    y, WT, records = K._forward(q, k, v, beta, W0, reset, delta=delta, fmap=code, store=True)
+    *_, rebuilt = K._backward(q, k, v, beta, W0, records, WT, torch.zeros_like(y),
+                              torch.zeros_like(WT), delta=delta, fmap=code, full=True,
+                              rebuild=True)
+    assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_extreme_inputs_stay_finite(rule):
+    """Logits of +-80, saturated betas, all-zero keys under sum normalisation."""
+    T = 6
+    q, k, v, beta, W0 = _inputs(T, 2, 1, 16, seed=13)
+    q[:, 0] = 80.0 * torch.sign(q[:, 0])
+    k[:, 0] = -80.0
+    k[2:4, 1] = 80.0
+    beta[::2] = 80.0
+    beta[1::2] = -80.0
+    reset = _resets(T, 2, "mid")
+    g = torch.Generator().manual_seed(2)
+    grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
+             torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
+    for feature_map in ("elu1_sumnorm", "softmax"):
+        kwargs = dict(rule=rule, feature_map=feature_map, grad_mode="full")
+        ref = _run(delta_rule_reference, (q, k, v, beta, W0), reset, grads, **kwargs)
+        got = _run(K.delta_rule_triton, (q, k, v, beta, W0), reset, grads,
+                   dtype=torch.float32, **kwargs)
+        _assert_matches(ref, got, atol=1e-4, label=feature_map)
+    zero_k = torch.zeros_like(k)  # dpfp of zeros is all zero: 0 / (0 + eps)
+    kwargs = dict(rule=rule, feature_map="dpfp-1", grad_mode="full")
+    W0d = 0.5 * torch.ones(2, 1, 16, 32, dtype=torch.float64)
+    ref = _run(delta_rule_reference, (q, zero_k, v, beta, W0d), reset, grads[:1] + (None,),
+               **kwargs)
+    got = _run(K.delta_rule_triton, (q, zero_k, v, beta, W0d), reset, grads[:1] + (None,),
+               dtype=torch.float32, **kwargs)
+    _assert_matches(ref, got, label="dpfp zero keys")
+
+
+def test_inference_path_and_determinism():
+    T = 3
+    inputs = [x.float() for x in _inputs(T, 2, 1, 16, seed=5)]
+    reset = _resets(T, 2, "mid")
+    kwargs = dict(rule="delta", feature_map="softmax", grad_mode="full")
+    with torch.no_grad():
+        y, WT = K.delta_rule_triton(*[x[:1] for x in inputs[:4]], inputs[4], reset[:1], **kwargs)
+        y_ref, W_ref = delta_rule_reference(*[x[:1].double() for x in inputs[:4]],
+                                            inputs[4].double(), reset[:1], **kwargs)
+    torch.testing.assert_close(y.double(), y_ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(WT.double(), W_ref, atol=1e-6, rtol=1e-5)
+    grads = []
+    for _ in range(2):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        y, WT = K.delta_rule_triton(*leaves, reset, **kwargs)
+        grads.append(torch.autograd.grad(y.sum() + WT.square().sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_supports_gives_reasons(monkeypatch):
+    x = torch.zeros(2, 1, 1, 16)
+    assert K.supports(x, x, x) is None  # interpreter on CPU
+    assert "rule" in K.supports(x, x, x, rule="oja")
+    assert "grad_mode" in K.supports(x, x, x, grad_mode="none")
+    assert "feature map" in K.supports(x, x, x, feature_map="relu")
+    big = torch.zeros(2, 1, 1, 129)
+    assert "129" in K.supports(big, big, x)
+    assert "192" in K.supports(torch.zeros(2, 1, 1, 32), torch.zeros(2, 1, 1, 32), x,
+                               feature_map="dpfp-3")
+    assert "dtype" in K.supports(x.double(), x.double(), x.double())
+    assert "match" in K.supports(x, torch.zeros(2, 1, 1, 8), x)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "CUDA" in K.supports(x, x, x)
+    compiled = _load_kernel_module(interpret=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "CUDA" in compiled.supports(x, x, x)  # built for GPUs: no CPU runs
+    with pytest.raises(Exception, match="rule"):
+        K.delta_rule_triton(x, x, x, x[..., 0], x[0].expand(1, 1, 16, 16), x[..., 0, 0] > 0,
+                            rule="oja")
+
+
+# Shipped configurations (head dims of the presets and the supported range).
+COMPILE_CASES = [(16, "delta", "bf16"), (32, "delta", "bf16"), (64, "sum", "fp32"),
+                 (128, "delta", "fp32")]
+
+
+def _compile_sm90(kernel, pointer_types, constexprs, num_warps):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ints = {"T", "B", "H", "DK", "DV", "N", "NV", "D"}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ints:
+            signature[name] = "i32"
+        else:
+            signature[name] = pointer_types.get(name, "*fp32")
+    source = ASTSource(kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                          options={"num_warps": num_warps, "enable_fp_fusion": True})
+
+
+def _stack_and_local_bytes(compiled) -> tuple[int, int]:
+    """Spill space of a compiled kernel, read from its cubin with cuobjdump."""
+    tool = triton.knobs.nvidia.cuobjdump.path
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
+    return int(usage["STACK"]), int(usage["LOCAL"])
+
+
+def test_compiles_for_sm90_without_spills():
+    """Compile-only: the forward/backward kernels for sm_90 (no GPU needed)."""
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton build has no NVIDIA backend, so it cannot compile for sm_90")
+    for tool in ("ptxas", "cuobjdump"):
+        if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
+            pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
+    C = _load_kernel_module(interpret=False)
+    for dim, rule, dtype in COMPILE_CASES:
+        bk, bv, warps = C._block_sizes(dim, dim, None)
+        io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
+        io.update(RESET="*i8", SLOT="*i32")
+        common = dict(BK=bk, BV=bv, FMAP=1, DELTA=rule == "delta", EPS=1e-5)
+        fwd = _compile_sm90(C._forward_kernel, io, dict(common, STORE=True), warps)
+        bwd = _compile_sm90(
+            C._backward_kernel, io,
+            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), warps,
+        )
+        for name, compiled in (("forward", fwd), ("backward", bwd)):
+            stack, local = _stack_and_local_bytes(compiled)
+            assert stack == 0 and local == 0, (
+                f"{name} kernel for head dim {dim} ({rule}, {dtype}) spills registers: "
+                f"stack {stack} B, local {local} B"
+            )
+    fmap_bwd = _compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
+                             dict(BD=128, FMAP=1, EPS=1e-5), 1)
+    assert _stack_and_local_bytes(fmap_bwd) == (0, 0)
