@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from fwrl.agents.model import AgentNet, ImpalaStem, count_parameters
 from fwrl.errors import FwrlError
 from fwrl.memory_modules import build_core
 
@@ -491,10 +492,8 @@ PUBLISHED = [
 
 @pytest.mark.parametrize("name,options,published", PUBLISHED)
 def test_atari_agent_parameter_count(name, options, published):
-    A = 18
-    core = build_core(name, 257, options)
-    heads = core.output_size * A + A + core.output_size + 1
-    total = impala_stem_params() + sum(p.numel() for p in core.parameters()) + heads
+    agent = AgentNet((4, 84, 84), 18, core=name, core_options=options, stem="impala")
+    total = count_parameters(agent)
     # The paper gives one decimal in millions: the count must round to it. The
     # RDN (1.546 M, the architecture of REFERENCE §2 with per-head R matrices)
     # is 3.1 % above its rounded 1.5 M; all others are within 3 %.
@@ -503,10 +502,12 @@ def test_atari_agent_parameter_count(name, options, published):
     assert abs(total / (published * 1e6) - 1) < tolerance
 
 
-def test_stem_formula_matches_reference_baselines():
-    """The formula reproduces the published feedforward (1.1 M) and LSTM (1.6 M) agents."""
+def test_agent_stem_and_baselines_match_formula():
+    """AgentNet's stem is the formula's, and the FF (1.1 M) / LSTM (1.6 M) agents match."""
     A, stem = 18, impala_stem_params()
+    assert count_parameters(ImpalaStem((4, 84, 84))) == stem
     ff = stem + 257 * A + A + 257 + 1
     lstm = stem + 4 * (257 * 256 + 256 * 256 + 2 * 256) + 256 * A + A + 256 + 1
+    assert count_parameters(AgentNet((4, 84, 84), A, core="feedforward")) == ff
+    assert count_parameters(AgentNet((4, 84, 84), A, core="lstm")) == lstm
     assert abs(ff / 1.1e6 - 1) < 0.03 and abs(lstm / 1.6e6 - 1) < 0.03
-    assert sum(p.numel() for p in build_core("lstm", 257, {}).parameters()) == lstm - stem - 256 * A - A - 257
