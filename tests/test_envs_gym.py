@@ -123,3 +123,18 @@ def test_ale_ids_are_registered_on_demand():
     pytest.importorskip("ale_py", reason="ale_py is not installed")
     info = describe_env("gym:ALE/Pong-v5?size=84x84")
     assert info.obs_shape == (3, 84, 84) and info.obs_dtype == "uint8"
+
+
+def test_env_families_do_not_import_torch():
+    """Env worker processes import only fwrl.envs: no family module may pull in torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fwrl.envs.registry as r\n"
+        "for fam in r.FAMILY_MODULES: r.get_family(fam)\n"
+        "import fwrl.envs.wrappers\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
