@@ -46,7 +46,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fwrl.envs.registry import EnvFamily, register_family
+from fwrl.envs.registry import EnvFamily, EnvInfo, register_family
 from fwrl.envs.spec import EnvSpec, Option
 from fwrl.errors import FwrlError, missing_dependency, unknown_choice
 
@@ -260,9 +260,7 @@ class ProcgenFamily(EnvFamily):
         task = worker_index % spec.num_tasks
         return ProcgenEnv(spec.name_for_worker(worker_index), opts, seed, task)
 
-    def describe(self, spec: EnvSpec):
-        from fwrl.envs.registry import EnvInfo
-
+    def describe(self, spec: EnvSpec) -> EnvInfo:
         self.validate(spec)
         return EnvInfo(OBS_SHAPE, "uint8", NUM_ACTIONS, tuple(spec.names))
 
