@@ -1,0 +1,269 @@
+"""The ``local`` worker backend: N processes on this machine, K envs each.
+
+Observations and step results travel through shared memory (one
+``multiprocessing.RawArray`` per field, laid out [slot, ...]); a pipe per
+worker carries only the "step" command and the list of finished episodes.
+Processes are started with ``spawn`` (no torch state is forked) and die with
+the learner: each asks Linux for SIGKILL when its parent dies and also exits
+on a closed pipe.
+
+Faults: a worker that dies, raises, or takes longer than ``step_timeout`` for
+one step is killed and restarted with fresh envs (new seeds); its result is
+marked ``restarted`` and every one of its slots ``done``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection, wait as wait_connections
+
+import numpy as np
+
+from fwrl.envs.env_group import EnvGroup
+from fwrl.envs.registry import describe_env
+from fwrl.envs.worker_pool import StepResult, WorkerPool
+from fwrl.errors import FwrlError
+
+_CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
+           "int64": ctypes.c_int64}
+
+
+def _field_specs(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {
+        "obs": (obs_shape, obs_dtype),
+        "reward": ((), "float32"),
+        "done": ((), "bool"),
+        "episode_return": ((), "float32"),
+        "episode_step": ((), "int32"),
+        "task": ((), "int32"),
+        "action": ((), "int64"),
+    }
+
+
+def _views(raw: dict, specs: dict, num_slots: int) -> dict[str, np.ndarray]:
+    return {
+        name: np.frombuffer(raw[name], dtype=np.dtype(dtype)).reshape(num_slots, *shape)
+        for name, (shape, dtype) in specs.items()
+    }
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn: Connection, parent_pid):
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner handles Ctrl-C and stops us
+    from fwrl.envs.quiet import silence_env_noise
+
+    silence_env_noise()
+    views = _views(raw, specs, num_slots)
+    lo, hi = worker * k, (worker + 1) * k
+    out = {name: v[lo:hi] for name, v in views.items()}
+    group = None
+    try:
+        group = EnvGroup(spec, worker, k, seed, mode, life)
+        group.reset(out)
+        conn.send(("ok", []))
+        while True:
+            try:
+                command = conn.recv()
+            except (EOFError, OSError):
+                break
+            if command != "step":
+                break
+            episodes = group.step(out["action"], out)
+            conn.send(("ok", episodes))
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (OSError, BrokenPipeError):
+            pass
+    finally:
+        if group is not None:
+            group.close()
+
+
+class _Worker:
+    def __init__(self, process, conn):
+        self.process = process
+        self.conn = conn
+        self.sent_at: float | None = None  # when the pending step (or the start) was sent
+        self.answered = False  # False until the first result (imports + env resets) arrived
+
+
+class LocalWorkerPool(WorkerPool):
+    def __init__(
+        self,
+        env: str,
+        num_workers: int,
+        envs_per_worker: int,
+        seed: int = 0,
+        mode: str = "train",
+        step_timeout: float = 60.0,
+        start_timeout: float = 300.0,
+    ):
+        if num_workers < 1 or envs_per_worker < 1:
+            raise FwrlError(
+                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
+                f"envs_per_worker={envs_per_worker}."
+            )
+        self.env = env
+        self.info = describe_env(env)
+        self.num_workers = num_workers
+        self.envs_per_worker = envs_per_worker
+        self.seed = seed
+        self.mode = mode
+        self.step_timeout = step_timeout
+        self.start_timeout = start_timeout
+        self.restarts = 0
+        self.errors: list[str] = []
+        self._ctx = mp.get_context("spawn")
+        self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
+        n = self.num_slots
+        self._raw = {
+            name: self._ctx.RawArray(_CTYPES[dtype], int(np.prod((n, *shape))))
+            for name, (shape, dtype) in self._specs.items()
+        }
+        self.arrays = _views(self._raw, self._specs, n)
+        self._workers: list[_Worker | None] = [None] * num_workers
+        self._lives = [0] * num_workers
+        self._restarted = [False] * num_workers
+        self._closed = False
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, worker: int) -> None:
+        parent_conn, child_conn = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=_worker_main,
+            name=f"fwrl-env-worker-{worker}",
+            args=(self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker],
+                  self._raw, self._specs, self.num_slots, child_conn, os.getpid()),
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        w = _Worker(process, parent_conn)
+        w.sent_at = time.monotonic()  # the reset counts as the first pending step
+        self._workers[worker] = w
+
+    def _kill(self, worker: int) -> None:
+        w = self._workers[worker]
+        if w is None:
+            return
+        try:
+            w.conn.close()
+        except OSError:
+            pass
+        if w.process.is_alive():
+            w.process.kill()
+        w.process.join(timeout=5)
+        self._workers[worker] = None
+
+    def _restart(self, worker: int, reason: str) -> None:
+        self.restarts += 1
+        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+        self._kill(worker)
+        self._lives[worker] += 1
+        self._restarted[worker] = True
+        self._spawn(worker)
+
+    def start(self) -> None:
+        for worker in range(self.num_workers):
+            self._spawn(worker)
+
+    # ------------------------------------------------------------------ stepping
+    def _result(self, worker: int, episodes) -> StepResult:
+        sl = self.slots_of(worker)
+        a = self.arrays
+        restarted = self._restarted[worker]
+        self._restarted[worker] = False
+        return StepResult(
+            worker=worker,
+            life=self._lives[worker],
+            obs=a["obs"][sl],
+            reward=a["reward"][sl],
+            done=a["done"][sl],
+            episode_return=a["episode_return"][sl],
+            episode_step=a["episode_step"][sl],
+            task=a["task"][sl],
+            episodes=episodes,
+            restarted=restarted,
+        )
+
+    def wait(self, timeout: float | None = None) -> list[StepResult]:
+        pending = {w.conn: i for i, w in enumerate(self._workers) if w is not None and w.sent_at is not None}
+        if not pending:
+            return []
+        ready = wait_connections(list(pending), timeout)
+        results = []
+        for conn in ready:
+            worker = pending[conn]
+            try:
+                status, payload = conn.recv()
+            except (EOFError, OSError):
+                code = self._workers[worker].process.exitcode
+                self._restart(worker, f"process died (exit code {code})")
+                continue
+            if status == "error":
+                self._restart(worker, payload.strip().splitlines()[-1])
+                continue
+            self._workers[worker].sent_at = None
+            self._workers[worker].answered = True
+            results.append(self._result(worker, payload))
+        self._check_hangs()
+        return results
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        for i, w in enumerate(self._workers):
+            if w is None or w.sent_at is None:
+                continue
+            limit = self.step_timeout if w.answered else self.start_timeout
+            if now - w.sent_at > limit:
+                self._restart(i, f"no answer within {limit:.0f} s")
+
+    def act(self, worker: int, actions: np.ndarray) -> None:
+        w = self._workers[worker]
+        if w is None:
+            return
+        self.arrays["action"][self.slots_of(worker)] = actions
+        w.sent_at = time.monotonic()
+        try:
+            w.conn.send("step")
+        except (OSError, BrokenPipeError):
+            self._restart(worker, "pipe closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for worker, w in enumerate(self._workers):
+            if w is None:
+                continue
+            try:
+                w.conn.send("close")
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 5
+        for worker, w in enumerate(self._workers):
+            if w is None:
+                continue
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._kill(worker)
