@@ -149,7 +149,10 @@ def _forward_kernel(
         if STORE:
             slot = tl.load(SLOT + t * B + b)
             pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * DV * DK
-            tl.store(pre + w_loc, W, mask=wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0))
+            # The scalar condition is broadcast by hand: the CPU interpreter
+            # rejects a mask made by broadcasting a scalar inside ``&``.
+            keep = wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0)
+            tl.store(pre + w_loc, W, mask=keep)
         W = tl.where(reset, 0.0, W)
         k = _phi(tl.load(K + row * DK + ok, mask=mk, other=0.0).to(tl.float32), mk, FMAP, EPS)
         q = _phi(tl.load(Q + row * DK + ok, mask=mk, other=0.0).to(tl.float32), mk, FMAP, EPS)
@@ -234,7 +237,7 @@ def _backward_kernel(
         # The state before this step: kept by the forward if the row was reset.
         slot = tl.load(SLOT + t * B + b)
         pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * DV * DK
-        kept = wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0)  # (2-D mask: see above)
+        kept = wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0)  # (see the forward)
         W = tl.where(slot >= 0, tl.load(pre + w_loc, mask=kept, other=0.0), A)
     tl.store(DW0 + i_bh * DV * DK + w_loc, dW.to(DW0.dtype.element_ty), mask=wm)
     if WRITE_REBUILT:
@@ -269,7 +272,7 @@ def _block_sizes(dk: int, dv: int, block_v: int | None) -> tuple[int, int, int]:
 
 
 def _reset_slots(reset: Tensor) -> tuple[Tensor, int]:
-    """Per (t, b): index of the kept pre-reset state, or -1; and how many per row.
+    """Per (t, b): index of the kept pre-reset state, or -1; and the most any row keeps.
 
     Resets at t = 0 need none (the state before them is W0). Sizing the buffer
     reads one number from the device (one synchronisation per training call).
