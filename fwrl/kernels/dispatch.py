@@ -139,3 +139,34 @@ def delta_lstm(
 
     _reference_only("delta_lstm")
     return delta_lstm_reference(q, k, v, beta, W0, c0, y0, reset, grad_mode=grad_mode)
+
+
+# --------------------------------------------------------------------------- SRWM (paper 002)
+# Self-contained block: the self-referential weight matrix (SRWM, Fake SR,
+# SR-DeltaNet cores) has a PyTorch reference only for now; a fused kernel
+# would be chosen here the same way as the delta rule above.
+
+
+def srwm(
+    x: Tensor,
+    W_y: Tensor,
+    W_q: Tensor,
+    W_k: Tensor,
+    w_b: Tensor,
+    offsets: tuple[Tensor, Tensor, Tensor, Tensor],
+    reset: Tensor,
+    *,
+    input_map: str = "softmax",
+    grad_mode: str = "full",
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """SRWM recurrence over a whole sequence (see ``reference.srwm``); reference only."""
+    from fwrl.kernels.reference.srwm import srwm_reference
+
+    if kernel_backend() == "triton":
+        raise FwrlError(
+            "FWRL_KERNELS=triton but there is no Triton SRWM kernel yet; "
+            "use FWRL_KERNELS=auto or FWRL_KERNELS=reference for the SRWM cores."
+        )
+    return srwm_reference(
+        x, W_y, W_q, W_k, w_b, offsets, reset, input_map=input_map, grad_mode=grad_mode
+    )
