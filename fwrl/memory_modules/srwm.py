@@ -1,0 +1,222 @@
+"""Self-referential cores: SRWM, Fake SR and SR-DeltaNet (paper 002).
+
+All three sit in the Transformer-style block of ``fwp_block`` (input_proj,
+then L blocks of ``x + out_linear(layer(x))`` and ``x + FF(LN(x))``), with the
+ProcGen settings of paper 002 Sec. 4.3 as defaults: L = 2, hidden 128, H = 8
+heads of d = 16 (hidden = H * d: the layer splits the residual stream into H
+slices, App. A "Use of multiple heads"; there is no projection inside it).
+
+No LayerNorm before these layers (``pre_norm=False``): Eq. 5 reads phi(x_t)
+of the layer input directly, and in RL phi is a per-head softmax of the
+residual stream (App. B, "Sequence processing components"; REFERENCE §2).
+The softmax already puts each head's input on the simplex, which is the
+normalisation the self-modification needs (Eq. 6-8 use softmax-normalised
+q, k); a LayerNorm would only change the temperature of that softmax. The
+feed-forward sub-layer keeps its LayerNorm (REFERENCE §2 block).
+
+Stability: Eq. 8 does not bound the weights in general. A row m of W moves
+to m + beta (m.q - m.k) k; when q is more peaked than k on the same entry,
+that entry moves away from the key-weighted average, so a row's range can
+grow geometrically. With the default initialisation and inputs of the scale
+of the stem features the offsets stay of the order of the slow weights over
+thousands of steps; with inputs a few times larger some initialisations
+diverge. States are reset at episode ends (``done``).
+
+- ``srwm``: Eq. 5-8 with four learning rates (App. A, Eq. 9-11); the state is
+  the offset of each sub-matrix from its slow weights (zeroed on reset).
+- ``fake_sr``: the SRWM without self-modification, y = W_y phi(x) per head
+  (Sec. 4.3: "we only keep the y-part in Eq. 5"); no state.
+- ``sr_delta_net``: App. C.1, a Delta Net whose slow projection (Eq. 1) is
+  replaced by an SRWM: the SRWM's y-part emits (q, k, v, beta) per head for a
+  Delta Net fast matrix (Eq. 2-4: softmax q, k, sigmoid beta, read after the
+  update). State: the SRWM offsets and the fast matrix W.
+
+Initialisation: W_y, W_q, W_k, w_b ~ N(0, std 1/sqrt(d)) (REFERENCE §2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from fwrl.errors import FwrlError
+from fwrl.kernels import dispatch
+from fwrl.kernels.reference.srwm import INPUT_MAPS, NUM_RATES
+from fwrl.kernels.reference.feature_maps import apply_feature_map
+from fwrl.memory_modules.base import State, register_core
+from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+
+OFFSET_KEYS = ("Wy", "Wq", "Wk", "wb")
+
+
+@dataclass
+class SRWMConfig(FWPConfig):
+    """Options of the SRWM cores; defaults are paper 002's ProcGen settings (Sec. 4.3)."""
+
+    num_heads: int = 8
+    head_dim: int = 16
+    # phi for the generated query/key (Eq. 6-8) and for the Delta Net's q, k
+    # in sr_delta_net: a softmax, as in the authors' RL runs (REFERENCE §2).
+    feature_map: str = field(default="softmax", metadata={"choices": ("softmax",)})
+    pre_norm: bool = False
+    # phi applied to the layer input in Eq. 5: softmax in RL, identity in the
+    # supervised experiments (App. B). The authors' RL code fed Fake SR the
+    # raw residual stream (identity); fwrl follows the paper by default.
+    input_map: str = field(default="softmax", metadata={"choices": INPUT_MAPS})
+
+
+def _check_config(name: str, config: SRWMConfig) -> SRWMConfig:
+    for key in ("num_heads", "head_dim", "num_layers"):
+        if getattr(config, key) < 1:
+            raise FwrlError(f"core {name!r} option {key} must be at least 1, got {getattr(config, key)}.")
+    if config.num_heads * config.head_dim != config.hidden_size:
+        raise FwrlError(
+            f"core {name!r} splits the hidden vector into heads, so hidden_size must equal "
+            f"num_heads * head_dim; got hidden_size={config.hidden_size}, num_heads="
+            f"{config.num_heads}, head_dim={config.head_dim}."
+        )
+    return config
+
+
+def _normal_(param: Tensor, head_dim: int) -> Tensor:
+    return nn.init.normal_(param, mean=0.0, std=1.0 / math.sqrt(head_dim))
+
+
+class _SelfReferentialLayer(FastWeightLayer):
+    """The SRWM's slow weights (initial matrices) per head and its recurrence.
+
+    ``y_rows`` is the size of the y-part per head: d for the SRWM, 3d + 1 for
+    SR-DeltaNet (q, k, v, beta of the Delta Net).
+    """
+
+    def __init__(self, config: SRWMConfig, y_rows: int):
+        super().__init__()
+        H, d = config.num_heads, config.head_dim
+        self.num_heads, self.head_dim = H, d
+        self.input_map = config.input_map
+        self.grad_mode = config.grad_mode
+        self.W_y = nn.Parameter(_normal_(torch.empty(H, y_rows, d), d))
+        self.W_q = nn.Parameter(_normal_(torch.empty(H, d, d), d))
+        self.W_k = nn.Parameter(_normal_(torch.empty(H, d, d), d))
+        self.w_b = nn.Parameter(_normal_(torch.empty(H, NUM_RATES, d), d))
+
+    def _offsets_initial(self, batch_size: int, device) -> State:
+        dtype = self.W_y.dtype
+        return {
+            key: torch.zeros(batch_size, *p.shape, device=device, dtype=dtype)
+            for key, p in zip(OFFSET_KEYS, (self.W_y, self.W_q, self.W_k, self.w_b))
+        }
+
+    def _run_srwm(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        T, B, _ = x.shape
+        heads = x.reshape(T, B, self.num_heads, self.head_dim)
+        y, offsets = dispatch.srwm(
+            heads,
+            self.W_y,
+            self.W_q,
+            self.W_k,
+            self.w_b,
+            tuple(state[key] for key in OFFSET_KEYS),
+            done,
+            input_map=self.input_map,
+            grad_mode=self.grad_mode,
+        )
+        return y, dict(zip(OFFSET_KEYS, offsets))
+
+
+class SRWMLayer(_SelfReferentialLayer):
+    """Multi-head SRWM layer (paper 002 Eq. 5-8, App. A): y_t = W^y_{t-1} phi(x_t)."""
+
+    def __init__(self, config: SRWMConfig):
+        super().__init__(config, y_rows=config.head_dim)
+        self.out_size = config.num_heads * config.head_dim
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        return self._offsets_initial(batch_size, device)
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        y, state = self._run_srwm(x, state, done)
+        return y.flatten(2), state
+
+
+class SRDeltaNetLayer(_SelfReferentialLayer):
+    """SR-DeltaNet layer (paper 002 App. C.1): an SRWM generates a Delta Net's q, k, v, beta.
+
+    Per head the SRWM's y-part is [q | k | v | beta] (3d + 1 rows). The Delta Net
+    (paper 002 Eq. 2-4) then runs with phi = softmax on q and k:
+    vbar = W_{t-1} k, W_t = W_{t-1} + sigmoid(beta) (v - vbar) k^T, out = W_t q.
+    """
+
+    def __init__(self, config: SRWMConfig):
+        d = config.head_dim
+        super().__init__(config, y_rows=3 * d + 1)
+        self.feature_map = config.feature_map
+        self.out_size = config.num_heads * d
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        state = self._offsets_initial(batch_size, device)
+        H, d = self.num_heads, self.head_dim
+        state["W"] = torch.zeros(batch_size, H, d, d, device=device, dtype=self.W_y.dtype)
+        return state
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        y, new_state = self._run_srwm(x, state, done)
+        d = self.head_dim
+        q, k, v, beta = torch.split(y, (d, d, d, 1), dim=-1)
+        out, W = dispatch.delta_rule(
+            q,
+            k,
+            v,
+            beta.squeeze(-1),
+            state["W"],
+            done,
+            rule="delta",
+            feature_map=self.feature_map,
+            grad_mode=self.grad_mode,
+        )
+        new_state["W"] = W
+        return out.flatten(2), new_state
+
+
+class FakeSRLayer(FastWeightLayer):
+    """Fake SR (paper 002 Sec. 4.3): the y-part of Eq. 5 with the slow weights only.
+
+    y_t = W_y phi(x_t) per head; nothing is modified, so there is no state.
+    """
+
+    def __init__(self, config: SRWMConfig):
+        super().__init__()
+        H, d = config.num_heads, config.head_dim
+        self.num_heads, self.head_dim = H, d
+        self.input_map = config.input_map
+        self.W_y = nn.Parameter(_normal_(torch.empty(H, d, d), d))
+        self.out_size = H * d
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        return {}
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        T, B, _ = x.shape
+        heads = apply_feature_map(self.input_map, x.reshape(T, B, self.num_heads, self.head_dim))
+        return torch.einsum("hrd,tbhd->tbhr", self.W_y, heads).flatten(2), state
+
+
+@register_core("srwm", SRWMConfig, "self-referential weight matrix, four learning rates (paper 002)")
+def _build_srwm(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
+    config = _check_config("srwm", config)
+    return FWPTransformerCore(input_size, config, lambda c, i: SRWMLayer(c))
+
+
+@register_core("fake_sr", SRWMConfig, "SRWM without self-modification: y = W_y phi(x) (paper 002)")
+def _build_fake_sr(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
+    config = _check_config("fake_sr", config)
+    return FWPTransformerCore(input_size, config, lambda c, i: FakeSRLayer(c))
+
+
+@register_core("sr_delta_net", SRWMConfig, "Delta Net whose slow projection is an SRWM (paper 002 App. C.1)")
+def _build_sr_delta_net(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
+    config = _check_config("sr_delta_net", config)
+    return FWPTransformerCore(input_size, config, lambda c, i: SRDeltaNetLayer(c))
