@@ -53,20 +53,27 @@ def check_srwm_args(input_map: str, grad_mode: str) -> None:
         raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
 
 
-def srwm_step(x_t: Tensor, W: Tensor, rows: tuple[int, int, int, int]) -> tuple[Tensor, Tensor]:
+def rate_index(rows: tuple[int, int, int, int], device=None) -> Tensor:
+    """For each row of the stacked W, which of the four learning rates updates it."""
+    return torch.repeat_interleave(torch.arange(NUM_RATES, device=device), torch.tensor(rows, device=device))
+
+
+def srwm_step(
+    x_t: Tensor, W: Tensor, rows: tuple[int, int, int, int], row_rate: Tensor
+) -> tuple[Tensor, Tensor]:
     """One SRWM step (Eq. 5-8 with App. A's four rates) on an already mapped input.
 
     x_t = phi(x_t) [B, H, D]; W = W_{t-1} [B, H, R, D], the sub-matrices
     [W^y; W^q; W^k; W^b] stacked along the rows (R = Dy + 2D + 4, sizes in
-    ``rows``). Returns y_t [B, H, Dy] (read with W_{t-1}) and the update
-    W_t - W_{t-1}.
+    ``rows``); ``row_rate`` = ``rate_index(rows)``. Returns y_t [B, H, Dy]
+    (read with W_{t-1}) and the update W_t - W_{t-1}.
     """
     y, q, k, b = (W @ x_t.unsqueeze(-1)).squeeze(-1).split(rows, dim=-1)  # Eq. 5
     q = torch.softmax(q, dim=-1)
     k = torch.softmax(k, dim=-1)
     beta = torch.sigmoid(b)  # [B, H, 4]: one rate per sub-matrix (App. A)
     v_q, v_k = (W @ torch.stack([q, k], dim=-1)).unbind(-1)  # Eq. 7 / 10 and Eq. 6 / 9
-    rate = beta.repeat_interleave(torch.tensor(rows, device=beta.device), dim=-1, output_size=sum(rows))
+    rate = beta.index_select(-1, row_rate)  # [B, H, R]
     delta = (rate * (v_q - v_k)).unsqueeze(-1) * k.unsqueeze(-2)  # Eq. 8 / 11, per row block
     return y, delta
 
@@ -89,13 +96,14 @@ def srwm_reference(
     rows = tuple(w.shape[1] for w in slow)
     W_slow = torch.cat(slow, dim=1)  # [H, R, D]
     offset = torch.cat(tuple(offsets), dim=2)  # [B, H, R, D]
+    row_rate = rate_index(rows, W_slow.device)
     phi_x = apply_feature_map(input_map, x)
     ys = []
     for t in range(x.shape[0]):
         offset = offset * (~reset[t]).to(offset.dtype).view(-1, 1, 1, 1)
         if grad_mode == "step":
             offset = offset.detach()
-        y, delta = srwm_step(phi_x[t], W_slow + offset, rows)
+        y, delta = srwm_step(phi_x[t], W_slow + offset, rows, row_rate)
         offset = offset + delta
         ys.append(y)
     return torch.stack(ys), tuple(offset.split(rows, dim=2))
