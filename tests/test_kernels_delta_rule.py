@@ -80,19 +80,19 @@ def _resets(T, B, pattern):
     return reset
 
 
-def _run(fn, inputs, reset, grads, dtype=None, **kwargs):
-    """Outputs of ``fn`` and gradients of <y, gy> + <W_T, gW> for every input."""
-    leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
-    y, WT = fn(*leaves, reset, **kwargs)
+def _run(fn, inputs, reset, grads, dtype=None, device="cpu", **kwargs):
+    """Outputs of ``fn`` and gradients of <y, gy> + <W_T, gW> for every input (on CPU)."""
+    leaves = [x.detach().to(device, dtype or x.dtype).requires_grad_() for x in inputs]
+    y, WT = fn(*leaves, reset.to(device), **kwargs)
     gy, gW = grads
     loss = 0.0
     if gy is not None:
-        loss = loss + (y.double() * gy).sum()
+        loss = loss + (y.double() * gy.to(device)).sum()
     if gW is not None:
-        loss = loss + (WT.double() * gW).sum()
+        loss = loss + (WT.double() * gW.to(device)).sum()
     d = torch.autograd.grad(loss, leaves, allow_unused=True)
     d = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, d)]
-    return y, WT, d
+    return y.cpu(), WT.cpu(), [g.cpu() for g in d]
 
 
 def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
@@ -312,6 +312,29 @@ def test_supports_gives_reasons(monkeypatch):
     with pytest.raises(Exception, match="rule"):
         K.delta_rule_triton(x, x, x, x[..., 0], x[0].expand(1, 1, 16, 16), x[..., 0, 0] > 0,
                             rule="oja")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+def test_cuda_matches_reference(dim, monkeypatch):
+    """On a GPU: the compiled kernels at rollout-like shapes, both rules and grad modes."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    delta_rule_triton = _load_kernel_module(interpret=False).delta_rule_triton
+    T, B, H = 51, 4, 2
+    inputs = _inputs(T, B, H, dim, seed=dim)
+    reset = torch.rand(T, B, generator=torch.Generator().manual_seed(dim)) < 0.1
+    reset[0, 0] = True
+    g = torch.Generator().manual_seed(1)
+    grads = (torch.randn(T, B, H, dim, generator=g, dtype=torch.float64),
+             torch.randn(B, H, dim, dim, generator=g, dtype=torch.float64))
+    for rule in RULES:
+        for grad_mode in GRAD_MODES:
+            for feature_map in FEATURE_MAPS:
+                kwargs = dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode)
+                ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+                got = _run(delta_rule_triton, inputs, reset, grads, dtype=torch.float32,
+                           device="cuda", **kwargs)
+                _assert_matches(ref, got, atol=1e-4, rtol=1e-3, label=str(kwargs))
 
 
 # Shipped configurations (head dims of the presets and the supported range).
