@@ -1,0 +1,94 @@
+"""Checkpoints: atomic saves, ``weights_only`` loads, exact resume.
+
+A checkpoint holds plain tensors, numbers, strings, lists and dicts only, so
+``torch.load(path, weights_only=True)`` can read it (nothing is unpickled
+beyond torch's safe set). It carries the model, the optimiser, the LR
+schedule, the agent-step count and the RNG states of torch, numpy and python.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fwrl import __version__
+from fwrl.errors import FwrlError
+from fwrl.launch.rundir import atomic_write
+
+FORMAT = "fwrl-checkpoint-v1"
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, *, model, optimizer, scheduler, agent_steps: int, updates: int,
+                    config: dict[str, Any], env_info: dict[str, Any]) -> None:
+    payload = {
+        "format": FORMAT,
+        "fwrl_version": __version__,
+        "agent_steps": int(agent_steps),
+        "updates": int(updates),
+        "config": config,
+        "env_info": env_info,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+    }
+    atomic_write(Path(path), lambda f: torch.save(payload, f))
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint safely; a corrupt or foreign file is a FwrlError."""
+    path = Path(path)
+    if not path.is_file():
+        raise FwrlError(f"checkpoint {path} does not exist.")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many kinds for corrupt or unsafe files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FwrlError(
+            f"{path} is not a readable fwrl checkpoint ({first[:200]}). It may be corrupt, "
+            "truncated, or not a checkpoint; fwrl only loads files with torch.load(weights_only=True)."
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise FwrlError(
+            f"{path} is not an fwrl checkpoint (expected format {FORMAT!r}, "
+            f"found {payload.get('format') if isinstance(payload, dict) else type(payload).__name__!r})."
+        )
+    return payload
+
+
+def load_model_weights(model: torch.nn.Module, state_dict: dict[str, Any], source: str) -> None:
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as exc:
+        raise FwrlError(
+            f"the weights in {source} do not fit this model ({str(exc).splitlines()[0]}); "
+            "was it trained with another env, core, stem or core options?"
+        ) from None

@@ -1,0 +1,1 @@
+"""Command line, configs, presets, run directories, progress and benchmarks."""
