@@ -55,6 +55,8 @@ _TRAIN_FLAGS = {
     "--milestone-interval": ("milestone_interval", int, "agent steps between kept checkpoints"),
     "--log-interval": ("log_interval", float, "seconds between metrics rows"),
     "--load-vision-from": ("load_vision_from", str, "checkpoint whose vision stem to load (R2AC)"),
+    "--eval-every": ("eval_every", int, "agent steps between evaluations written to metrics.csv (0: none)"),
+    "--eval-episodes": ("eval_episodes", int, "episodes per task and split of each --eval-every evaluation"),
 }
 
 
@@ -249,6 +251,94 @@ def _bench(name: str):
         return getattr(bench, f"bench_{name}")(args)
 
     return run
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+@command
+def add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="play test episodes; JSON + table of scores",
+                       description="Evaluate a run (its checkpoint.pt) or a checkpoint file with the "
+                                   "protocol of its env family (REFERENCE.md section 5).")
+    p.add_argument("source", help="run folder or checkpoint file")
+    p.add_argument("--env", help="env spec to evaluate on (default: the run's env)")
+    p.add_argument("--episodes", type=int, help="episodes per task, split and repeat "
+                   "(default: atari 30, procgen 200, dmlab 100, others 100)")
+    p.add_argument("--repeats", type=int, help="repeats (default: atari 5, dmlab 3, others 1)")
+    p.add_argument("--policy", choices=("greedy", "sample"), default="greedy", help="argmax or sampled actions")
+    p.add_argument("--splits", help="comma-separated splits to run (procgen: train,test_1000,test_1200,test_1400)")
+    p.add_argument("--num-workers", type=int, help="env worker processes (default: CPU cores, at most 8)")
+    p.add_argument("--envs-per-worker", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu (default), auto, cuda or cuda:N")
+    p.add_argument("--backend", default="local", help="env worker backend: local or ray")
+    p.add_argument("--ray-address", default="auto")
+    p.add_argument("--step-timeout", type=float, default=60.0)
+    p.add_argument("--out", help="JSON path (default: <run>/evaluation.json or <checkpoint>.eval.json); "
+                   "the markdown table goes beside it")
+    p.set_defaults(run=run_evaluate)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from fwrl.launch import evaluate as ev
+    from fwrl.launch.train import pick_device
+
+    device = pick_device(args.device)
+    model, payload, path = ev.load_agent(Path(args.source), device)
+    config = payload["config"]
+    env = args.env or config["env"]
+    if args.env:
+        ev.check_env_fits(env, model)
+    num_workers = args.num_workers or ev.default_num_workers(env)
+    if num_workers < 1 or args.envs_per_worker < 1:
+        raise FwrlError(f"--num-workers and --envs-per-worker must be at least 1, got {num_workers} "
+                        f"and {args.envs_per_worker}.")
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
+    result = ev.evaluate(
+        model, env, episodes=args.episodes, repeats=args.repeats, greedy=args.policy == "greedy", splits=splits,
+        num_workers=num_workers, envs_per_worker=args.envs_per_worker, seed=args.seed, device=device,
+        backend=args.backend, step_timeout=args.step_timeout, core=config["core"],
+        core_options=config.get("core_options", {}), unroll_length=config.get("unroll_length"),
+        backend_options={"address": args.ray_address} if args.backend == "ray" else None,
+    )
+    result = {"checkpoint": str(path), "agent_steps": int(payload.get("agent_steps", 0)), **result}
+    if args.out:
+        out = Path(args.out)
+    else:
+        out = Path(args.source) / "evaluation.json" if Path(args.source).is_dir() else path.with_suffix(".eval.json")
+    ev.print_table(result)
+    md = ev.write_result(result, out)
+    print(f"wrote {out} and {md}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- plot
+
+@command
+def add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="learning curves of runs to a PNG",
+                       description="Plot a metric of metrics.csv against agent steps, runs overlaid.")
+    p.add_argument("runs", nargs="+", help="run folders (or metrics.csv files)")
+    p.add_argument("--metric", default="mean_return", help="metrics.csv column (default: mean_return)")
+    p.add_argument("--by", choices=("run", "task"), default="run",
+                   help="task: one panel per task of multi-task runs (columns return/<task>)")
+    p.add_argument("--smooth", type=int, default=1, help="moving average over K points")
+    p.add_argument("--out", help="PNG path (default: <run>/<metric>.png for one run, ./<metric>.png for several)")
+    p.add_argument("--size", default="1200x800", help="WIDTHxHEIGHT in pixels")
+    p.set_defaults(run=run_plot)
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    import matplotlib.pyplot as plt
+
+    from fwrl.launch.plot import default_out, parse_size, plot_runs
+
+    runs = [Path(r) for r in args.runs]
+    out = Path(args.out) if args.out else default_out(runs, args.metric)
+    fig = plot_runs(runs, args.metric, args.by, args.smooth, out, parse_size(args.size))
+    plt.close(fig)
+    print(f"wrote {out}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- main

@@ -185,6 +185,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                      seed=config.seed + 7919 * updates, step_timeout=config.step_timeout,
                      **({"address": config.ray_address} if config.backend == "ray" else {}))
     progress = progress or Progress(config, run_dir)
+    evaluator = None
     try:
         pool.start()
         inference = InferenceLoop(inference_model, pool, assembler, device, lock)
@@ -194,6 +195,10 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         last_steps = learner.stats.agent_steps
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         progress.start()
+        if config.eval_every > 0:
+            from fwrl.launch.evaluate import PeriodicEvaluator
+
+            evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, start_time)
         while not stop.is_set():
             inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=episodes.add)
             now = time.monotonic()
@@ -204,6 +209,11 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 _write_tb(writer, row)
                 progress.update(row)
                 last_log, last_steps = now, learner.stats.agent_steps
+            if evaluator is not None:
+                evaluator.maybe_start(learner.stats.agent_steps, inference_model, lock)
+                for eval_row in evaluator.poll():
+                    metrics.write(eval_row)
+                    _write_tb(writer, eval_row)
             if now - last_ckpt >= config.checkpoint_interval:
                 checkpoint(run_dir / "checkpoint.pt")
                 last_ckpt = now
@@ -222,6 +232,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         progress.update(row)
     finally:
         stop.set()
+        if evaluator is not None:
+            evaluator.close()
         pool.close()
         progress.stop()
         if writer is not None:

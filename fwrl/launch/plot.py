@@ -1,0 +1,148 @@
+"""``fwrl plot``: learning curves of one or more runs to a PNG (matplotlib, Agg backend).
+
+Each run's ``metrics.csv`` gives the curve of a metric (default
+``mean_return``) against ``agent_steps``; several runs are overlaid, one line
+each, labelled with the run folder's name. ``--by task`` draws one panel per
+task of multi-task runs, from the columns ``<prefix>/<task>`` (``return/<task>``
+for ``mean_return``; e.g. ``eval/test/return/<task>`` for
+``--metric eval/test/return``). ``--smooth K`` averages each point with the
+K - 1 before it. Rows where the metric is empty (e.g. evaluation rows for a
+training metric) are skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Sequence
+
+from fwrl.errors import FwrlError, unknown_choice
+
+BY = ("run", "task")
+TASK_PREFIX = {"mean_return": "return"}  # metric -> prefix of its per-task columns
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    path = Path(run_dir) / "metrics.csv" if Path(run_dir).is_dir() else Path(run_dir)
+    if not path.is_file():
+        raise FwrlError(f"{run_dir} holds no metrics.csv; pass run folders written by fwrl train.")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def series(rows: Sequence[dict[str, str]], column: str) -> tuple[list[float], list[float]]:
+    """(agent_steps, value) pairs of ``column``, skipping empty and non-finite values."""
+    xs, ys = [], []
+    for row in rows:
+        raw, step = row.get(column), row.get("agent_steps")
+        if raw in (None, "") or step in (None, ""):
+            continue
+        try:
+            x, y = float(step), float(raw)
+        except ValueError:
+            continue
+        if math.isfinite(y):
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def smooth(values: Sequence[float], k: int) -> list[float]:
+    """Trailing moving average over (up to) ``k`` points."""
+    if k <= 1:
+        return list(values)
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= k:
+            total -= values[i - k]
+        out.append(total / min(i + 1, k))
+    return out
+
+
+def task_columns(rows: Sequence[dict[str, str]], metric: str) -> list[str]:
+    prefix = TASK_PREFIX.get(metric, metric) + "/"
+    columns = list(rows[0].keys()) if rows else []
+    return [c for c in columns if c.startswith(prefix) and "/" not in c[len(prefix):]]
+
+
+def plot_runs(
+    run_dirs: Sequence[Path],
+    metric: str = "mean_return",
+    by: str = "run",
+    smooth_k: int = 1,
+    out: Path | None = None,
+    size: tuple[int, int] = (1200, 800),
+    dpi: int = 100,
+):
+    """Draw the curves; write ``out`` (PNG) if given; return the matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if by not in BY:
+        raise unknown_choice("--by", by, BY)
+    if smooth_k < 1:
+        raise FwrlError(f"--smooth must be at least 1, got {smooth_k}.")
+    if not run_dirs:
+        raise FwrlError("fwrl plot needs at least one run folder.")
+    runs = [(_label(Path(d), run_dirs), read_metrics(Path(d))) for d in run_dirs]
+
+    panels: dict[str, list[tuple[str, str, list]]] = {}  # panel title -> [(label, column, rows)]
+    for label, rows in runs:
+        if by == "task":
+            for column in task_columns(rows, metric):
+                panels.setdefault(column.rsplit("/", 1)[1], []).append((label, column, rows))
+        else:
+            panels.setdefault(metric, []).append((label, metric, rows))
+    drawn = {title: [(l, c, r) for l, c, r in lines if series(r, c)[0]] for title, lines in panels.items()}
+    drawn = {title: lines for title, lines in drawn.items() if lines}
+    if not drawn:
+        available = sorted({c for _, rows in runs for c in (rows[0].keys() if rows else ())} - {"agent_steps"})
+        what = f"per-task columns '{TASK_PREFIX.get(metric, metric)}/<task>'" if by == "task" else f"metric {metric!r}"
+        raise FwrlError(f"no values of {what} in these runs; columns found: {', '.join(available) or 'none'}.")
+
+    n = len(drawn)
+    cols = min(n, 3)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi, squeeze=False)
+    for ax, (title, lines) in zip(axes.flat, drawn.items()):
+        for label, column, rows in lines:
+            xs, ys = series(rows, column)
+            ax.plot(xs, smooth(ys, smooth_k), label=label)
+        ax.set_title(title)
+        ax.set_xlabel("agent steps")
+        ax.set_ylabel(metric if by == "run" else f"{TASK_PREFIX.get(metric, metric)} ({title})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=dpi)
+    return fig
+
+
+def _label(run_dir: Path, all_dirs: Sequence[Path]) -> str:
+    names = [Path(d).name for d in all_dirs]
+    return run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    w, sep, h = text.lower().partition("x")
+    try:
+        size = (int(w), int(h))
+    except ValueError:
+        size = (0, 0)
+    if not sep or min(size) < 100:
+        raise FwrlError(f"--size {text!r} is not WIDTHxHEIGHT in pixels (each at least 100), e.g. 1200x800.")
+    return size
+
+
+def default_out(run_dirs: Sequence[Path], metric: str) -> Path:
+    name = metric.replace("/", "_") + ".png"
+    return Path(run_dirs[0]) / name if len(run_dirs) == 1 else Path(name)

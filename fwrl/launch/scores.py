@@ -1,0 +1,206 @@
+"""Score normalisation and published figures to compare evaluations with.
+
+Normalisation (REFERENCE.md section 5):
+
+- Atari: human-normalised ``(R - R_random) / (R_human - R_random)`` with the
+  random / human scores of the DQN-zoo table (:data:`ATARI_RANDOM_HUMAN`);
+- ProcGen: min-max normalised ``(R - R_min) / (R_max - R_min)`` with the
+  constants of Cobbe et al. 2020 (:func:`fwrl.envs.procgen.normalised_score`;
+  memory mode uses the hard constants, as the SRWM paper does);
+- DeepMind Lab: human-normalised with the human / random scores of
+  :data:`DMLAB_RANDOM_HUMAN`.
+
+Published figures (REFERENCE.md section 6) are data, :data:`PUBLISHED`: the
+evaluation table shows the matching ones beside fwrl's own numbers. They
+come from runs far longer than a scaled-down reproduction, so they are a
+reference point, not a pass mark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from fwrl.errors import unknown_choice
+
+# game -> (random, human); DQN-zoo table (REFERENCE.md section 5)
+ATARI_RANDOM_HUMAN: dict[str, tuple[float, float]] = {
+    "Alien": (227.8, 7127.7),
+    "Amidar": (5.8, 1719.5),
+    "Assault": (222.4, 742.0),
+    "BankHeist": (14.2, 753.1),
+    "BattleZone": (2360.0, 37187.5),
+    "BeamRider": (363.9, 16926.5),
+    "Berzerk": (123.7, 2630.4),
+    "Breakout": (1.7, 30.5),
+    "DemonAttack": (152.1, 1971.0),
+    "Gopher": (257.6, 2412.5),
+    "Gravitar": (173.0, 3351.4),
+    "Jamesbond": (29.0, 302.8),
+    "KungFuMaster": (258.5, 22736.3),
+    "MsPacman": (307.3, 6951.6),
+    "Pong": (-20.7, 14.6),
+    "Qbert": (163.9, 13455.0),
+    "Robotank": (2.2, 11.9),
+    "Seaquest": (68.4, 42054.7),
+    "SpaceInvaders": (148.0, 1668.7),
+    "StarGunner": (664.0, 10250.0),
+    "UpNDown": (533.4, 11693.2),
+    "Zaxxon": (32.5, 9173.3),
+}
+
+# level -> (random, human) (REFERENCE.md section 5, which lists human / random)
+DMLAB_RANDOM_HUMAN: dict[str, tuple[float, float]] = {
+    "rooms_watermaze": (4.065, 54.0),
+    "rooms_select_nonmatching_object": (0.312, 65.9),
+    "rooms_keys_doors_puzzle": (4.135, 53.8),
+}
+
+
+def human_normalised(score: float, random: float, human: float) -> float:
+    """``(score - random) / (human - random)``: 0 is a random agent, 1 a human."""
+    return (float(score) - random) / (human - random)
+
+
+def atari_human_normalised(game: str, score: float) -> float:
+    if game not in ATARI_RANDOM_HUMAN:
+        raise unknown_choice("atari game with random/human scores", game, ATARI_RANDOM_HUMAN)
+    return human_normalised(score, *ATARI_RANDOM_HUMAN[game])
+
+
+def dmlab_human_normalised(level: str, score: float) -> float:
+    if level not in DMLAB_RANDOM_HUMAN:
+        raise unknown_choice("dmlab level with random/human scores", level, DMLAB_RANDOM_HUMAN)
+    return human_normalised(score, *DMLAB_RANDOM_HUMAN[level])
+
+
+def normalisation_kind(family: str) -> str:
+    """How scores of ``family`` are normalised ("" where they are not)."""
+    return {"atari": "human", "dmlab": "human", "procgen": "min-max"}.get(family, "")
+
+
+def normalise(family: str, task: str, score: float, options: Mapping[str, Any] | None = None) -> float | None:
+    """The normalised ``score`` of ``task`` in ``family``, or None where no constants exist.
+
+    ``options`` are the env spec's options (ProcGen reads ``distribution``).
+    """
+    options = options or {}
+    if family == "atari":
+        return atari_human_normalised(task, score) if task in ATARI_RANDOM_HUMAN else None
+    if family == "dmlab":
+        return dmlab_human_normalised(task, score) if task in DMLAB_RANDOM_HUMAN else None
+    if family == "procgen":
+        from fwrl.envs.procgen import NORMALISATION_TABLE_FOR, normalised_score
+
+        distribution = str(options.get("distribution", "easy"))
+        if distribution not in NORMALISATION_TABLE_FOR:
+            return None
+        return normalised_score(task, distribution, score)
+    return None
+
+
+# ----------------------------------------------------------------------------- published figures
+
+@dataclass(frozen=True)
+class Published:
+    """One published figure.
+
+    ``task`` is a game / level, or ``"*"`` for an aggregate over the games of
+    ``games``; ``split`` is the evaluation split it belongs to; ``metric`` is
+    ``return`` (raw score) or ``normalised_x100`` (mean normalised score x 100).
+    ``core`` is fwrl's core name; ``setting`` holds what else must match
+    (e.g. ``{"grad": "rtrl", "unroll_length": 50}``).
+    """
+
+    source: str
+    family: str
+    task: str
+    split: str
+    core: str
+    metric: str
+    value: float
+    note: str = ""
+    games: tuple[str, ...] = ()
+    setting: tuple[tuple[str, Any], ...] = ()
+
+
+_RFWP = "RFWP paper (Irie et al. 2021) Tables 9-10"
+_SRWM = "SRWM paper (Irie et al. 2022) Table 3"
+_RTRL = "RTRL paper Table 1"
+_SRWM_GAMES = ("bigfish", "fruitbot", "maze", "leaper", "plunder", "starpilot")
+
+
+def _published() -> tuple[Published, ...]:
+    rows: list[Published] = []
+    for core in ("feedforward", "lstm", "linear_transformer", "delta_net", "rdn", "delta_rnn"):
+        rows.append(Published(_RFWP, "atari", "Pong", "test", core, "return", 21.0, "50M steps"))
+    rows.append(Published(_RFWP, "atari", "Qbert", "test", "rdn", "return", 987275.0, "200M steps"))
+    rows.append(Published(_RFWP, "atari", "SpaceInvaders", "test", "rdn", "return", 170871.0, "200M steps"))
+    srwm = {  # core: (train, test), normalised x100, 300M steps multi-task easy
+        "feedforward": (22.5, 16.4), "lstm": (28.3, 15.7), "fake_sr": (27.0, 15.3),
+        "delta_net": (35.0, 18.6), "srwm": (34.6, 20.0),
+    }  # fmt: skip
+    for core, (train, test) in srwm.items():
+        rows.append(Published(_SRWM, "procgen", "*", "train", core, "normalised_x100", train,
+                              "300M steps, 6 games, easy", _SRWM_GAMES))
+        rows.append(Published(_SRWM, "procgen", "*", "test", core, "normalised_x100", test,
+                              "300M steps, 6 games, easy, mean of 3 test splits", _SRWM_GAMES))
+    rtrl = {  # (level, M): (TBPTT, RTRL), raw scores, < 1.2B frames
+        ("rooms_select_nonmatching_object", 10): (54.5, 61.8),
+        ("rooms_select_nonmatching_object", 50): (61.4, 62.0),
+        ("rooms_select_nonmatching_object", 100): (61.7, 62.2),
+        ("rooms_watermaze", 10): (15.8, 40.2),
+        ("rooms_watermaze", 50): (44.5, 52.3),
+        ("rooms_watermaze", 100): (45.6, 54.8),
+    }
+    for (level, m), (tbptt, rtrl_score) in rtrl.items():
+        for grad, value in (("bptt", tbptt), ("rtrl", rtrl_score)):
+            rows.append(Published(_RTRL, "dmlab", level, "test", "elstm", "return", value,
+                                  f"{'RTRL' if grad == 'rtrl' else 'TBPTT'}, M={m}",
+                                  setting=(("grad", grad), ("unroll_length", m))))
+    return tuple(rows)
+
+
+PUBLISHED: tuple[Published, ...] = _published()
+
+
+def _setting_matches(p: Published, core_options: Mapping[str, Any], unroll_length: int | None) -> bool:
+    for key, want in p.setting:
+        if key == "unroll_length":
+            have = unroll_length
+        else:
+            have = core_options.get(key, "bptt" if key == "grad" else None)
+        if have is None or str(have) != str(want):
+            return False
+    return True
+
+
+def published_for(
+    family: str,
+    task: str,
+    split: str,
+    core: str,
+    core_options: Mapping[str, Any] | None = None,
+    unroll_length: int | None = None,
+    games: tuple[str, ...] = (),
+) -> list[Published]:
+    """Published figures for this setting; ``task="*"`` asks for aggregates over ``games``.
+
+    A split named ``test_<start>`` counts as ``test``.
+    """
+    base_split = "test" if split.startswith("test") else split
+    out = []
+    for p in PUBLISHED:
+        if (p.family, p.task, p.split, p.core) != (family, task, base_split, core):
+            continue
+        if task == "*" and set(p.games) != set(games):
+            continue
+        if _setting_matches(p, core_options or {}, unroll_length):
+            out.append(p)
+    return out
+
+
+def format_published(rows: list[Published]) -> str:
+    """A short cell text, e.g. ``21 (50M steps)``."""
+    return "; ".join(f"{p.value:g} ({p.note})" if p.note else f"{p.value:g}" for p in rows)
+
