@@ -50,6 +50,12 @@ class StepResult:
     restarted: bool = False
 
 
+class WorkersLost(Exception):
+    """Raised by ``wait`` when no env worker can run any more (e.g. every env node of a
+    Ray cluster is gone); training then stops with a final checkpoint. Subclasses of
+    this and of ``FwrlError`` carry the user-facing message."""
+
+
 class WorkerPool:
     """Base class of the worker backends."""
 

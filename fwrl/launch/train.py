@@ -27,7 +27,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.rollouts import RolloutAssembler, RolloutQueue, RolloutSpec
 from fwrl.envs.registry import EnvInfo, describe_env
-from fwrl.envs.worker_pool import EpisodeRecord, make_pool
+from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost, make_pool
 from fwrl.errors import FwrlError
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
@@ -199,8 +199,13 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             from fwrl.launch.evaluate import PeriodicEvaluator
 
             evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, start_time)
+        lost: WorkersLost | None = None
         while not stop.is_set():
-            inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=episodes.add)
+            try:
+                inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=episodes.add)
+            except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
+                stopped_by[0], lost = "workers lost", exc
+                break
             now = time.monotonic()
             if now - last_log >= config.log_interval:
                 sps = (learner.stats.agent_steps - last_steps) / (now - last_log)
@@ -230,6 +235,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         metrics.write(row)
         _write_tb(writer, row)
         progress.update(row)
+        if lost is not None:
+            raise lost
     finally:
         stop.set()
         if evaluator is not None:

@@ -1,0 +1,336 @@
+"""The ``ray`` worker backend: env workers as Ray actors on a cluster's CPU nodes.
+
+Each actor owns one :class:`~fwrl.envs.env_group.EnvGroup` (K envs) and plain
+numpy output arrays; ``step`` writes into them and returns them, so results
+travel through Ray's own object channels. The learner and central inference
+stay in the driver process (ARCHITECTURE.md, Processes), which calls
+``ray.init(address=...)`` unless Ray is already initialised.
+
+Placement: with ``resource="auto"`` every actor asks for one unit of the custom
+resource ``envs`` when the cluster advertises it (CPU nodes started with
+``ray start --resources '{"envs": N}'``), else for plain CPUs only. Where each
+actor ran (node id, IP, pid) is recorded: :meth:`RayWorkerPool.placement`.
+
+Faults, as in the local backend: an actor that dies (its node was lost or it
+was killed), raises, or takes longer than ``step_timeout`` for one step is
+replaced by a new actor with fresh envs (new seeds); its next result has a
+new ``life``, every slot ``done`` and ``restarted=True``. Ray schedules the new
+actor on any node with the resources; if no worker at all has been running
+for ``start_timeout`` seconds (e.g. every env node is gone), ``wait`` raises
+:class:`WorkersLost`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fwrl.envs.env_group import EnvGroup
+from fwrl.envs.registry import describe_env
+from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool, WorkersLost as _PoolWorkersLost
+from fwrl.errors import FwrlError, missing_dependency
+
+ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes under docker/
+
+
+class WorkersLost(_PoolWorkersLost, FwrlError):
+    """No env worker could run for ``start_timeout`` seconds (e.g. every env node died)."""
+
+
+def import_ray():
+    """Import Ray or explain how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise missing_dependency("ray", "ray", "the ray worker backend") from None
+    return ray
+
+
+def _field_specs(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {
+        "obs": (tuple(obs_shape), obs_dtype),
+        "reward": ((), "float32"),
+        "done": ((), "bool"),
+        "episode_return": ((), "float32"),
+        "episode_step": ((), "int32"),
+        "task": ((), "int32"),
+    }
+
+
+class EnvActor:
+    """The body of one Ray actor: K envs and their output arrays (wrapped by ``ray.remote``)."""
+
+    def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int,
+                 specs: dict[str, tuple[tuple[int, ...], str]]):
+        from fwrl.envs.quiet import silence_env_noise
+
+        silence_env_noise()
+        self.out = {name: np.zeros((k, *shape), np.dtype(dtype)) for name, (shape, dtype) in specs.items()}
+        self.group = EnvGroup(spec, worker, k, seed, mode, life)
+
+    def reset(self) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], dict[str, object]]:
+        """First observations, plus where this actor runs."""
+        import ray
+
+        self.group.reset(self.out)
+        where = {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                 "hostname": socket.gethostname(), "pid": os.getpid()}
+        return self.out, [], where
+
+    def step(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], None]:
+        episodes = self.group.step(actions, self.out)
+        return self.out, episodes, None
+
+    def close(self) -> None:
+        self.group.close()
+
+
+@dataclass
+class _Actor:
+    handle: object
+    pending: object | None  # ObjectRef of the outstanding reset/step call
+    sent_at: float
+    answered: bool = False  # False until the reset result arrived (placement, imports, env resets)
+
+
+class RayWorkerPool(WorkerPool):
+    """N Ray actors with K envs each, behind the :class:`WorkerPool` interface."""
+
+    def __init__(
+        self,
+        env: str,
+        num_workers: int,
+        envs_per_worker: int,
+        seed: int = 0,
+        mode: str = "train",
+        step_timeout: float = 60.0,
+        start_timeout: float = 300.0,
+        address: str = "auto",
+        resource: str | None = "auto",
+        cpus_per_worker: float = 1.0,
+        include_dashboard: bool = False,
+        verbose: bool = True,
+    ):
+        """``address``: ``auto`` (the running cluster), ``HOST:PORT``, ``ray://HOST:PORT``, or
+        ``local`` (start a private single-machine Ray). ``resource``: ``auto`` (``envs`` if the
+        cluster has it), a custom resource name, or None (CPUs only). ``include_dashboard``
+        only matters with ``local``; the dashboard then listens on 127.0.0.1 only."""
+        if num_workers < 1 or envs_per_worker < 1:
+            raise FwrlError(
+                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
+                f"envs_per_worker={envs_per_worker}."
+            )
+        if cpus_per_worker < 0:
+            raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
+        self._ray = import_ray()
+        self.env = env
+        self.info = describe_env(env)
+        self.num_workers = num_workers
+        self.envs_per_worker = envs_per_worker
+        self.seed = seed
+        self.mode = mode
+        self.step_timeout = step_timeout
+        self.start_timeout = start_timeout
+        self.address = address
+        self.resource_option = resource
+        self.cpus_per_worker = cpus_per_worker
+        self.include_dashboard = include_dashboard
+        self.verbose = verbose
+        self.restarts = 0
+        self.errors: list[str] = []
+        self.resource: str | None = None  # decided in start()
+        self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
+        self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
+        self._actors: list[_Actor | None] = [None] * num_workers
+        self._lives = [0] * num_workers
+        self._restarted = [False] * num_workers
+        self._where: dict[int, dict[str, object]] = {}
+        self._remote_class = None
+        self._we_initialised = False
+        self._last_running = time.monotonic()
+        self._closed = False
+
+    # ------------------------------------------------------------------ cluster
+    def _connect(self) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        kwargs = {"include_dashboard": self.include_dashboard, "logging_level": "warning"}
+        if self.include_dashboard:
+            kwargs["dashboard_host"] = "127.0.0.1"
+        try:
+            if self.address == "local":
+                ray.init(**kwargs)
+            else:
+                ray.init(address=self.address, logging_level="warning")
+        except ConnectionError as exc:
+            raise FwrlError(
+                f"cannot connect to a Ray cluster at --ray-address {self.address!r} ({exc}). Start one "
+                "(`ray start --head`, see docker/README.md), pass its HOST:PORT, or use --ray-address local "
+                "for a private Ray on this machine."
+            ) from None
+        self._we_initialised = True
+
+    def _choose_resource(self) -> str | None:
+        available = self._ray.cluster_resources()
+        option = self.resource_option
+        if option in (None, "", "none", "cpu"):
+            return None
+        if option == "auto":
+            return ENV_RESOURCE if available.get(ENV_RESOURCE, 0) > 0 else None
+        if available.get(option, 0) <= 0:
+            custom = sorted(k for k in available if not k.startswith("node:") and k not in
+                            ("CPU", "GPU", "memory", "object_store_memory"))
+            raise FwrlError(
+                f"no node of the Ray cluster offers the resource {option!r} asked for the env workers; "
+                f"the cluster's custom resources: {', '.join(custom) or 'none'}. Start env nodes with "
+                f"`ray start --resources '{{\"{option}\": N}}'` or use resource='auto'."
+            )
+        return option
+
+    def _spawn(self, worker: int) -> None:
+        # max_restarts=0: a lost actor is replaced by the pool (new life, new seeds), not by Ray
+        options = {"num_cpus": self.cpus_per_worker, "max_restarts": 0, "scheduling_strategy": "SPREAD"}
+        if self.resource:
+            options["resources"] = {self.resource: 1}
+        handle = self._remote_class.options(**options).remote(
+            self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker], self._specs)
+        self._actors[worker] = _Actor(handle, handle.reset.remote(), time.monotonic())
+
+    def _kill(self, worker: int) -> None:
+        a = self._actors[worker]
+        if a is None:
+            return
+        try:
+            self._ray.kill(a.handle, no_restart=True)
+        except Exception:  # the actor (or its node) may already be gone
+            pass
+        self._actors[worker] = None
+
+    def _restart(self, worker: int, reason: str) -> None:
+        self.restarts += 1
+        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+        if self.verbose:
+            print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) restarts: {reason}", file=sys.stderr)
+        self._kill(worker)
+        self._where.pop(worker, None)
+        self._lives[worker] += 1
+        self._restarted[worker] = True
+        self._spawn(worker)
+
+    def start(self) -> None:
+        ray = self._ray
+        self._connect()
+        self.resource = self._choose_resource()
+        self._remote_class = ray.remote(EnvActor)
+        self._last_running = time.monotonic()
+        for worker in range(self.num_workers):
+            self._spawn(worker)
+
+    def placement(self) -> dict[int, str]:
+        """Node id of every worker's current actor (workers that have started)."""
+        return {worker: str(where["node_id"]) for worker, where in self._where.items()}
+
+    # ------------------------------------------------------------------ stepping
+    def _result(self, worker: int, arrays: dict[str, np.ndarray], episodes) -> StepResult:
+        restarted = self._restarted[worker]
+        self._restarted[worker] = False
+        return StepResult(
+            worker=worker,
+            life=self._lives[worker],
+            obs=arrays["obs"],
+            reward=arrays["reward"],
+            done=arrays["done"],
+            episode_return=arrays["episode_return"],
+            episode_step=arrays["episode_step"],
+            task=arrays["task"],
+            episodes=list(episodes),
+            restarted=restarted,
+        )
+
+    def wait(self, timeout: float | None = None) -> list[StepResult]:
+        ray = self._ray
+        pending = {a.pending: i for i, a in enumerate(self._actors) if a is not None and a.pending is not None}
+        if not pending:
+            return []
+        refs = list(pending)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        results = []
+        for ref in ready:
+            worker = pending[ref]
+            try:
+                arrays, episodes, where = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._restart(worker, f"actor died ({_first_line(exc)})")
+                continue
+            except ray.exceptions.RayTaskError as exc:
+                self._restart(worker, _last_line(exc))
+                continue
+            a = self._actors[worker]
+            a.pending = None
+            if where is not None:
+                a.answered = True
+                self._where[worker] = where
+                self.placements.append({"worker": worker, "life": self._lives[worker], **where})
+                if self.verbose:
+                    print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) runs on node "
+                          f"{where['node_id']} ({where['ip']}, pid {where['pid']})", file=sys.stderr)
+            results.append(self._result(worker, arrays, episodes))
+        self._check_hangs()
+        return results
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        if any(a is not None and a.answered for a in self._actors):
+            self._last_running = now
+        elif now - self._last_running > self.start_timeout:
+            need = f"{self.cpus_per_worker:g} CPU" + (f" and 1 {self.resource!r}" if self.resource else "")
+            raise WorkersLost(
+                f"no Ray env worker has been running for {self.start_timeout:.0f} s: the cluster has no "
+                f"node that can hold one (each needs {need}; cluster resources now: "
+                f"{_short_resources(self._ray.cluster_resources())}). Add env nodes and resume the run "
+                "with --resume."
+            )
+        for i, a in enumerate(self._actors):
+            if a is None or a.pending is None or not a.answered:
+                continue  # an actor waiting for a node is not hung; see start_timeout above
+            if now - a.sent_at > self.step_timeout:
+                self._restart(i, f"no answer within {self.step_timeout:.0f} s")
+
+    def act(self, worker: int, actions: np.ndarray) -> None:
+        a = self._actors[worker]
+        if a is None:
+            return
+        a.sent_at = time.monotonic()
+        a.pending = a.handle.step.remote(np.asarray(actions, np.int64))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for worker in range(self.num_workers):
+            self._kill(worker)
+        if self._we_initialised and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1][:200] if text else type(exc).__name__
+
+
+def _short_resources(resources: dict) -> str:
+    keep = {k: v for k, v in resources.items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(keep.items())) or "none"
