@@ -33,6 +33,7 @@ FAMILY_MODULES = {
     "dmlab": "fwrl.envs.dmlab",
     "gym": "fwrl.envs.gym_env",
     "memory": "fwrl.envs.memory_tasks",
+    "chaos": "fwrl.envs.chaos",  # fault injection, a testing aid
 }
 
 
