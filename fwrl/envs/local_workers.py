@@ -211,6 +211,11 @@ class LocalWorkerPool(WorkerPool):
         pending = {w.conn: i for i, w in enumerate(self._workers) if w is not None and w.sent_at is not None}
         if not pending:
             return []
+        # Wake up by the earliest step/start deadline at the latest, so a hang is
+        # detected even when every pending worker hangs (or timeout is None).
+        deadline = min(self._deadline(w) for w in self._workers if w is not None and w.sent_at is not None)
+        until_deadline = max(0.0, deadline - time.monotonic()) + 0.01  # just past it
+        timeout = until_deadline if timeout is None else min(timeout, until_deadline)
         ready = wait_connections(list(pending), timeout)
         results = []
         for conn in ready:
@@ -218,7 +223,9 @@ class LocalWorkerPool(WorkerPool):
             try:
                 status, payload = conn.recv()
             except (EOFError, OSError):
-                code = self._workers[worker].process.exitcode
+                process = self._workers[worker].process
+                process.join(timeout=1.0)  # reap it, so the exit code is known
+                code = process.exitcode
                 self._restart(worker, f"process died (exit code {code})")
                 continue
             if status == "error":
@@ -230,14 +237,19 @@ class LocalWorkerPool(WorkerPool):
         self._check_hangs()
         return results
 
+    def _deadline(self, w: _Worker) -> float:
+        return w.sent_at + (self.step_timeout if w.answered else self.start_timeout)
+
     def _check_hangs(self) -> None:
         now = time.monotonic()
         for i, w in enumerate(self._workers):
             if w is None or w.sent_at is None:
                 continue
-            limit = self.step_timeout if w.answered else self.start_timeout
-            if now - w.sent_at > limit:
-                self._restart(i, f"no answer within {limit:.0f} s")
+            # An answer that arrived after wait_connections returned is not a hang
+            # (the learner may have been away longer than the timeout).
+            if now > self._deadline(w) and not w.conn.poll():
+                limit = self.step_timeout if w.answered else self.start_timeout
+                self._restart(i, f"no answer within {limit:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
         w = self._workers[worker]
