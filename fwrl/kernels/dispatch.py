@@ -143,8 +143,7 @@ def delta_lstm(
 
 # --------------------------------------------------------------------------- SRWM (paper 002)
 # Self-contained block: the self-referential weight matrix (SRWM, Fake SR,
-# SR-DeltaNet cores) has a PyTorch reference only for now; a fused kernel
-# would be chosen here the same way as the delta rule above.
+# SR-DeltaNet cores), chosen the same way as the delta rule above.
 
 
 def srwm(
@@ -159,14 +158,20 @@ def srwm(
     input_map: str = "softmax",
     grad_mode: str = "full",
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """SRWM recurrence over a whole sequence (see ``reference.srwm``); reference only."""
+    """SRWM recurrence over a whole sequence (see ``reference.srwm``)."""
     from fwrl.kernels.reference.srwm import srwm_reference
 
-    if kernel_backend() == "triton":
-        raise FwrlError(
-            "FWRL_KERNELS=triton but there is no Triton SRWM kernel yet; "
-            "use FWRL_KERNELS=auto or FWRL_KERNELS=reference for the SRWM cores."
-        )
-    return srwm_reference(
-        x, W_y, W_q, W_k, w_b, offsets, reset, input_map=input_map, grad_mode=grad_mode
-    )
+    kwargs = dict(input_map=input_map, grad_mode=grad_mode)
+    backend = kernel_backend()
+    if backend != "reference":
+        try:
+            from fwrl.kernels.triton.srwm import srwm_triton, supports
+        except ImportError:
+            reason = "Triton kernels are not available"
+        else:
+            reason = supports(x, W_y, W_q, W_k, w_b, **kwargs)
+            if reason is None:
+                return srwm_triton(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)
+        if backend == "triton":
+            raise FwrlError(f"FWRL_KERNELS=triton but the SRWM kernel cannot run: {reason}.")
+    return srwm_reference(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)

@@ -1,0 +1,345 @@
+"""Fused Triton SRWM against the float64 PyTorch reference (paper 002, Eq. 5-8).
+
+As in ``test_kernels_delta_rule.py``: a private copy of the kernel module is
+imported with ``TRITON_INTERPRET=1`` set only while it loads, the kernels run
+on CPU through the interpreter at tiny shapes, and a compile-only check builds
+the shipped configurations for sm_90 and reads their spill space.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from fwrl.errors import FwrlError  # noqa: E402
+from fwrl.kernels import dispatch  # noqa: E402
+from fwrl.kernels.reference.srwm import srwm_reference  # noqa: E402
+
+_MODULE_PATH = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels", "triton", "srwm.py")
+
+
+def _load_kernel_module(interpret: bool):
+    name = f"_fwrl_srwm_{'interpreted' if interpret else 'compiled'}"
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location(name, _MODULE_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.pop("TRITON_INTERPRET", None)
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+    return module
+
+
+K = _load_kernel_module(interpret=True)
+TRITON_IMPORTED_INTERPRETED = type(triton.language.standard.sum).__name__ == "InterpretedFunction"
+needs_compiling_triton = pytest.mark.skipif(
+    TRITON_IMPORTED_INTERPRETED,
+    reason="Triton was imported with TRITON_INTERPRET=1, so it cannot compile GPU kernels",
+)
+NAMES = ("y", "O_y", "O_q", "O_k", "O_b", "dx", "dW_y", "dW_q", "dW_k", "dw_b",
+         "dO_y", "dO_q", "dO_k", "dO_b")
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _inputs(T, B, H, d, dy=None, *, seed=0, x_scale=1.0, offset_scale=0.3):
+    """x, the slow weights (std 1/sqrt(d) as in the core) and non-zero offsets."""
+    g = torch.Generator().manual_seed(seed)
+    dy = d if dy is None else dy
+    x = x_scale * torch.randn(T, B, H, d, generator=g, dtype=torch.float64)
+    slow = [torch.randn(H, rows, d, generator=g, dtype=torch.float64) / d**0.5
+            for rows in (dy, d, d, 4)]
+    offsets = [offset_scale * torch.randn(B, *w.shape, generator=g, dtype=torch.float64)
+               for w in slow]
+    return [x, *slow, *offsets]
+
+
+def _resets(T, B, pattern):
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    if pattern == "start":
+        reset[0] = True
+    elif pattern == "mid":  # row 0 once, row 1 on consecutive steps
+        reset[T // 2, 0] = True
+        reset[T // 2 : T // 2 + 3, 1 % B] = True
+    elif pattern == "everywhere":
+        reset[:] = True
+    return reset
+
+
+def _grads(inputs, seed):
+    """Random output gradients for y and the four final offsets."""
+    g = torch.Generator().manual_seed(seed)
+    x, W_y = inputs[0], inputs[1]
+    gy = torch.randn(*x.shape[:3], W_y.shape[1], generator=g, dtype=torch.float64)
+    return [gy] + [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in inputs[5:]]
+
+
+def _run(fn, inputs, reset, grads, dtype=None, **kwargs):
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
+    y, offsets = fn(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset, **kwargs)
+    outs = [y, *offsets]
+    loss = sum((o.double() * g).sum() for o, g in zip(outs, grads) if g is not None)
+    d = torch.autograd.grad(loss, leaves, allow_unused=True)
+    d = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, d)]
+    return [o.detach() for o in outs] + list(d)
+
+
+def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
+    for name, r, g in zip(NAMES, ref, got):
+        assert torch.isfinite(g).all(), f"{label}: {name} is not finite"
+        torch.testing.assert_close(g.double(), r.double(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{label}: {name}: {m}")
+
+
+CASES = [(1, "none", "softmax"), (1, "start", "identity"), (2, "none", "identity"),
+         (2, "start", "softmax"), (2, "mid", "softmax"), (2, "everywhere", "identity"),
+         (17, "mid", "softmax")]
+
+
+@pytest.mark.parametrize("grad_mode", ["full", "step"])
+def test_matches_reference(grad_mode):
+    for T, pattern, input_map in CASES:
+        inputs = _inputs(T, 2, 1, 16, seed=T)
+        reset = _resets(T, 2, pattern)
+        grads = _grads(inputs, 100 + T)
+        kwargs = dict(input_map=input_map, grad_mode=grad_mode)
+        ref = _run(srwm_reference, inputs, reset, grads, **kwargs)
+        got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, **kwargs)
+        _assert_matches(ref, got, label=f"T={T} resets={pattern} {input_map}")
+
+
+def test_sr_delta_net_shape_and_partial_losses():
+    """Dy = 3d + 1 (SR-DeltaNet's y-part), odd head dim, two heads; only y or only the
+    final offsets in the loss."""
+    T, d = 5, 12
+    inputs = _inputs(T, 2, 2, d, 3 * d + 1, seed=3)
+    reset = _resets(T, 2, "mid")
+    grads = _grads(inputs, 7)
+    for which, g in (("outputs only", [grads[0]] + [None] * 4), ("offsets only", [None] + grads[1:])):
+        ref = _run(srwm_reference, inputs, reset, g)
+        got = _run(K.srwm_triton, inputs, reset, g, dtype=torch.float32)
+        _assert_matches(ref, got, label=which)
+
+
+def test_split_sequence_equals_one_call():
+    T, T1 = 8, 3
+    inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
+    reset = _resets(T, 2, "mid")
+    grads = [g.float() for g in _grads(inputs, 3)]
+
+    def loss_of(y, offsets):
+        return sum((o * g).sum() for o, g in zip([y, *offsets], grads))
+
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset)
+    whole = torch.autograd.grad(loss_of(y, offs), leaves)
+
+    leaves2 = [t.clone().requires_grad_() for t in inputs]
+    x, slow, o0 = leaves2[0], leaves2[1:5], tuple(leaves2[5:])
+    y1, o1 = K.srwm_triton(x[:T1], *slow, o0, reset[:T1])
+    y2, o2 = K.srwm_triton(x[T1:], *slow, o1, reset[T1:])
+    split = torch.autograd.grad(loss_of(torch.cat([y1, y2]), o2), leaves2)
+    torch.testing.assert_close(torch.cat([y1, y2]), y, atol=1e-6, rtol=1e-5)
+    for a, b in zip(offs, o2):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    for name, a, b in zip(NAMES[5:], whole, split):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_reversal_rebuilds_the_initial_state():
+    """Undoing 100 self-modifications from the fp32 records gives back S + O_0."""
+    T = 100
+    x, *rest = (t.float() for t in _inputs(T, 1, 1, 16, seed=21))
+    S = torch.cat(rest[:4], dim=1)
+    O0 = torch.cat(rest[4:], dim=2)
+    reset = torch.zeros(T, 1, dtype=torch.bool)
+    y, OT, records = K._forward(x, S, O0, reset, fmap=2, store=True)
+    *_, rebuilt = K._backward(x, S, records, OT, torch.zeros_like(y), torch.zeros_like(OT),
+                              fmap=2, full=True, rebuild=True)
+    W0 = S + O0
+    assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
+
+
+def test_extreme_inputs_stay_finite():
+    """Input logits of +-80, saturated rates (sigmoid of +-80) and peaked q, k."""
+    T = 6
+    inputs = _inputs(T, 2, 1, 16, seed=13)
+    x = inputs[0]
+    x[:, 0] = 80.0 * torch.sign(x[:, 0])
+    x[::2, 1] = -80.0
+    w_b = inputs[4]
+    w_b[0, :2] = 400.0  # beta_y, beta_q -> 1 (the softmaxed x sums to one)
+    w_b[0, 2:] = -400.0  # beta_k, beta_b -> 0
+    reset = _resets(T, 2, "mid")
+    grads = _grads(inputs, 2)
+    for input_map in ("softmax", "identity"):
+        ref = _run(srwm_reference, inputs, reset, grads, input_map=input_map)
+        got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, input_map=input_map)
+        if input_map == "softmax":
+            _assert_matches(ref, got, atol=1e-4, label=input_map)
+        else:  # logits of +-80 times weights: only finiteness is meaningful here
+            for name, g in zip(NAMES, got):
+                assert torch.isfinite(g).all(), f"{input_map}: {name} is not finite"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_low_precision_inputs(dtype):
+    """bf16 x with fp32 slow weights and state, against the reference on the same rounded x."""
+    T = 5
+    inputs = _inputs(T, 2, 1, 16, seed=4)
+    inputs[0] = inputs[0].to(dtype).double()
+    reset = _resets(T, 2, "mid")
+    grads = _grads(inputs, 9)
+    ref = _run(srwm_reference, inputs, reset, grads)
+    leaves = [inputs[0].to(dtype).requires_grad_()] + [t.float().requires_grad_() for t in inputs[1:]]
+    y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset)
+    assert y.dtype == dtype and all(o.dtype == torch.float32 for o in offs)
+    loss = sum((o.double() * g).sum() for o, g in zip([y, *offs], grads))
+    d = torch.autograd.grad(loss, leaves)
+    assert d[0].dtype == dtype and all(g.dtype == torch.float32 for g in d[1:])
+    got = [y, *offs, *d]
+    for name, r, g in zip(NAMES, ref, got):
+        # The state is fp32 from the same rounded x; y and the gradient of y
+        # (hence every input gradient) are rounded to bf16 once.
+        tol = dict(atol=1e-5, rtol=1e-4) if name.startswith("O_") else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(g.double(), r, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_inference_path_and_determinism():
+    T = 3
+    inputs = [t.float() for t in _inputs(T, 2, 1, 16, seed=5)]
+    reset = _resets(T, 2, "mid")
+    with torch.no_grad():
+        y, offs = K.srwm_triton(inputs[0][:1], *inputs[1:5], tuple(inputs[5:]), reset[:1])
+        y_r, offs_r = srwm_reference(inputs[0][:1].double(), *(t.double() for t in inputs[1:5]),
+                                     tuple(t.double() for t in inputs[5:]), reset[:1])
+    for a, b in zip([y, *offs], [y_r, *offs_r]):
+        torch.testing.assert_close(a.double(), b, atol=1e-6, rtol=1e-5)
+    results = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset)
+        results.append(torch.autograd.grad(y.sum() + sum(o.square().sum() for o in offs), leaves))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_supports_and_dispatch(monkeypatch):
+    x, *slow_off = _inputs(2, 1, 1, 16)
+    x, slow = x.float(), [t.float() for t in slow_off[:4]]
+    assert K.supports(x, *slow) is None
+    assert "input map" in K.supports(x, *slow, input_map="elu")
+    assert "grad_mode" in K.supports(x, *slow, grad_mode="none")
+    big = [t.float() for t in _inputs(1, 1, 1, 64)]
+    assert "64" in K.supports(big[0], *big[1:5])
+    wide = [t.float() for t in _inputs(1, 1, 1, 32, 97)]  # SR-DeltaNet at d = 32
+    assert "registers" in K.supports(wide[0], *wide[1:5])
+    assert "dtype" in K.supports(x.double(), *slow)
+    assert "W_q" in K.supports(x, slow[0], slow[1][:, :8], *slow[2:])
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "CUDA" in K.supports(x, *slow)
+    # Dispatch: CPU tensors take the reference under auto, an error under triton.
+    offsets = tuple(t.float() for t in slow_off[4:])
+    reset = torch.zeros(2, 1, dtype=torch.bool)
+    monkeypatch.setenv("FWRL_KERNELS", "auto")
+    y, _ = dispatch.srwm(x, *slow, offsets, reset)
+    y_r, _ = srwm_reference(x, *slow, offsets, reset)
+    assert torch.equal(y, y_r)
+    monkeypatch.setenv("FWRL_KERNELS", "triton")
+    with pytest.raises(FwrlError, match="SRWM kernel cannot run"):
+        dispatch.srwm(x, *slow, offsets, reset)
+
+
+@needs_compiling_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d,dy", [(16, 16), (16, 49), (32, 32)])
+def test_cuda_matches_reference(d, dy, monkeypatch):
+    """On a GPU: the compiled kernels at rollout-like shapes, both grad modes."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    srwm_triton = _load_kernel_module(interpret=False).srwm_triton
+    T, B, H = 51, 4, 2
+    inputs = _inputs(T, B, H, d, dy, seed=d)
+    reset = torch.rand(T, B, generator=torch.Generator().manual_seed(d)) < 0.1
+    reset[0, 0] = True
+    grads = _grads(inputs, 1)
+    for grad_mode in ("full", "step"):
+        ref = _run(srwm_reference, inputs, reset, grads, grad_mode=grad_mode)
+        cuda_inputs = [t.cuda() for t in inputs]
+        got = _run(srwm_triton, cuda_inputs, reset.cuda(), [g.cuda() for g in grads],
+                   dtype=torch.float32, grad_mode=grad_mode)
+        _assert_matches(ref, [g.cpu() for g in got], atol=1e-4, rtol=1e-3, label=grad_mode)
+
+
+# Shipped configurations: SRWM and SR-DeltaNet at the preset head dim 16, and the
+# largest supported head dim.
+COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16")]
+
+
+def _compile_sm90(kernel, pointer_types, constexprs, num_warps):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ints = {"T", "B", "H", "D", "DY", "NREC"}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ints:
+            signature[name] = "i32"
+        else:
+            signature[name] = pointer_types.get(name, "*fp32")
+    source = ASTSource(kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
+                          options={"num_warps": num_warps, "enable_fp_fusion": True})
+
+
+def _stack_and_local_bytes(compiled) -> tuple[int, int]:
+    tool = triton.knobs.nvidia.cuobjdump.path
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
+    return int(usage["STACK"]), int(usage["LOCAL"])
+
+
+@needs_compiling_triton
+def test_compiles_for_sm90_without_spills():
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton build has no NVIDIA backend, so it cannot compile for sm_90")
+    for tool in ("ptxas", "cuobjdump"):
+        if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
+            pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
+    C = _load_kernel_module(interpret=False)
+    for d, dy, dtype in COMPILE_CASES:
+        bd, by, fwd_warps, bwd_warps = C._block_sizes(d, dy)
+        io = {n: f"*{dtype}" for n in ("X", "Y", "DX", "DYOUT")}
+        io.update(RESET="*i8", SLOT="*i32")
+        fwd = _compile_sm90(C._forward_kernel, io, dict(BD=bd, BY=by, FMAP=2, STORE=True), fwd_warps)
+        bwd = _compile_sm90(C._backward_kernel, io,
+                            dict(BD=bd, BY=by, FMAP=2, FULL=True, WRITE_REBUILT=False), bwd_warps)
+        for name, compiled in (("forward", fwd), ("backward", bwd)):
+            stack, local = _stack_and_local_bytes(compiled)
+            assert stack == 0 and local == 0, (
+                f"SRWM {name} kernel for d={d}, Dy={dy} ({dtype}) spills registers: "
+                f"stack {stack} B, local {local} B"
+            )
