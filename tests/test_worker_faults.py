@@ -350,3 +350,18 @@ def test_train_survives_faults(tmp_path):
     faults = len(log.read_text().splitlines())
     # one fault may have been injected after the last row was written, before the pool closed
     assert restarts <= faults <= restarts + 1
+
+
+# ----------------------------------------------------------------------------- fwrl bench envs
+
+def test_bench_envs_counts_env_steps():
+    from fwrl.launch.bench import measure_env_steps
+
+    with deadline(60):
+        r = measure_env_steps("memory:cue_delay?delay=0", 1, K, seconds=0.5, warmup=0.1)
+    assert r.round_trips > 0 and r.env_steps == K * r.round_trips and r.restarts == 0
+    assert r.steps_per_second == pytest.approx(r.env_steps / r.seconds) and r.seconds >= 0.5
+    # delay=0: every episode is two steps, so the window holds half as many episodes as steps
+    assert abs(r.episodes - r.env_steps / 2) <= K
+    with pytest.raises(FwrlError, match="--seconds > 0"):
+        measure_env_steps("memory:cue_delay", 1, K, seconds=0)

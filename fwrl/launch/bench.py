@@ -1,0 +1,130 @@
+"""``fwrl bench ...``: benchmarks, not tests.
+
+Each ``bench_<name>(args)`` is the body of ``fwrl bench <name>`` (see
+``fwrl.launch.cli``) and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fwrl.errors import FwrlError
+
+
+# ----------------------------------------------------------------------------- bench envs
+
+@dataclass
+class EnvBenchResult:
+    """Env steps through the worker layer over the measured window."""
+
+    env: str
+    num_workers: int
+    envs_per_worker: int
+    seconds: float  # length of the measured window
+    env_steps: int  # slot steps (each worker round trip steps K envs)
+    round_trips: int  # worker results that were steps (not resets after a start/restart)
+    episodes: int
+    restarts: int  # worker restarts during the window
+    startup_seconds: float  # until every worker had reset its envs
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.env_steps / self.seconds
+
+    @property
+    def ms_per_round_trip(self) -> float:
+        """Mean time between sending a worker its actions and getting its K results back."""
+        return 1000.0 * self.seconds * self.num_workers / max(1, self.round_trips)
+
+
+def _check_window(seconds: float, warmup: float) -> None:
+    if not seconds > 0 or not warmup >= 0:
+        raise FwrlError(f"bench envs needs --seconds > 0 and a warm-up >= 0, got {seconds:g} and {warmup:g}.")
+
+
+def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds: float,
+                      warmup: float = 3.0, seed: int = 0, backend: str = "local") -> EnvBenchResult:
+    """Step ``env`` with uniformly random actions through a worker pool, no model.
+
+    The pool is started, every worker resets its envs, then ``warmup`` seconds
+    are stepped but not counted, then steps are counted for ``seconds``. This
+    is the ceiling of training throughput on the same workers: agent steps/s
+    of ``fwrl train`` divided by this number is the fraction left after
+    inference and learning.
+    """
+    from fwrl.envs.registry import describe_env
+    from fwrl.envs.worker_pool import make_pool
+
+    _check_window(seconds, warmup)
+    info = describe_env(env)
+    rng = np.random.default_rng(seed)
+    k = envs_per_worker
+    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed)
+    acted = [False] * num_workers  # actions sent since the worker's last (re)start
+    counting = False
+    steps = round_trips = episodes = restarts0 = 0
+    window_start = 0.0
+    try:
+        begin = time.monotonic()
+        pool.start()
+        answered: set[int] = set()
+        startup = warm_end = end = None
+        while True:
+            now = time.monotonic()
+            if startup is None and len(answered) == num_workers:
+                startup = now - begin
+                warm_end = now + warmup
+            if warm_end is not None and not counting and now >= warm_end:
+                counting, restarts0, end = True, pool.restarts, now + seconds
+                window_start = now
+            if counting and now >= end:
+                break
+            for r in pool.wait(0.05):
+                answered.add(r.worker)
+                was_step = acted[r.worker] and not r.restarted
+                if counting and was_step:
+                    steps += k
+                    round_trips += 1
+                    episodes += len(r.episodes)
+                pool.act(r.worker, rng.integers(info.num_actions, size=k))
+                acted[r.worker] = True
+        window = time.monotonic() - window_start
+        return EnvBenchResult(env, num_workers, envs_per_worker, window, steps, round_trips, episodes,
+                              pool.restarts - restarts0, startup)
+    finally:
+        pool.close()
+
+
+def bench_envs(args: argparse.Namespace) -> int:
+    """``fwrl bench envs``: raw env steps/s through the worker layer, random actions."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    warmup = getattr(args, "warmup", None)
+    if warmup is None:
+        warmup = min(5.0, args.seconds / 4)
+    _check_window(args.seconds, warmup)
+    from fwrl.envs.registry import resolve
+
+    resolve(args.env)  # a bad spec fails here, before any process starts
+    console.print(f"stepping {args.env} with random actions: {args.num_workers} workers x "
+                  f"{args.envs_per_worker} envs, {warmup:g} s warm-up, {args.seconds:g} s measured ...")
+    r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup)
+    table = Table("measure", "value", title=f"fwrl bench envs: {r.env}")
+    table.add_row("env steps/s", f"{r.steps_per_second:,.0f}", style="bold")
+    table.add_row("env steps/s per worker", f"{r.steps_per_second / r.num_workers:,.0f}")
+    table.add_row("env steps/s per env", f"{r.steps_per_second / (r.num_workers * r.envs_per_worker):,.0f}")
+    table.add_row("ms per worker round trip", f"{r.ms_per_round_trip:.2f}")
+    table.add_row("workers x envs per worker", f"{r.num_workers} x {r.envs_per_worker}")
+    table.add_row("measured", f"{r.seconds:.1f} s, {r.env_steps:,} env steps, {r.episodes:,} episodes")
+    table.add_row("worker restarts", str(r.restarts))
+    table.add_row("startup (spawn + reset)", f"{r.startup_seconds:.1f} s")
+    console.print(table)
+    console.print("Training throughput (agent steps/s of fwrl train) divided by env steps/s is the "
+                  "fraction left after inference and learning.")
+    return 0
