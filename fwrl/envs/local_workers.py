@@ -118,6 +118,7 @@ class LocalWorkerPool(WorkerPool):
         mode: str = "train",
         step_timeout: float = 60.0,
         start_timeout: float = 300.0,
+        max_start_failures: int = 5,
     ):
         if num_workers < 1 or envs_per_worker < 1:
             raise FwrlError(
@@ -132,6 +133,7 @@ class LocalWorkerPool(WorkerPool):
         self.mode = mode
         self.step_timeout = step_timeout
         self.start_timeout = start_timeout
+        self.max_start_failures = max_start_failures
         self.restarts = 0
         self.errors: list[str] = []
         self._ctx = mp.get_context("spawn")
@@ -145,6 +147,7 @@ class LocalWorkerPool(WorkerPool):
         self._workers: list[_Worker | None] = [None] * num_workers
         self._lives = [0] * num_workers
         self._restarted = [False] * num_workers
+        self._start_failures = [0] * num_workers  # lives in a row that died before their first result
         self._closed = False
 
     # ------------------------------------------------------------------ processes
@@ -179,7 +182,16 @@ class LocalWorkerPool(WorkerPool):
     def _restart(self, worker: int, reason: str) -> None:
         self.restarts += 1
         self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+        w = self._workers[worker]
+        if w is not None and not w.answered:
+            self._start_failures[worker] += 1
         self._kill(worker)
+        if self._start_failures[worker] >= self.max_start_failures:
+            # a worker that can never start would otherwise be respawned forever
+            raise FwrlError(
+                f"env worker {worker} failed {self._start_failures[worker]} times in a row before its envs "
+                f"were reset ({self.env!r}); last error: {reason}"
+            )
         self._lives[worker] += 1
         self._restarted[worker] = True
         self._spawn(worker)
@@ -233,6 +245,7 @@ class LocalWorkerPool(WorkerPool):
                 continue
             self._workers[worker].sent_at = None
             self._workers[worker].answered = True
+            self._start_failures[worker] = 0
             results.append(self._result(worker, payload))
         self._check_hangs()
         return results
