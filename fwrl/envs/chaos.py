@@ -21,7 +21,10 @@ since it was made (1, 2, ...), and on step t it
 0 (the default) turns a fault kind off. A restarted worker makes fresh envs,
 so their counts start again at 0: with ``raise_every=N`` a worker faults
 every N steps of each of its lives. ``only_worker=i`` limits the faults to
-worker i (-1, the default: every worker). ``fault_log=PATH`` appends one line
+worker i (-1, the default: every worker). ``raise_on_make=true`` makes the
+env raise as soon as it is made, i.e. a worker that can never start (combine
+it with ``only_worker`` > 0: the spaces are read from worker 0's env in the
+learner process). ``fault_log=PATH`` appends one line
 ``kind pid worker step`` per injected fault before it happens, so tests can
 check that the pool's restart counter matches the faults injected. All other
 options are the memory task's own; observations, actions and rewards are the
@@ -46,11 +49,18 @@ CHAOS_OPTIONS: dict[str, Option] = {
     "hang_every": Option(int, 0, "sleep hang_seconds on every N-th step of an env (0: never)"),
     "exit_every": Option(int, 0, "kill the worker process on every N-th step of an env (0: never)"),
     "hang_seconds": Option(float, 3600.0, "length of an injected hang"),
+    "raise_on_make": Option(bool, False, "raise when the env is made (a worker that never starts)"),
     "only_worker": Option(int, -1, "inject faults only in this worker (-1: every worker)"),
     "fault_log": Option(str, "", "file to append one line per injected fault to"),
 }
 
 EXIT_CODE = 17  # exit status of a process killed by an injected exit
+
+
+def _log_fault(path: str, kind: str, worker: int, step: int) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{kind} {os.getpid()} {worker} {step}\n")
 
 
 class ChaosFault(RuntimeError):
@@ -75,9 +85,7 @@ class ChaosEnv(gym.Wrapper):
         return every > 0 and self.steps % every == 0
 
     def _log(self, kind: str) -> None:
-        if self.fault_log:
-            with open(self.fault_log, "a", encoding="utf-8") as f:
-                f.write(f"{kind} {os.getpid()} {self.worker} {self.steps}\n")
+        _log_fault(self.fault_log, kind, self.worker, self.steps)
 
     def step(self, action):
         self.steps += 1
@@ -127,7 +135,11 @@ class ChaosFamily(EnvFamily):
         env = MemoryFamily().make(task_spec, worker_index=worker_index, seed=seed, mode=mode)
         only = chaos.pop("only_worker")
         if only >= 0 and only != worker_index:
-            chaos.update(raise_every=0, hang_every=0, exit_every=0)
+            chaos.update(raise_every=0, hang_every=0, exit_every=0, raise_on_make=False)
+        if chaos.pop("raise_on_make"):
+            env.close()
+            _log_fault(chaos["fault_log"], "make", worker_index, 0)
+            raise ChaosFault(f"chaos: injected exception when making the env of worker {worker_index}")
         return ChaosEnv(env, worker=worker_index, **chaos)
 
 
