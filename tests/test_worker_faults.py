@@ -242,6 +242,23 @@ def test_answer_arriving_late_is_not_a_hang():
             pool.close()
 
 
+def test_worker_that_never_starts_is_an_error(tmp_path):
+    """Restarts go on while a worker makes progress; one that dies before every reset is reported."""
+    log = tmp_path / "faults.txt"
+    pool = LocalWorkerPool(f"chaos:cue_delay?raise_on_make=true&only_worker=1&fault_log={log}", 2, K,
+                           max_start_failures=3)
+    steps0 = []
+    with deadline(60):
+        try:
+            pool.start()
+            with pytest.raises(FwrlError, match=r"worker 1 failed 3 times in a row.*ChaosFault"):
+                _step_until(pool, lambda: False, lambda r: steps0.append(r) if r.worker == 0 else None)
+        finally:
+            pool.close()
+    assert pool.restarts == 3 == len(log.read_text().splitlines())
+    assert steps0 and all(r.worker == 0 and r.life == 0 for r in steps0)
+
+
 # ----------------------------------------------------------------------------- rollout level
 
 class _StampedPool:
