@@ -36,7 +36,12 @@ class EpisodeRecord:
 
 @dataclass
 class StepResult:
-    """What one worker returns after stepping its K envs ([K, ...] arrays)."""
+    """What one worker returns after stepping its K envs ([K, ...] arrays).
+
+    The arrays may be views of the backend's buffers (the local backend's are
+    shared memory): they are valid until the next ``act`` for this worker, so
+    copy what must outlive it.
+    """
 
     worker: int
     life: int
