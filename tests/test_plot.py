@@ -1,0 +1,84 @@
+"""fwrl plot: learning curves from metrics.csv, one line per run, one panel per task."""
+
+from __future__ import annotations
+
+import struct
+
+import matplotlib
+import pytest
+
+from fwrl.errors import FwrlError
+from fwrl.launch.cli import main
+from fwrl.launch.plot import plot_runs, series, smooth
+from fwrl.launch.rundir import MetricsCSV
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def make_run(path, rows):
+    path.mkdir(parents=True)
+    metrics = MetricsCSV(path / "metrics.csv")
+    for row in rows:
+        metrics.write(row)
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path):
+    a = make_run(tmp_path / "lstm", [{"agent_steps": 100 * i, "mean_return": float(i)} for i in range(1, 6)]
+                 + [{"agent_steps": 600, "eval/test/mean_return": 0.5}])  # an eval row: no mean_return
+    b = make_run(tmp_path / "delta_net", [{"agent_steps": 100 * i, "mean_return": 2.0 * i} for i in range(1, 4)])
+    return a, b
+
+
+def test_one_line_per_run_with_labelled_axes_and_png_of_the_requested_size(runs, tmp_path):
+    out = tmp_path / "curves.png"
+    fig = plot_runs(runs, out=out, size=(640, 480))
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["lstm", "delta_net"]
+    assert list(lines[0].get_xdata()) == [100, 200, 300, 400, 500]  # the eval row is skipped
+    assert list(lines[1].get_ydata()) == [2.0, 4.0, 6.0]
+    assert ax.get_xlabel() == "agent steps" and ax.get_ylabel() == "mean_return"
+    assert out.stat().st_size > 1000 and png_size(out) == (640, 480)
+    plt.close(fig)
+
+
+def test_smoothing_is_a_trailing_moving_average():
+    assert smooth([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert smooth([3.0, 6.0, 9.0], 3) == [3.0, 4.5, 6.0]
+    assert smooth([1.0, 5.0], 1) == [1.0, 5.0]
+    assert series([{"agent_steps": "5", "x": "nan"}, {"agent_steps": "6", "x": "2"}], "x") == ([6.0], [2.0])
+
+
+def test_one_panel_per_task_for_multi_task_runs(tmp_path):
+    rows = [{"agent_steps": 10 * i, "mean_return": 1.0, "return/bigfish": float(i), "return/maze": 5.0 + i}
+            for i in range(1, 4)]
+    r1, r2 = make_run(tmp_path / "r1", rows), make_run(tmp_path / "r2", rows)
+    fig = plot_runs([r1, r2], by="task")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["bigfish", "maze"]
+    assert all(len(ax.get_lines()) == 2 for ax in panels)
+    assert list(panels[1].get_lines()[0].get_ydata()) == [6.0, 7.0, 8.0]
+    plt.close(fig)
+    with pytest.raises(FwrlError, match="return/bigfish"):
+        plot_runs([r1], metric="no_such_metric")
+
+
+def test_cli_plot(runs, tmp_path, capsys):
+    out = tmp_path / "cli.png"
+    assert main(["plot", *map(str, runs), "--out", str(out), "--size", "500x300", "--smooth", "2"]) == 0
+    assert png_size(out) == (500, 300)
+    assert main(["plot", str(runs[0])]) == 0
+    assert png_size(runs[0] / "mean_return.png") == (1200, 800)
+    assert main(["plot", str(runs[0]), "--by", "task"]) == 2
+    assert "return/<task>" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert main(["plot", str(runs[0]), "--size", "big"]) == 2
