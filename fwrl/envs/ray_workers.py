@@ -232,6 +232,11 @@ class RayWorkerPool(WorkerPool):
         for worker in range(self.num_workers):
             self._spawn(worker)
 
+    def actor(self, worker: int):
+        """The Ray actor handle of ``worker``'s current life (None while it is replaced)."""
+        a = self._actors[worker]
+        return None if a is None else a.handle
+
     def placement(self) -> dict[int, str]:
         """Node id of every worker's current actor (workers that have started)."""
         return {worker: str(where["node_id"]) for worker, where in self._where.items()}

@@ -1,0 +1,336 @@
+"""The ``ray`` worker backend on a two-node Ray cluster on this machine, and crash/resume.
+
+Ray tests skip when ray is not installed (``pip install 'fwrl[ray]'``). The
+cluster: a head node (``head`` resource, 1 CPU) and an env node (``envs``
+resource), each ``ray start`` in its own process group and private temp dir,
+token authentication with a per-session token; the finaliser kills exactly
+those process groups (``ray stop`` would stop every Ray on the machine).
+The learner-SIGKILL test uses the local backend and needs no Ray.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fwrl.errors import FwrlError
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'fwrl[ray]')")
+
+ENV = "memory:cue_delay?delay=3"
+
+
+# --------------------------------------------------------------------------- cluster
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """A head and env nodes on this machine, each ``ray start`` in its own process group."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="fwrl-ray-")  # short: Ray's socket paths must stay < 108 chars
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+                        RAY_USAGE_STATS_ENABLED="0", RAY_agent_register_timeout_ms="120000")
+        self.groups: list[int] = []
+
+    def _ray_start(self, args: list[str]) -> int:
+        proc = subprocess.Popen(["ray", "start", *args, "--temp-dir", self.tmp, "--disable-usage-stats"],
+                                env=self.env, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self.groups.append(proc.pid)  # the daemons it starts stay in this process group
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"ray start {' '.join(args)} failed:\n{out[-3000:]}"
+        return proc.pid
+
+    def start_head(self) -> None:
+        self._ray_start(["--head", f"--port={self.port}", "--num-cpus=1", "--resources", '{"head": 1}',
+                         "--include-dashboard=false"])
+
+    def add_env_node(self) -> int:
+        """Start a node with 2 CPUs and 4 ``envs``; returns its process group."""
+        return self._ray_start(["--address", self.address, "--num-cpus=2", "--resources", '{"envs": 4}'])
+
+    def kill_group(self, group: int) -> None:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def teardown(self) -> None:
+        for group in reversed(self.groups):
+            self.kill_group(group)
+        for pid in _pids_mentioning(self.tmp):  # anything that left the groups (none expected)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _env_nodes(ray) -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("envs")]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not HAVE_RAY:
+        pytest.skip("ray is not installed (pip install 'fwrl[ray]')")
+    c = LocalCluster()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")}
+    try:
+        c.start_head()
+        c.node_group = c.add_env_node()
+        # Ray reads the token when it is imported: set it first (the ray tests import ray lazily)
+        os.environ.update({k: c.env[k] for k in saved})
+        import ray
+
+        ray.init(address=c.address, logging_level="warning", log_to_driver=False)
+        nodes = _env_nodes(ray)
+        assert len(nodes) == 1, ray.nodes()
+        c.env_node = nodes[0]
+        c.head_node = ray.get_runtime_context().get_node_id()
+        yield c
+    finally:
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+        c.teardown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _drive(pool, rounds: int, seed: int = 0) -> dict[int, list]:
+    """Step every worker ``rounds`` times with a fixed action schedule; per-worker results."""
+    rng = np.random.default_rng(seed)
+    schedule = rng.integers(0, pool.info.num_actions, size=(rounds + 1, pool.num_slots))
+    seen: dict[int, list] = {w: [] for w in range(pool.num_workers)}
+    deadline = time.monotonic() + 120
+    while min(len(v) for v in seen.values()) < rounds + 1:
+        assert time.monotonic() < deadline, {w: len(v) for w, v in seen.items()}
+        for r in pool.wait(1.0):
+            step = len(seen[r.worker])
+            seen[r.worker].append({k: np.array(getattr(r, k)) for k in ("obs", "reward", "done", "task")}
+                                  | {"episodes": r.episodes, "restarted": r.restarted, "life": r.life})
+            if step < rounds:
+                pool.act(r.worker, schedule[step, pool.slots_of(r.worker)])
+    return seen
+
+
+# --------------------------------------------------------------------------- pool behaviour
+
+def test_missing_ray_is_a_clear_error(monkeypatch):
+    from fwrl.envs.worker_pool import make_pool
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(FwrlError, match=r"pip install 'fwrl\[ray\]'"):
+        make_pool("ray", ENV, 1, 1)
+
+
+@needs_ray
+def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
+    """Same seeds and actions -> the same observations, rewards and episodes as the local backend."""
+    from fwrl.envs.worker_pool import make_pool
+
+    rounds = 25
+    with make_pool("ray", ENV, 2, 3, seed=5, address=cluster.address, verbose=False) as pool:
+        ray_seen = _drive(pool, rounds)
+        assert pool.resource == "envs"
+        assert pool.placement() == {0: cluster.env_node, 1: cluster.env_node}
+        assert all(p["node_id"] == cluster.env_node for p in pool.placements)
+    with make_pool("local", ENV, 2, 3, seed=5) as local:
+        local_seen = _drive(local, rounds)
+    for w in range(2):
+        assert ray_seen[w][0]["done"].all() and not ray_seen[w][0]["restarted"]
+        for a, b in zip(ray_seen[w], local_seen[w]):
+            for key in ("obs", "reward", "done", "task"):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+            assert [(e.episode_return, e.episode_step) for e in a["episodes"]] == \
+                [(e.episode_return, e.episode_step) for e in b["episodes"]]
+    episodes = [e for w in range(2) for s in ray_seen[w] for e in s["episodes"]]
+    assert episodes and all(e.episode_step == 5 for e in episodes)  # cue, 3 blanks, query
+
+
+@needs_ray
+def test_killed_actor_is_replaced_with_a_restarted_result(cluster):
+    import ray
+
+    from fwrl.envs.worker_pool import make_pool
+
+    with make_pool("ray", ENV, 2, 2, seed=1, address=cluster.address, verbose=False) as pool:
+        _drive(pool, 3)
+        first = pool.actor(0)
+        ray.kill(first)
+        for w in range(2):
+            pool.act(w, np.zeros(2, np.int64))
+        deadline, got = time.monotonic() + 120, None
+        while got is None:
+            assert time.monotonic() < deadline, pool.errors
+            for r in pool.wait(1.0):
+                if r.worker == 0 and r.restarted:
+                    got = r
+                else:  # ray.kill is asynchronous: a step sent just before may still answer
+                    assert not r.restarted and r.life == 0
+                    pool.act(r.worker, np.zeros(2, np.int64))
+        assert got.restarted and got.life == 1 and got.done.all()
+        assert pool.restarts == 1 and "actor died" in pool.errors[0]
+        assert pool.actor(0) is not first
+        assert pool.placement()[0] == cluster.env_node
+
+
+@needs_ray
+def test_missing_custom_resource_names_the_choices(cluster):
+    from fwrl.envs.ray_workers import RayWorkerPool
+
+    pool = RayWorkerPool(ENV, 1, 1, address=cluster.address, resource="gpu_envs", verbose=False)
+    with pytest.raises(FwrlError, match=r"'gpu_envs'.*envs"):
+        pool.start()
+    pool.close()
+
+
+# --------------------------------------------------------------------------- fwrl train
+
+def _train_cmd(runs: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "fwrl.launch.cli", "train", "--runs-dir", str(runs), "--name", "r", *extra]
+
+
+_TINY = ["--env", ENV, "--core", "lstm", "--num-workers", "2", "--envs-per-worker", "4", "--batch-size", "4",
+         "--unroll-length", "10", "--device", "cpu", "--num-threads", "1", "--log-interval", "0.5",
+         "--checkpoint-interval", "1"]
+
+
+def _metrics_steps(run: Path) -> list[int]:
+    path = run / "metrics.csv"
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [int(row["agent_steps"]) for row in csv.DictReader(f)]
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"fwrl train exited ({proc.returncode}) while waiting for {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _check_resume(runs: Path, env: dict, extra: list[str], target: int, saved_config: dict) -> None:
+    """``--resume`` continues from the checkpoint with a monotonic step count and the same config."""
+    run = runs / "r"
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    rows_before = len(_metrics_steps(run))
+    done = subprocess.run(_train_cmd(runs, "--resume", "--total-steps", str(target), *extra), env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new = _metrics_steps(run)[rows_before:]
+    assert new and new[0] >= ckpt["agent_steps"] and new == sorted(new) and new[-1] >= target
+    final = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert final["agent_steps"] >= target and final["updates"] > ckpt["updates"]
+    resumed_config = yaml.safe_load((run / "config.yaml").read_text())
+    assert {k: v for k, v in resumed_config.items() if k not in ("total_steps", "backend", "ray_address")} == \
+        {k: v for k, v in saved_config.items() if k not in ("total_steps", "backend", "ray_address")}
+
+
+@needs_ray
+def test_train_on_cluster_survives_env_node_loss_then_resumes(cluster, tmp_path):
+    """Workers run on the env node; the node is killed mid-run; a new env node takes the
+    replaced actors and training finishes; ``--resume`` continues it."""
+    runs, run = tmp_path / "runs", tmp_path / "runs" / "r"
+    env = dict(cluster.env, PYTHONUNBUFFERED="1")
+    ray_flags = ["--backend", "ray", "--ray-address", cluster.address]
+    err_path = tmp_path / "train.err"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(_train_cmd(runs, *_TINY, *ray_flags, "--total-steps", "6000"), env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        old = cluster.env_node
+        _wait_for(lambda: _read(err_path).count(f"runs on node {old}") == 2, 180, proc, "placement on the env node")
+        _wait_for(lambda: any(s > 0 for s in _metrics_steps(run)), 120, proc, "training steps")
+        assert proc.poll() is None, "the run finished before the env node was killed; raise --total-steps"
+        cluster.kill_group(cluster.node_group)
+        _wait_for(lambda: _read(err_path).count("restarts: actor died") >= 2, 60, proc, "actor loss")
+        cluster.node_group = cluster.add_env_node()
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = _read(err_path)
+    assert proc.returncode == 0, log[-3000:]
+    import ray
+
+    (new,) = _env_nodes(ray)
+    assert new != old and log.count(f"runs on node {new}") >= 2, log[-3000:]
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert ckpt["agent_steps"] >= 6000
+    with (run / "metrics.csv").open() as f:
+        assert int(list(csv.DictReader(f))[-1]["worker_restarts"]) >= 2
+    steps = _metrics_steps(run)
+    assert steps == sorted(steps)
+    saved_config = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved_config["backend"] == "ray"
+    _check_resume(runs, env, ray_flags, ckpt["agent_steps"] + 1500, saved_config)
+
+
+def test_learner_sigkill_leaves_a_loadable_checkpoint_and_resumes(tmp_path):
+    """SIGKILL of the learner mid-run: checkpoint.pt loads with weights_only=True; --resume goes on."""
+    runs, run = tmp_path / "runs", tmp_path / "runs" / "r"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with (tmp_path / "train.err").open("w") as err:
+        proc = subprocess.Popen(_train_cmd(runs, *_TINY, "--total-steps", "10000000"), env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        _wait_for(lambda: (run / "checkpoint.pt").exists() and max(_metrics_steps(run), default=0) > 0,
+                  180, proc, "a checkpoint")
+        time.sleep(1.5)  # let it train (and checkpoint) some more, then kill it hard
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert ckpt["agent_steps"] > 0 and ckpt["format"] == "fwrl-checkpoint-v1"
+    saved_config = yaml.safe_load((run / "config.yaml").read_text())
+    assert ckpt["config"] == saved_config
+    _check_resume(runs, env, [], ckpt["agent_steps"] + 1500, saved_config)
