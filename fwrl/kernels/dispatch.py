@@ -60,8 +60,9 @@ def delta_rule(
 
 
 # --------------------------------------------------------------------------- recurrent FWPs
-# RDN, Delta RNN and Delta LSTM: the PyTorch references only, until their
-# Triton kernels exist (forcing FWRL_KERNELS=triton on them is an error).
+# RDN has a fused kernel (chosen like the delta rule); Delta RNN and Delta LSTM
+# run the PyTorch references only, until their Triton kernels exist (forcing
+# FWRL_KERNELS=triton on them is an error).
 
 
 def _reference_only(name: str) -> None:
@@ -91,10 +92,21 @@ def rdn(
     """Recurrent Delta Net over a whole sequence (see ``reference.rdn``)."""
     from fwrl.kernels.reference.rdn import rdn_reference
 
-    _reference_only("rdn")
-    return rdn_reference(
-        xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, feature_map=feature_map, grad_mode=grad_mode
-    )
+    kwargs = dict(feature_map=feature_map, grad_mode=grad_mode)
+    args = (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset)
+    backend = kernel_backend()
+    if backend != "reference":
+        try:
+            from fwrl.kernels.triton.rdn import rdn_triton, supports
+        except ImportError:
+            reason = "Triton kernels are not available"
+        else:
+            reason = supports(xq, xk, xv, xb, Rq, W0, **kwargs)
+            if reason is None:
+                return rdn_triton(*args, **kwargs)
+        if backend == "triton":
+            raise FwrlError(f"FWRL_KERNELS=triton but the RDN kernel cannot run: {reason}.")
+    return rdn_reference(*args, **kwargs)
 
 
 def delta_rnn(
