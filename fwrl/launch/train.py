@@ -106,6 +106,7 @@ def _mean(values) -> float:
 
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None) -> TrainResult:
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     import numpy as np
     import random
