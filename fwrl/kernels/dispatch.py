@@ -60,9 +60,9 @@ def delta_rule(
 
 
 # --------------------------------------------------------------------------- recurrent FWPs
-# RDN has a fused kernel (chosen like the delta rule); Delta RNN and Delta LSTM
-# run the PyTorch references only, until their Triton kernels exist (forcing
-# FWRL_KERNELS=triton on them is an error).
+# RDN and Delta RNN have fused kernels (chosen like the delta rule); Delta LSTM
+# runs the PyTorch reference only, until its Triton kernel exists (forcing
+# FWRL_KERNELS=triton on it is an error).
 
 
 def _reference_only(name: str) -> None:
@@ -128,10 +128,21 @@ def delta_rnn(
     """Delta RNN over a whole sequence (see ``reference.delta_rnn``)."""
     from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
 
-    _reference_only("delta_rnn")
-    return delta_rnn_reference(
-        q, k, v, beta, kr, vr, betar, W0, R0, h0, reset, feature_map=feature_map, grad_mode=grad_mode
-    )
+    kwargs = dict(feature_map=feature_map, grad_mode=grad_mode)
+    args = (q, k, v, beta, kr, vr, betar, W0, R0, h0, reset)
+    backend = kernel_backend()
+    if backend != "reference":
+        try:
+            from fwrl.kernels.triton.delta_rnn import delta_rnn_triton, supports
+        except ImportError:
+            reason = "Triton kernels are not available"
+        else:
+            reason = supports(q, k, v, kr, vr, **kwargs)
+            if reason is None:
+                return delta_rnn_triton(*args, **kwargs)
+        if backend == "triton":
+            raise FwrlError(f"FWRL_KERNELS=triton but the Delta RNN kernel cannot run: {reason}.")
+    return delta_rnn_reference(*args, **kwargs)
 
 
 def delta_lstm(

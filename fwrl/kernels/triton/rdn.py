@@ -257,8 +257,8 @@ def _backward_kernel(
 def _block_sizes(d: int) -> tuple[int, int, int]:
     """(BD, forward warps, backward warps)."""
     bd = max(16, triton.next_power_of_2(d))
-    fwd_warps = min(8, max(1, (4 * bd * bd) // 1024))
-    bwd_warps = min(8, max(1, (5 * bd * bd) // 512))
+    fwd_warps = min(8, max(1, triton.next_power_of_2((4 * bd * bd) // 1024)))
+    bwd_warps = min(8, max(1, triton.next_power_of_2((5 * bd * bd) // 512)))
     return bd, fwd_warps, bwd_warps
 
 
