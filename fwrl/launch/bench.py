@@ -128,3 +128,73 @@ def bench_envs(args: argparse.Namespace) -> int:
     console.print("Training throughput (agent steps/s of fwrl train) divided by env steps/s is the "
                   "fraction left after inference and learning.")
     return 0
+
+
+# ----------------------------------------------------------------------------- bench throughput
+
+@dataclass
+class ThroughputResult:
+    """Agent steps/s of real training (actors + inference + learner) over the measured window."""
+
+    agent_steps: int
+    seconds: float
+    updates: int
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.agent_steps / self.seconds
+
+
+def measure_throughput(config, seconds: float, warmup: float) -> ThroughputResult:
+    """Train with ``config`` for ``warmup + seconds`` and count learner steps after the warm-up.
+
+    Steps are the learner's (T x B per update), read from metrics rows logged
+    every second, so the figure is what training really consumes.
+    """
+    import csv
+    import tempfile
+    from pathlib import Path
+
+    from fwrl.launch.progress import Progress
+    from fwrl.launch.train import train
+
+    _check_window(seconds, warmup)
+    config.max_seconds = warmup + seconds
+    config.total_steps = 10**12
+    config.log_interval = 1.0
+    config.checkpoint_interval = 1e9
+    with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
+        run = Path(tmp) / "run"
+        quiet = Progress(config, run)
+        quiet.update = lambda row: None  # the bench prints its own table
+        train(config, run, progress=quiet)
+        with (run / "metrics.csv").open() as f:
+            rows = [r for r in csv.DictReader(f) if r.get("steps_per_second", "") != ""]
+    after = [r for r in rows if float(r["time"]) >= warmup]
+    if len(after) < 2:
+        raise FwrlError("the run logged too little to measure; give bench throughput more --seconds.")
+    first, last = after[0], after[-1]
+    return ThroughputResult(int(last["agent_steps"]) - int(first["agent_steps"]),
+                            float(last["time"]) - float(first["time"]),
+                            int(last["updates"]) - int(first["updates"]))
+
+
+def bench_throughput(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fwrl.launch.cli import _validate
+    from fwrl.launch.config import TrainConfig
+
+    config = TrainConfig(env=args.env, core=args.core, stem=args.stem, num_workers=args.num_workers,
+                         envs_per_worker=args.envs_per_worker, batch_size=args.batch_size,
+                         unroll_length=args.unroll_length, num_threads=args.num_threads)
+    _validate(config)
+    result = measure_throughput(config, args.seconds, args.warmup)
+    table = Table("env", "core", "stem", "workers x envs", "batch x unroll", "updates", "agent steps/s",
+                  title="fwrl bench throughput")
+    table.add_row(args.env, args.core, args.stem, f"{args.num_workers} x {args.envs_per_worker}",
+                  f"{args.batch_size} x {args.unroll_length}", str(result.updates),
+                  f"{result.steps_per_second:,.0f}")
+    Console().print(table)
+    return 0

@@ -45,6 +45,7 @@ _TRAIN_FLAGS = {
     "--batch-size": ("batch_size", int, "rollouts per learner update"),
     "--unroll-length": ("unroll_length", int, "steps per rollout (T)"),
     "--total-steps": ("total_steps", int, "agent steps to train for"),
+    "--max-seconds": ("max_seconds", float, "stop after this many seconds (0: no limit)"),
     "--learning-rate": ("learning_rate", float, "RMSProp learning rate (decays linearly to 0)"),
     "--entropy-cost": ("entropy_cost", float, "entropy regularisation weight"),
     "--discount": ("discount", float, "discount factor gamma"),

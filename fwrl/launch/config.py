@@ -36,6 +36,7 @@ class TrainConfig:
     batch_size: int = 32
     unroll_length: int = 50
     total_steps: int = 50_000_000
+    max_seconds: float = 0.0  # stop (with a checkpoint) after this wall time; 0 = no limit
     learning_rate: float = 6e-4
     rmsprop_alpha: float = 0.99
     rmsprop_eps: float = 0.01
@@ -46,7 +47,7 @@ class TrainConfig:
     discount: float = 0.99
     reward_clip: float = 1.0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int = 0  # torch threads for the learner; 0 = every core torch may use
+    num_threads: int = 0  # torch threads for the learner; 0 = allowed cores minus a share for local env workers
     # vision (R2AC protocol)
     load_vision_from: str = ""
     freeze_vision: bool = False
@@ -77,7 +78,7 @@ class TrainConfig:
 
 
 RESUMABLE_CHANGES = {
-    "total_steps", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
+    "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
     "eval_every", "eval_episodes",
 }

@@ -56,6 +56,30 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def allowed_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def learner_threads(config: TrainConfig) -> int:
+    """torch threads for the learner process.
+
+    ``num_threads`` > 0 is taken as given. Otherwise the learner takes every
+    core it is allowed except a share left to local env workers (one core per
+    worker, at most half of the cores), so actors are not starved.
+    """
+    if config.num_threads > 0:
+        return config.num_threads
+    cores = allowed_cores()
+    reserved = min(config.num_workers, cores // 2) if config.backend == "local" else 0
+    return max(1, cores - reserved)
+
+
 def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
     stem = None if config.stem == "auto" else config.stem
     return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem)
@@ -113,8 +137,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
 
     np.random.seed(config.seed)
     random.seed(config.seed)
-    if config.num_threads > 0:
-        torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(learner_threads(config))
     device = pick_device(config.device)
     info = describe_env(config.env)
 
@@ -220,6 +243,9 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 for eval_row in evaluator.poll():
                     metrics.write(eval_row)
                     _write_tb(writer, eval_row)
+            if config.max_seconds > 0 and now - start_time >= config.max_seconds:
+                stopped_by[0] = "time limit"
+                break
             if now - last_ckpt >= config.checkpoint_interval:
                 checkpoint(run_dir / "checkpoint.pt")
                 last_ckpt = now
