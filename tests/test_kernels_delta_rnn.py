@@ -264,7 +264,7 @@ def test_supports_and_dispatch(monkeypatch):
     y = dispatch.delta_rnn(*inputs, reset)[0]
     assert torch.equal(y, delta_rnn_reference(*inputs, reset)[0])
     monkeypatch.setenv("FWRL_KERNELS", "triton")
-    with pytest.raises(FwrlError, match="Delta RNN kernel cannot run"):
+    with pytest.raises(FwrlError, match="no Triton Delta RNN kernel can run"):
         dispatch.delta_rnn(*inputs, reset)
 
 

@@ -244,7 +244,7 @@ def test_supports_and_dispatch(monkeypatch):
     y, _, _ = dispatch.rdn(*inputs, reset)
     assert torch.equal(y, rdn_reference(*inputs, reset)[0])
     monkeypatch.setenv("FWRL_KERNELS", "triton")
-    with pytest.raises(FwrlError, match="RDN kernel cannot run"):
+    with pytest.raises(FwrlError, match="no Triton RDN kernel can run"):
         dispatch.rdn(*inputs, reset)
 
 

@@ -262,7 +262,7 @@ def test_supports_and_dispatch(monkeypatch):
     y_r, _ = srwm_reference(x, *slow, offsets, reset)
     assert torch.equal(y, y_r)
     monkeypatch.setenv("FWRL_KERNELS", "triton")
-    with pytest.raises(FwrlError, match="SRWM kernel cannot run"):
+    with pytest.raises(FwrlError, match="no Triton SRWM kernel can run"):
         dispatch.srwm(x, *slow, offsets, reset)
 
 

@@ -105,7 +105,10 @@ def rdn(
             if reason is None:
                 return rdn_triton(*args, **kwargs)
         if backend == "triton":
-            raise FwrlError(f"FWRL_KERNELS=triton but the RDN kernel cannot run: {reason}.")
+            raise FwrlError(
+                f"FWRL_KERNELS=triton but no Triton RDN kernel can run on these inputs "
+                f"(dispatch.rdn): {reason}."
+            )
     return rdn_reference(*args, **kwargs)
 
 
@@ -141,7 +144,10 @@ def delta_rnn(
             if reason is None:
                 return delta_rnn_triton(*args, **kwargs)
         if backend == "triton":
-            raise FwrlError(f"FWRL_KERNELS=triton but the Delta RNN kernel cannot run: {reason}.")
+            raise FwrlError(
+                f"FWRL_KERNELS=triton but no Triton Delta RNN kernel can run on these inputs "
+                f"(dispatch.delta_rnn): {reason}."
+            )
     return delta_rnn_reference(*args, **kwargs)
 
 
@@ -196,5 +202,8 @@ def srwm(
             if reason is None:
                 return srwm_triton(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)
         if backend == "triton":
-            raise FwrlError(f"FWRL_KERNELS=triton but the SRWM kernel cannot run: {reason}.")
+            raise FwrlError(
+                f"FWRL_KERNELS=triton but no Triton SRWM kernel can run on these inputs "
+                f"(dispatch.srwm): {reason}."
+            )
     return srwm_reference(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)

@@ -300,7 +300,8 @@ def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, records, WT, dy, dWT, dhT, *, fmap
     reset8, slots, rec, pre = records
     T, B, H, D = xq.shape
     bd, _, warps = _block_sizes(D)
-    dxq, dxk, dxv, dxb = (torch.empty_like(x) for x in (xq, xk, xv, xb))
+    # fp32 pre-activation gradients: the dR GEMM below reads them unrounded.
+    dxq, dxk, dxv, dxb = (torch.empty_like(x, dtype=torch.float32) for x in (xq, xk, xv, xb))
     dW0 = torch.empty(B, H, D, D, device=xq.device, dtype=torch.float32)
     dh0 = torch.empty(B, H, D, device=xq.device, dtype=torch.float32)
     rebuilt = torch.empty_like(dW0) if rebuild else dW0
@@ -312,10 +313,10 @@ def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, records, WT, dy, dWT, dhT, *, fmap
     )
     # dR = sum over (t, b) of dz s^T: one batched GEMM per matrix over the records.
     s = rec[..., 3 * D : 4 * D]
-    dRq, dRk, dRv = (torch.einsum("tbhi,tbhj->hij", dz.float(), s) for dz in (dxq, dxk, dxv))
-    drb = torch.einsum("tbh,tbhj->hj", dxb.float(), s)
-    grads = (dxq, dxk, dxv, dxb, dRq.to(Rq.dtype), dRk.to(Rk.dtype), dRv.to(Rv.dtype),
-             drb.to(rb.dtype), dW0, dh0)
+    dRq, dRk, dRv = (torch.einsum("tbhi,tbhj->hij", dz, s) for dz in (dxq, dxk, dxv))
+    drb = torch.einsum("tbh,tbhj->hj", dxb, s)
+    grads = (dxq.to(xq.dtype), dxk.to(xk.dtype), dxv.to(xv.dtype), dxb.to(xb.dtype),
+             dRq.to(Rq.dtype), dRk.to(Rk.dtype), dRv.to(Rv.dtype), drb.to(rb.dtype), dW0, dh0)
     return grads + (rebuilt,) if rebuild else grads
 
 
