@@ -4,11 +4,15 @@ from setuptools import find_packages, setup
 
 EXTRAS = {
     "atari": ["ale-py>=0.12,<0.13"],
-    "procgen": ["procgen2"],
+    # procgen2 and gym3 pin numpy<2 in their metadata but run on numpy 2; install
+    # them with `pip install --no-deps procgen2 gym3` (README); this extra brings
+    # their runtime dependencies.
+    "procgen": ["gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
     "envpool": ["envpool>=1.2"],
     "ray": ["ray[default]>=2.9"],
     "kernels": ["triton>=3.2"],
-    "test": ["pytest>=8", "ale-py>=0.12,<0.13"],
+    "test": ["pytest>=8", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9",
+             "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
 

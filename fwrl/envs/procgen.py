@@ -48,7 +48,7 @@ import numpy as np
 
 from fwrl.envs.registry import EnvFamily, EnvInfo, register_family
 from fwrl.envs.spec import EnvSpec, Option
-from fwrl.errors import FwrlError, missing_dependency, unknown_choice
+from fwrl.errors import FwrlError, unknown_choice
 
 GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
@@ -112,7 +112,11 @@ def _import_procgen():
         try:
             import procgen
         except ImportError:
-            raise missing_dependency("procgen", "procgen", "ProcGen envs") from None
+            raise FwrlError(
+                "ProcGen envs need the Python module 'procgen' (the procgen2 wheel), which is not "
+                "installed. Install it with: pip install 'fwrl[procgen]' && pip install --no-deps procgen2 gym3 "
+                "(procgen2 and gym3 pin numpy<2 in their metadata but run on numpy 2)."
+            ) from None
     return procgen
 
 
