@@ -128,6 +128,9 @@ class AgentNet(nn.Module):
         self.num_actions = num_actions
         self.stem_name = stem or default_stem(self.obs_shape)
         self.stem = make_stem(self.stem_name, self.obs_shape)
+        self.channels_last = len(self.obs_shape) == 3
+        if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN
+            self.stem.to(memory_format=torch.channels_last)
         self.core = build_core(core, self.stem.out_size + 1, core_options)
         self.policy = nn.Linear(self.core.output_size, num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)
@@ -143,6 +146,8 @@ class AgentNet(nn.Module):
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *obs.shape[2:])
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         features = self.stem(x).view(T, B, -1)
         reward = inputs["reward"].float().clamp(-1.0, 1.0).unsqueeze(-1)
         core_out, state = self.core(torch.cat([features, reward], dim=-1), state, inputs["done"].bool())
