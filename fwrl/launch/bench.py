@@ -198,3 +198,12 @@ def bench_throughput(args: argparse.Namespace) -> int:
                   f"{result.steps_per_second:,.0f}")
     Console().print(table)
     return 0
+
+
+# ----------------------------------------------------------------------------- bench kernels
+
+def bench_kernels(args: argparse.Namespace) -> int:
+    """``fwrl bench kernels ...``: the options are those of ``fwrl.kernels.benchmark``."""
+    from fwrl.kernels.benchmark import main
+
+    return main(args.rest)

@@ -240,9 +240,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--envs-per-worker", type=int, default=1)
     e.add_argument("--seconds", type=float, default=20.0)
     e.set_defaults(run=_bench("envs"))
-    k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU)", add_help=False)
-    k.add_argument("rest", nargs=argparse.REMAINDER)
-    k.set_defaults(run=_bench("kernels"))
+    k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU); --help lists its options",
+                        add_help=False)
+    # its options belong to fwrl.kernels.benchmark, which parses them (see main)
+    k.set_defaults(run=_bench("kernels"), passes_unknown_args=True)
 
 
 def _bench(name: str):
@@ -357,7 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     silence_env_noise()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "passes_unknown_args", False):
+        args.rest = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
     except FwrlError as exc:
