@@ -268,6 +268,7 @@ class _StampedPool:
 
     def __init__(self, pool):
         self.pool = pool
+        self.num_workers = pool.num_workers
         self.num_slots = pool.num_slots
         self.envs_per_worker = pool.envs_per_worker
         self.origin: dict[int, tuple[int, int]] = {}
