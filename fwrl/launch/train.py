@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -97,17 +98,24 @@ def load_vision(model: AgentNet, path: str, freeze: bool) -> None:
 
 
 class _Episodes:
-    """Finished episodes, thread-safe, with running means per task."""
+    """Finished episodes with running means, per task and normalised where constants exist.
 
-    def __init__(self, task_names: tuple[str, ...], window: int = 100):
+    ``normalise(task_name, mean_return)`` gives the paper's normalised score
+    (Atari / DMLab human-normalised, ProcGen min-max) or None.
+    """
+
+    def __init__(self, task_names: tuple[str, ...], window: int = 100,
+                 normalise: Callable[[str, float], float | None] | None = None):
         self.task_names = task_names
+        self.window = window
+        self.normalise = normalise
         self.recent: deque[EpisodeRecord] = deque(maxlen=window)
         self.by_task = {i: deque(maxlen=window) for i in range(len(task_names))}
         self.count = 0
 
     def add(self, record: EpisodeRecord) -> None:
         self.recent.append(record)
-        self.by_task.setdefault(record.task, deque(maxlen=100)).append(record)
+        self.by_task.setdefault(record.task, deque(maxlen=self.window)).append(record)
         self.count += 1
 
     def mean_return(self) -> float:
@@ -117,10 +125,34 @@ class _Episodes:
         return _mean([r.extra["success"] for r in self.recent if "success" in r.extra])
 
     def per_task(self) -> dict[str, float]:
-        if len(self.task_names) < 2:
-            return {}
-        return {f"return/{self.task_names[t]}": _mean([r.episode_return for r in d])
-                for t, d in self.by_task.items()}
+        """``return/<task>`` for multi-task runs; ``normalised/<task>`` and their mean
+        ``normalised_return`` where the family has normalisation constants."""
+        row: dict[str, float] = {}
+        normalised = []
+        for t, records in self.by_task.items():
+            name = self.task_names[t]
+            mean = _mean([r.episode_return for r in records])
+            if len(self.task_names) > 1:
+                row[f"return/{name}"] = mean
+            score = self.normalise(name, mean) if self.normalise and records else None
+            if score is not None:
+                normalised.append(score)
+                if len(self.task_names) > 1:
+                    row[f"normalised/{name}"] = score
+        if self.normalise is not None:
+            row["normalised_return"] = _mean(normalised) if len(normalised) == len(self.task_names) else math.nan
+        return row
+
+
+def _normaliser(env: str) -> Callable[[str, float], float | None] | None:
+    """Per-task score normalisation for ``env``'s family (None where it has none)."""
+    from fwrl.envs.spec import parse_env_spec
+    from fwrl.launch.scores import normalisation_kind, normalise
+
+    spec = parse_env_spec(env)
+    if not normalisation_kind(spec.family):
+        return None
+    return lambda task, score: normalise(spec.family, task, score, spec.options)
 
 
 def _mean(values) -> float:
@@ -174,7 +206,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
     stop = threading.Event()
     errors: list[BaseException] = []
-    episodes = _Episodes(info.task_names)
+    episodes = _Episodes(info.task_names, normalise=_normaliser(config.env))
 
     def checkpoint(path: Path) -> None:
         with update_lock:
