@@ -248,7 +248,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
         thread.start()
         start_time = last_log = last_ckpt = time.monotonic()
-        last_steps = learner.stats.agent_steps
+        last_steps = first_steps = learner.stats.agent_steps
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         progress.start()
         if config.eval_every > 0:
@@ -290,7 +290,9 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             stopped_by[0] = "error"
             raise errors[0]
         checkpoint(run_dir / "checkpoint.pt")
-        row = _metrics_row(learner, episodes, pool, assembler, math.nan, time.monotonic() - start_time)
+        elapsed = time.monotonic() - start_time
+        average_sps = (learner.stats.agent_steps - first_steps) / elapsed if elapsed > 0 else math.nan
+        row = _metrics_row(learner, episodes, pool, assembler, average_sps, elapsed)
         metrics.write(row)
         _write_tb(writer, row)
         progress.update(row)
