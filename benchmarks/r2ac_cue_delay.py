@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def plot(out: Path, rows: list[dict], title: str) -> Path:
     ax.set_xlabel("agent steps")
     ax.set_ylabel("success (last 100 episodes)")
     ax.set_ylim(0.0, 1.02)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 90), fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path = out / "success.png"
