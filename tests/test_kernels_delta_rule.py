@@ -3,65 +3,36 @@
 The kernels run on CPU through the Triton interpreter: a private copy of
 ``fwrl.kernels.triton.delta_rule`` is imported with ``TRITON_INTERPRET=1`` set
 only while it loads (so the module other tests import is left compiled for
-GPUs), and the variable is set per test with ``monkeypatch``. Shapes are tiny
-because the interpreter costs milliseconds per program per step. A compile-only
-check builds the shipped configurations for sm_90 without a GPU.
+GPUs), and the variable is set per test by the autouse ``_interpret`` fixture
+(both from ``kernel_harness.py``). Shapes are tiny because the interpreter costs
+milliseconds per program per step. A compile-only check builds the shipped
+configurations for sm_90 without a GPU.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
+import functools
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-
-from fwrl.kernels.reference.delta_rule import delta_rule_reference  # noqa: E402
-
-_MODULE_PATH = os.path.join(
-    os.path.dirname(__file__), "..", "fwrl", "kernels", "triton", "delta_rule.py"
+from fwrl.kernels.reference.delta_rule import delta_rule_reference
+from kernel_harness import (
+    _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
+    assert_all_close,
+    compile_sm90,
+    load_kernel_module,
+    needs_compiling_triton,
+    resets,
+    skip_without_sm90_toolchain,
+    stack_and_local_bytes,
 )
 
-
-def _load_kernel_module(interpret: bool):
-    """A private copy of the kernel module, built for the interpreter or for GPUs."""
-    name = f"_fwrl_delta_rule_{'interpreted' if interpret else 'compiled'}"
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec = importlib.util.spec_from_file_location(name, _MODULE_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.pop("TRITON_INTERPRET", None)
-        if old is not None:
-            os.environ["TRITON_INTERPRET"] = old
-    return module
-
-
-K = _load_kernel_module(interpret=True)
-# Triton's own library (tl.sum...) is built for the interpreter when Triton was
-# first imported with TRITON_INTERPRET=1; nothing can be compiled for GPUs then.
-TRITON_IMPORTED_INTERPRETED = type(triton.language.standard.sum).__name__ == "InterpretedFunction"
-needs_compiling_triton = pytest.mark.skipif(
-    TRITON_IMPORTED_INTERPRETED,
-    reason="Triton was imported with TRITON_INTERPRET=1, so it cannot compile GPU kernels",
-)
+KERNEL = "delta_rule"
+K = load_kernel_module(KERNEL, interpret=True)
 RULES = ("delta", "sum")
 GRAD_MODES = ("full", "step")
 FEATURE_MAPS = ("elu1_sumnorm", "softmax")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def _inputs(T, B, H, dk, dv=None, *, seed=0, scale=1.0):
@@ -73,18 +44,6 @@ def _inputs(T, B, H, dk, dv=None, *, seed=0, scale=1.0):
     beta = torch.randn(T, B, H, generator=g, dtype=torch.float64)
     W0 = 0.5 * torch.randn(B, H, dv, dk, generator=g, dtype=torch.float64)
     return q, k, v, beta, W0
-
-
-def _resets(T, B, pattern):
-    reset = torch.zeros(T, B, dtype=torch.bool)
-    if pattern == "start":
-        reset[0] = True
-    elif pattern == "mid":  # row 0 once, row 1 on consecutive steps
-        reset[T // 2, 0] = True
-        reset[T // 2 : T // 2 + 3, 1 % B] = True
-    elif pattern == "everywhere":
-        reset[:] = True
-    return reset
 
 
 def _run(fn, inputs, reset, grads, dtype=None, device="cpu", **kwargs):
@@ -102,13 +61,11 @@ def _run(fn, inputs, reset, grads, dtype=None, device="cpu", **kwargs):
     return y.cpu(), WT.cpu(), [g.cpu() for g in d]
 
 
-def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
+def _assert_matches(ref, got, **tolerance_and_label):
+    """``ref`` and ``got`` are ``_run`` results: (y, W_T, input gradients)."""
     names = ("y", "W_T", "dq", "dk", "dv", "dbeta", "dW0")
     (y_r, W_r, d_r), (y_g, W_g, d_g) = ref, got
-    for name, r, g in zip(names, (y_r, W_r, *d_r), (y_g, W_g, *d_g)):
-        assert torch.isfinite(g).all(), f"{label}: {name} is not finite"
-        torch.testing.assert_close(g.double(), r.double(), atol=atol, rtol=rtol,
-                                   msg=lambda m: f"{label}: {name}: {m}")
+    assert_all_close(names, (y_r, W_r, *d_r), (y_g, W_g, *d_g), **tolerance_and_label)
 
 
 CASES = [(1, "none"), (1, "start"), (2, "none"), (2, "start"), (2, "mid"), (2, "everywhere"),
@@ -122,7 +79,7 @@ def test_matches_reference(rule, grad_mode, feature_map):
     kwargs = dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode)
     for T, pattern in CASES:
         inputs = _inputs(T, 2, 1, 16, seed=T)
-        reset = _resets(T, 2, pattern)
+        reset = resets(T, 2, pattern)
         g = torch.Generator().manual_seed(100 + T)
         grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
                  torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
@@ -136,7 +93,7 @@ def test_partial_losses(which):
     """Only W_T (or only y) feeds the loss: the other incoming gradient is absent."""
     T = 5
     inputs = _inputs(T, 2, 2, 16, seed=3)
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     g = torch.Generator().manual_seed(7)
     gy = torch.randn(T, 2, 2, 16, generator=g, dtype=torch.float64)
     gW = torch.randn(2, 2, 16, 16, generator=g, dtype=torch.float64)
@@ -153,7 +110,7 @@ def test_odd_head_dims_and_row_blocks(rule):
     """Non-power-of-two Dk != Dv, W split over several row blocks (partials added)."""
     T = 4
     inputs = _inputs(T, 1, 2, 20, 24, seed=11)
-    reset = _resets(T, 1, "mid")
+    reset = resets(T, 1, "mid")
     g = torch.Generator().manual_seed(5)
     grads = (torch.randn(T, 1, 2, 24, generator=g, dtype=torch.float64),
              torch.randn(1, 2, 24, 20, generator=g, dtype=torch.float64))
@@ -170,7 +127,7 @@ def test_dpfp_applied_outside_the_kernel():
     q, k, v, beta, _ = _inputs(T, 1, 1, 8, 16, seed=2)
     W0 = 0.5 * torch.randn(1, 1, 16, 16, dtype=torch.float64)  # dpfp-1 doubles Dk
     inputs = (q, k, v, beta, W0)
-    reset = _resets(T, 1, "mid")
+    reset = resets(T, 1, "mid")
     g = torch.Generator().manual_seed(1)
     grads = (torch.randn(T, 1, 1, 16, generator=g, dtype=torch.float64),
              torch.randn(1, 1, 16, 16, generator=g, dtype=torch.float64))
@@ -187,7 +144,7 @@ def test_low_precision_inputs(dtype):
     T = 6
     q, k, v, beta, W0 = _inputs(T, 2, 1, 16, seed=4)
     q, k, v, beta = (x.to(dtype).double() for x in (q, k, v, beta))
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     g = torch.Generator().manual_seed(9)
     grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
              torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
@@ -208,7 +165,7 @@ def test_low_precision_inputs(dtype):
 def test_split_sequence_equals_one_call():
     T, T1 = 9, 4
     inputs = _inputs(T, 2, 2, 16, seed=8)
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     g = torch.Generator().manual_seed(3)
     gy = torch.randn(T, 2, 2, 16, generator=g, dtype=torch.float64).float()
     gW = torch.randn(2, 2, 16, 16, generator=g, dtype=torch.float64).float()
@@ -259,7 +216,7 @@ def test_extreme_inputs_stay_finite(rule):
     k[2:4, 1] = 80.0
     beta[::2] = 80.0
     beta[1::2] = -80.0
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     g = torch.Generator().manual_seed(2)
     grads = (torch.randn(T, 2, 1, 16, generator=g, dtype=torch.float64),
              torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64))
@@ -282,7 +239,7 @@ def test_extreme_inputs_stay_finite(rule):
 def test_inference_path_and_determinism():
     T = 3
     inputs = [x.float() for x in _inputs(T, 2, 1, 16, seed=5)]
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     kwargs = dict(rule="delta", feature_map="softmax", grad_mode="full")
     with torch.no_grad():
         y, WT = K.delta_rule_triton(*[x[:1] for x in inputs[:4]], inputs[4], reset[:1], **kwargs)
@@ -313,7 +270,7 @@ def test_supports_gives_reasons(monkeypatch):
     assert "match" in K.supports(x, torch.zeros(2, 1, 1, 8), x)
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "CUDA" in K.supports(x, x, x)
-    compiled = _load_kernel_module(interpret=False)
+    compiled = load_kernel_module(KERNEL, interpret=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "CUDA" in compiled.supports(x, x, x)  # built for GPUs: no CPU runs
     with pytest.raises(Exception, match="rule"):
@@ -327,7 +284,7 @@ def test_supports_gives_reasons(monkeypatch):
 def test_cuda_matches_reference(dim, monkeypatch):
     """On a GPU: the compiled kernels at rollout-like shapes, both rules and grad modes."""
     monkeypatch.delenv("TRITON_INTERPRET")
-    delta_rule_triton = _load_kernel_module(interpret=False).delta_rule_triton
+    delta_rule_triton = load_kernel_module(KERNEL, interpret=False).delta_rule_triton
     T, B, H = 51, 4, 2
     inputs = _inputs(T, B, H, dim, seed=dim)
     reset = torch.rand(T, B, generator=torch.Generator().manual_seed(dim)) < 0.1
@@ -348,49 +305,15 @@ def test_cuda_matches_reference(dim, monkeypatch):
 # Shipped configurations (head dims of the presets and the supported range).
 COMPILE_CASES = [(16, "delta", "bf16"), (32, "delta", "bf16"), (64, "sum", "fp32"),
                  (128, "delta", "fp32")]
-
-
-def _compile_sm90(kernel, pointer_types, constexprs, num_warps):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    ints = {"T", "B", "H", "DK", "DV", "N", "NV", "D"}
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ints:
-            signature[name] = "i32"
-        else:
-            signature[name] = pointer_types.get(name, "*fp32")
-    source = ASTSource(kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options={"num_warps": num_warps, "enable_fp_fusion": True})
-
-
-def _stack_and_local_bytes(compiled) -> tuple[int, int]:
-    """Spill space of a compiled kernel, read from its cubin with cuobjdump."""
-    tool = triton.knobs.nvidia.cuobjdump.path
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
-    return int(usage["STACK"]), int(usage["LOCAL"])
+# The integer arguments of this module's kernels are i32.
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "DK", "DV", "N", "NV", "D"))
 
 
 @needs_compiling_triton
 def test_compiles_for_sm90_without_spills():
     """Compile-only: the forward/backward kernels for sm_90 (no GPU needed)."""
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton build has no NVIDIA backend, so it cannot compile for sm_90")
-    for tool in ("ptxas", "cuobjdump"):
-        if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
-            pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
-    C = _load_kernel_module(interpret=False)
+    skip_without_sm90_toolchain()
+    C = load_kernel_module(KERNEL, interpret=False)
     for dim, rule, dtype in COMPILE_CASES:
         bk, bv, warps = C._block_sizes(dim, dim, None)
         io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
@@ -402,11 +325,11 @@ def test_compiles_for_sm90_without_spills():
             dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), warps,
         )
         for name, compiled in (("forward", fwd), ("backward", bwd)):
-            stack, local = _stack_and_local_bytes(compiled)
+            stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (
                 f"{name} kernel for head dim {dim} ({rule}, {dtype}) spills registers: "
                 f"stack {stack} B, local {local} B"
             )
     fmap_bwd = _compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
                              dict(BD=128, FMAP=1, EPS=1e-5), 1)
-    assert _stack_and_local_bytes(fmap_bwd) == (0, 0)
+    assert stack_and_local_bytes(fmap_bwd) == (0, 0)

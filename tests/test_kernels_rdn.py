@@ -1,60 +1,34 @@
 """Fused Triton Recurrent Delta Net against the float64 PyTorch reference (paper 000 Eq. 15-18).
 
-As in ``test_kernels_delta_rule.py``: a private copy of the kernel module is
-imported with ``TRITON_INTERPRET=1`` set only while it loads, the kernels run
-on CPU through the interpreter at tiny shapes, and a compile-only check builds
-the shipped configurations for sm_90 and reads their spill space.
+Set up as ``test_kernels_delta_rule.py`` is (interpreter copy of the kernel module,
+sm_90 compile-only check; shared pieces in ``kernel_harness.py``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
+import functools
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-
-from fwrl.errors import FwrlError  # noqa: E402
-from fwrl.kernels import dispatch  # noqa: E402
-from fwrl.kernels.reference.rdn import rdn_reference  # noqa: E402
-
-_MODULE_PATH = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels", "triton", "rdn.py")
-
-
-def _load_kernel_module(interpret: bool):
-    name = f"_fwrl_rdn_{'interpreted' if interpret else 'compiled'}"
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec = importlib.util.spec_from_file_location(name, _MODULE_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.pop("TRITON_INTERPRET", None)
-        if old is not None:
-            os.environ["TRITON_INTERPRET"] = old
-    return module
-
-
-K = _load_kernel_module(interpret=True)
-TRITON_IMPORTED_INTERPRETED = type(triton.language.standard.sum).__name__ == "InterpretedFunction"
-needs_compiling_triton = pytest.mark.skipif(
-    TRITON_IMPORTED_INTERPRETED,
-    reason="Triton was imported with TRITON_INTERPRET=1, so it cannot compile GPU kernels",
+from fwrl.errors import FwrlError
+from fwrl.kernels import dispatch
+from fwrl.kernels.reference.rdn import rdn_reference
+from kernel_harness import (
+    _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
+    assert_all_close,
+    compile_sm90,
+    load_kernel_module,
+    needs_compiling_triton,
+    resets,
+    run_with_grads,
+    skip_without_sm90_toolchain,
+    stack_and_local_bytes,
 )
+
+KERNEL = "rdn"
+K = load_kernel_module(KERNEL, interpret=True)
 NAMES = ("y", "W_T", "h_T", "dxq", "dxk", "dxv", "dxb", "dRq", "dRk", "dRv", "drb", "dW0", "dh0")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def _inputs(T, B, H, d, *, seed=0):
@@ -69,38 +43,14 @@ def _inputs(T, B, H, d, *, seed=0):
             randn(B, H, d, d, scale=0.5), randn(B, H, d)]
 
 
-def _resets(T, B, pattern):
-    reset = torch.zeros(T, B, dtype=torch.bool)
-    if pattern == "start":
-        reset[0] = True
-    elif pattern == "mid":  # row 0 once, row 1 on consecutive steps
-        reset[T // 2, 0] = True
-        reset[T // 2 : T // 2 + 3, 1 % B] = True
-    elif pattern == "everywhere":
-        reset[:] = True
-    return reset
-
-
 def _grads(inputs, seed):
     g = torch.Generator().manual_seed(seed)
     xq, W0, h0 = inputs[0], inputs[8], inputs[9]
     return [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (xq, W0, h0)]
 
 
-def _run(fn, inputs, reset, grads, dtype=None, **kwargs):
-    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
-    outs = fn(*leaves, reset, **kwargs)
-    loss = sum((o.double() * g).sum() for o, g in zip(outs, grads) if g is not None)
-    d = torch.autograd.grad(loss, leaves, allow_unused=True)
-    d = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, d)]
-    return [o.detach() for o in outs] + list(d)
-
-
-def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
-    for name, r, g in zip(NAMES, ref, got):
-        assert torch.isfinite(g).all(), f"{label}: {name} is not finite"
-        torch.testing.assert_close(g.double(), r.double(), atol=atol, rtol=rtol,
-                                   msg=lambda m: f"{label}: {name}: {m}")
+_run = run_with_grads
+_assert_matches = functools.partial(assert_all_close, NAMES)
 
 
 CASES = [(1, "none", "softmax"), (1, "start", "elu1_sumnorm"), (2, "none", "identity"),
@@ -114,7 +64,7 @@ def test_matches_reference(grad_mode):
         inputs = _inputs(T, 2, 2, 16, seed=T)
         if feature_map == "identity":  # keep |k|^2 small: the delta rule is then contractive
             inputs[1] = 0.2 * inputs[1]
-        reset = _resets(T, 2, pattern)
+        reset = resets(T, 2, pattern)
         grads = _grads(inputs, 100 + T)
         kwargs = dict(feature_map=feature_map, grad_mode=grad_mode)
         ref = _run(rdn_reference, inputs, reset, grads, **kwargs)
@@ -125,7 +75,7 @@ def test_matches_reference(grad_mode):
 def test_odd_head_dim_and_partial_losses():
     T = 5
     inputs = _inputs(T, 2, 1, 12, seed=3)
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     gy, gW, gh = _grads(inputs, 7)
     for which, grads in (("y only", [gy, None, None]), ("state only", [None, gW, gh])):
         ref = _run(rdn_reference, inputs, reset, grads)
@@ -136,7 +86,7 @@ def test_odd_head_dim_and_partial_losses():
 def test_split_sequence_equals_one_call():
     T, T1 = 8, 3
     inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = [g.float() for g in _grads(inputs, 3)]
 
     def loss_of(outs):
@@ -178,7 +128,7 @@ def test_extreme_inputs_stay_finite():
     xk[2:4, 1] = 80.0
     xb[::2] = 80.0
     xb[1::2] = -80.0
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = _grads(inputs, 2)
     for feature_map in ("softmax", "elu1_sumnorm"):
         ref = _run(rdn_reference, inputs, reset, grads, feature_map=feature_map)
@@ -192,7 +142,7 @@ def test_low_precision_inputs():
     inputs = _inputs(T, 2, 1, 16, seed=4)
     for i in range(4):
         inputs[i] = inputs[i].to(torch.bfloat16).double()
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = _grads(inputs, 9)
     ref = _run(rdn_reference, inputs, reset, grads)
     leaves = ([t.to(torch.bfloat16).requires_grad_() for t in inputs[:4]]
@@ -211,7 +161,7 @@ def test_low_precision_inputs():
 def test_inference_path_and_determinism():
     T = 3
     inputs = [t.float() for t in _inputs(T, 2, 1, 16, seed=5)]
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     with torch.no_grad():
         got = K.rdn_triton(*(t[:1] for t in inputs[:4]), *inputs[4:], reset[:1])
         ref = rdn_reference(*(t[:1].double() for t in inputs[:4]),
@@ -253,7 +203,7 @@ def test_supports_and_dispatch(monkeypatch):
 @pytest.mark.parametrize("d", [16, 32])
 def test_cuda_matches_reference(d, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
-    rdn_triton = _load_kernel_module(interpret=False).rdn_triton
+    rdn_triton = load_kernel_module(KERNEL, interpret=False).rdn_triton
     T, B, H = 51, 4, 2
     inputs = _inputs(T, B, H, d, seed=d)
     reset = torch.rand(T, B, generator=torch.Generator().manual_seed(d)) < 0.1
@@ -269,46 +219,14 @@ def test_cuda_matches_reference(d, monkeypatch):
 # Shipped configurations: the Atari defaults (d = 32 at hidden 128 / 4 heads and
 # the larger config) and d = 16.
 COMPILE_CASES = [(16, "bf16"), (32, "fp32"), (32, "bf16")]
-
-
-def _compile_sm90(kernel, pointer_types, constexprs, num_warps):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ("T", "B", "H", "D"):
-            signature[name] = "i32"
-        else:
-            signature[name] = pointer_types.get(name, "*fp32")
-    source = ASTSource(kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options={"num_warps": num_warps, "enable_fp_fusion": True})
-
-
-def _stack_and_local_bytes(compiled) -> tuple[int, int]:
-    tool = triton.knobs.nvidia.cuobjdump.path
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
-    return int(usage["STACK"]), int(usage["LOCAL"])
+# The integer arguments of this module's kernels are i32.
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "D"))
 
 
 @needs_compiling_triton
 def test_compiles_for_sm90_without_spills():
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton build has no NVIDIA backend, so it cannot compile for sm_90")
-    for tool in ("ptxas", "cuobjdump"):
-        if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
-            pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
-    C = _load_kernel_module(interpret=False)
+    skip_without_sm90_toolchain()
+    C = load_kernel_module(KERNEL, interpret=False)
     for d, dtype in COMPILE_CASES:
         bd, fwd_warps, bwd_warps = C._block_sizes(d)
         io = {n: f"*{dtype}" for n in ("XQ", "XK", "XV", "XB", "Y", "DY", "DXQ", "DXK", "DXV", "DXB")}
@@ -318,7 +236,7 @@ def test_compiles_for_sm90_without_spills():
         bwd = _compile_sm90(C._backward_kernel, io,
                             dict(BD=bd, FMAP=2, FULL=True, WRITE_REBUILT=False, EPS=1e-5), bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
-            stack, local = _stack_and_local_bytes(compiled)
+            stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (
                 f"RDN {name} kernel for d={d} ({dtype}) spills registers: "
                 f"stack {stack} B, local {local} B"

@@ -1,61 +1,35 @@
 """Fused Triton SRWM against the float64 PyTorch reference (paper 002, Eq. 5-8).
 
-As in ``test_kernels_delta_rule.py``: a private copy of the kernel module is
-imported with ``TRITON_INTERPRET=1`` set only while it loads, the kernels run
-on CPU through the interpreter at tiny shapes, and a compile-only check builds
-the shipped configurations for sm_90 and reads their spill space.
+Set up as ``test_kernels_delta_rule.py`` is (interpreter copy of the kernel module,
+sm_90 compile-only check; shared pieces in ``kernel_harness.py``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
+import functools
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-
-from fwrl.errors import FwrlError  # noqa: E402
-from fwrl.kernels import dispatch  # noqa: E402
-from fwrl.kernels.reference.srwm import srwm_reference  # noqa: E402
-
-_MODULE_PATH = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels", "triton", "srwm.py")
-
-
-def _load_kernel_module(interpret: bool):
-    name = f"_fwrl_srwm_{'interpreted' if interpret else 'compiled'}"
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec = importlib.util.spec_from_file_location(name, _MODULE_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.pop("TRITON_INTERPRET", None)
-        if old is not None:
-            os.environ["TRITON_INTERPRET"] = old
-    return module
-
-
-K = _load_kernel_module(interpret=True)
-TRITON_IMPORTED_INTERPRETED = type(triton.language.standard.sum).__name__ == "InterpretedFunction"
-needs_compiling_triton = pytest.mark.skipif(
-    TRITON_IMPORTED_INTERPRETED,
-    reason="Triton was imported with TRITON_INTERPRET=1, so it cannot compile GPU kernels",
+from fwrl.errors import FwrlError
+from fwrl.kernels import dispatch
+from fwrl.kernels.reference.srwm import srwm_reference
+from kernel_harness import (
+    _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
+    assert_all_close,
+    compile_sm90,
+    load_kernel_module,
+    needs_compiling_triton,
+    resets,
+    run_with_grads,
+    skip_without_sm90_toolchain,
+    stack_and_local_bytes,
 )
+
+KERNEL = "srwm"
+K = load_kernel_module(KERNEL, interpret=True)
 NAMES = ("y", "O_y", "O_q", "O_k", "O_b", "dx", "dW_y", "dW_q", "dW_k", "dw_b",
          "dO_y", "dO_q", "dO_k", "dO_b")
-
-
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def _inputs(T, B, H, d, dy=None, *, seed=0, x_scale=1.0, offset_scale=0.3):
@@ -70,18 +44,6 @@ def _inputs(T, B, H, d, dy=None, *, seed=0, x_scale=1.0, offset_scale=0.3):
     return [x, *slow, *offsets]
 
 
-def _resets(T, B, pattern):
-    reset = torch.zeros(T, B, dtype=torch.bool)
-    if pattern == "start":
-        reset[0] = True
-    elif pattern == "mid":  # row 0 once, row 1 on consecutive steps
-        reset[T // 2, 0] = True
-        reset[T // 2 : T // 2 + 3, 1 % B] = True
-    elif pattern == "everywhere":
-        reset[:] = True
-    return reset
-
-
 def _grads(inputs, seed):
     """Random output gradients for y and the four final offsets."""
     g = torch.Generator().manual_seed(seed)
@@ -91,20 +53,16 @@ def _grads(inputs, seed):
 
 
 def _run(fn, inputs, reset, grads, dtype=None, **kwargs):
-    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
-    y, offsets = fn(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset, **kwargs)
-    outs = [y, *offsets]
-    loss = sum((o.double() * g).sum() for o, g in zip(outs, grads) if g is not None)
-    d = torch.autograd.grad(loss, leaves, allow_unused=True)
-    d = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, d)]
-    return [o.detach() for o in outs] + list(d)
+    """[y, *final offsets, *input gradients] of ``fn``; inputs: x, 4 slow weights, 4 offsets."""
+
+    def flat(x, W_y, W_q, W_k, w_b, O_y, O_q, O_k, O_b, reset, **kwargs):
+        y, offsets = fn(x, W_y, W_q, W_k, w_b, (O_y, O_q, O_k, O_b), reset, **kwargs)
+        return [y, *offsets]
+
+    return run_with_grads(flat, inputs, reset, grads, dtype, **kwargs)
 
 
-def _assert_matches(ref, got, *, atol=2e-5, rtol=1e-4, label=""):
-    for name, r, g in zip(NAMES, ref, got):
-        assert torch.isfinite(g).all(), f"{label}: {name} is not finite"
-        torch.testing.assert_close(g.double(), r.double(), atol=atol, rtol=rtol,
-                                   msg=lambda m: f"{label}: {name}: {m}")
+_assert_matches = functools.partial(assert_all_close, NAMES)
 
 
 CASES = [(1, "none", "softmax"), (1, "start", "identity"), (2, "none", "identity"),
@@ -116,7 +74,7 @@ CASES = [(1, "none", "softmax"), (1, "start", "identity"), (2, "none", "identity
 def test_matches_reference(grad_mode):
     for T, pattern, input_map in CASES:
         inputs = _inputs(T, 2, 1, 16, seed=T)
-        reset = _resets(T, 2, pattern)
+        reset = resets(T, 2, pattern)
         grads = _grads(inputs, 100 + T)
         kwargs = dict(input_map=input_map, grad_mode=grad_mode)
         ref = _run(srwm_reference, inputs, reset, grads, **kwargs)
@@ -129,7 +87,7 @@ def test_sr_delta_net_shape_and_partial_losses():
     final offsets in the loss."""
     T, d = 5, 12
     inputs = _inputs(T, 2, 2, d, 3 * d + 1, seed=3)
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = _grads(inputs, 7)
     for which, g in (("outputs only", [grads[0]] + [None] * 4), ("offsets only", [None] + grads[1:])):
         ref = _run(srwm_reference, inputs, reset, g)
@@ -140,7 +98,7 @@ def test_sr_delta_net_shape_and_partial_losses():
 def test_split_sequence_equals_one_call():
     T, T1 = 8, 3
     inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = [g.float() for g in _grads(inputs, 3)]
 
     def loss_of(y, offsets):
@@ -186,7 +144,7 @@ def test_extreme_inputs_stay_finite():
     w_b = inputs[4]
     w_b[0, :2] = 400.0  # beta_y, beta_q -> 1 (the softmaxed x sums to one)
     w_b[0, 2:] = -400.0  # beta_k, beta_b -> 0
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = _grads(inputs, 2)
     for input_map in ("softmax", "identity"):
         ref = _run(srwm_reference, inputs, reset, grads, input_map=input_map)
@@ -204,7 +162,7 @@ def test_low_precision_inputs(dtype):
     T = 5
     inputs = _inputs(T, 2, 1, 16, seed=4)
     inputs[0] = inputs[0].to(dtype).double()
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     grads = _grads(inputs, 9)
     ref = _run(srwm_reference, inputs, reset, grads)
     leaves = [inputs[0].to(dtype).requires_grad_()] + [t.float().requires_grad_() for t in inputs[1:]]
@@ -224,7 +182,7 @@ def test_low_precision_inputs(dtype):
 def test_inference_path_and_determinism():
     T = 3
     inputs = [t.float() for t in _inputs(T, 2, 1, 16, seed=5)]
-    reset = _resets(T, 2, "mid")
+    reset = resets(T, 2, "mid")
     with torch.no_grad():
         y, offs = K.srwm_triton(inputs[0][:1], *inputs[1:5], tuple(inputs[5:]), reset[:1])
         y_r, offs_r = srwm_reference(inputs[0][:1].double(), *(t.double() for t in inputs[1:5]),
@@ -272,7 +230,7 @@ def test_supports_and_dispatch(monkeypatch):
 def test_cuda_matches_reference(d, dy, monkeypatch):
     """On a GPU: the compiled kernels at rollout-like shapes, both grad modes."""
     monkeypatch.delenv("TRITON_INTERPRET")
-    srwm_triton = _load_kernel_module(interpret=False).srwm_triton
+    srwm_triton = load_kernel_module(KERNEL, interpret=False).srwm_triton
     T, B, H = 51, 4, 2
     inputs = _inputs(T, B, H, d, dy, seed=d)
     reset = torch.rand(T, B, generator=torch.Generator().manual_seed(d)) < 0.1
@@ -289,47 +247,14 @@ def test_cuda_matches_reference(d, dy, monkeypatch):
 # Shipped configurations: SRWM and SR-DeltaNet at the preset head dim 16, and the
 # largest supported head dim.
 COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16")]
-
-
-def _compile_sm90(kernel, pointer_types, constexprs, num_warps):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    ints = {"T", "B", "H", "D", "DY", "NREC"}
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ints:
-            signature[name] = "i32"
-        else:
-            signature[name] = pointer_types.get(name, "*fp32")
-    source = ASTSource(kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options={"num_warps": num_warps, "enable_fp_fusion": True})
-
-
-def _stack_and_local_bytes(compiled) -> tuple[int, int]:
-    tool = triton.knobs.nvidia.cuobjdump.path
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
-    return int(usage["STACK"]), int(usage["LOCAL"])
+# The integer arguments of this module's kernels are i32.
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "D", "DY", "NREC"))
 
 
 @needs_compiling_triton
 def test_compiles_for_sm90_without_spills():
-    from triton.backends import backends
-
-    if "nvidia" not in backends:
-        pytest.skip("this Triton build has no NVIDIA backend, so it cannot compile for sm_90")
-    for tool in ("ptxas", "cuobjdump"):
-        if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
-            pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
-    C = _load_kernel_module(interpret=False)
+    skip_without_sm90_toolchain()
+    C = load_kernel_module(KERNEL, interpret=False)
     for d, dy, dtype in COMPILE_CASES:
         bd, by, fwd_warps, bwd_warps = C._block_sizes(d, dy)
         io = {n: f"*{dtype}" for n in ("X", "Y", "DX", "DYOUT")}
@@ -338,7 +263,7 @@ def test_compiles_for_sm90_without_spills():
         bwd = _compile_sm90(C._backward_kernel, io,
                             dict(BD=bd, BY=by, FMAP=2, FULL=True, WRITE_REBUILT=False), bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
-            stack, local = _stack_and_local_bytes(compiled)
+            stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (
                 f"SRWM {name} kernel for d={d}, Dy={dy} ({dtype}) spills registers: "
                 f"stack {stack} B, local {local} B"

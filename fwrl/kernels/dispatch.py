@@ -7,7 +7,10 @@ on an unsupported input is an error that says why).
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -25,13 +28,31 @@ def kernel_backend() -> str:
     return value
 
 
-def _triton_delta_rule():
-    """The Triton implementation, or None where Triton or the module is missing."""
-    try:
-        from fwrl.kernels.triton.delta_rule import delta_rule_triton, supports
-    except ImportError:
-        return None, None
-    return delta_rule_triton, supports
+def _dispatch(
+    kernel: str,
+    reference: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    supports_args: tuple,
+    cannot_run: str,
+) -> Any:
+    """``<kernel>_triton(*args, **kwargs)`` from ``fwrl.kernels.triton.<kernel>`` where the
+    backend allows Triton and its ``supports(*supports_args, **kwargs)`` gives no reason
+    against; otherwise ``reference(*args, **kwargs)``, or under ``FWRL_KERNELS=triton`` an
+    error "FWRL_KERNELS=triton but <cannot_run>: <reason>."."""
+    backend = kernel_backend()
+    if backend != "reference":
+        try:
+            module = importlib.import_module(f"fwrl.kernels.triton.{kernel}")
+        except ImportError:
+            reason = "Triton kernels are not available"
+        else:
+            reason = module.supports(*supports_args, **kwargs)
+            if reason is None:
+                return getattr(module, f"{kernel}_triton")(*args, **kwargs)
+        if backend == "triton":
+            raise FwrlError(f"FWRL_KERNELS=triton but {cannot_run}: {reason}.")
+    return reference(*args, **kwargs)
 
 
 def delta_rule(
@@ -47,16 +68,11 @@ def delta_rule(
     grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor]:
     """Sum / delta rule over a whole sequence (see ``reference.delta_rule``)."""
-    kwargs = dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode)
-    backend = kernel_backend()
-    if backend != "reference":
-        impl, supports = _triton_delta_rule()
-        reason = "Triton kernels are not available" if impl is None else supports(q, k, v, **kwargs)
-        if reason is None:
-            return impl(q, k, v, beta, W0, reset, **kwargs)
-        if backend == "triton":
-            raise FwrlError(f"FWRL_KERNELS=triton but the delta-rule kernel cannot run: {reason}.")
-    return delta_rule_reference(q, k, v, beta, W0, reset, **kwargs)
+    return _dispatch(
+        "delta_rule", delta_rule_reference, (q, k, v, beta, W0, reset),
+        dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode), (q, k, v),
+        "the delta-rule kernel cannot run",
+    )
 
 
 # --------------------------------------------------------------------------- recurrent FWPs
@@ -92,24 +108,11 @@ def rdn(
     """Recurrent Delta Net over a whole sequence (see ``reference.rdn``)."""
     from fwrl.kernels.reference.rdn import rdn_reference
 
-    kwargs = dict(feature_map=feature_map, grad_mode=grad_mode)
-    args = (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset)
-    backend = kernel_backend()
-    if backend != "reference":
-        try:
-            from fwrl.kernels.triton.rdn import rdn_triton, supports
-        except ImportError:
-            reason = "Triton kernels are not available"
-        else:
-            reason = supports(xq, xk, xv, xb, Rq, W0, **kwargs)
-            if reason is None:
-                return rdn_triton(*args, **kwargs)
-        if backend == "triton":
-            raise FwrlError(
-                f"FWRL_KERNELS=triton but no Triton RDN kernel can run on these inputs "
-                f"(dispatch.rdn): {reason}."
-            )
-    return rdn_reference(*args, **kwargs)
+    return _dispatch(
+        "rdn", rdn_reference, (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset),
+        dict(feature_map=feature_map, grad_mode=grad_mode), (xq, xk, xv, xb, Rq, W0),
+        "no Triton RDN kernel can run on these inputs (dispatch.rdn)",
+    )
 
 
 def delta_rnn(
@@ -131,24 +134,11 @@ def delta_rnn(
     """Delta RNN over a whole sequence (see ``reference.delta_rnn``)."""
     from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
 
-    kwargs = dict(feature_map=feature_map, grad_mode=grad_mode)
-    args = (q, k, v, beta, kr, vr, betar, W0, R0, h0, reset)
-    backend = kernel_backend()
-    if backend != "reference":
-        try:
-            from fwrl.kernels.triton.delta_rnn import delta_rnn_triton, supports
-        except ImportError:
-            reason = "Triton kernels are not available"
-        else:
-            reason = supports(q, k, v, kr, vr, **kwargs)
-            if reason is None:
-                return delta_rnn_triton(*args, **kwargs)
-        if backend == "triton":
-            raise FwrlError(
-                f"FWRL_KERNELS=triton but no Triton Delta RNN kernel can run on these inputs "
-                f"(dispatch.delta_rnn): {reason}."
-            )
-    return delta_rnn_reference(*args, **kwargs)
+    return _dispatch(
+        "delta_rnn", delta_rnn_reference, (q, k, v, beta, kr, vr, betar, W0, R0, h0, reset),
+        dict(feature_map=feature_map, grad_mode=grad_mode), (q, k, v, kr, vr),
+        "no Triton Delta RNN kernel can run on these inputs (dispatch.delta_rnn)",
+    )
 
 
 def delta_lstm(
@@ -190,20 +180,8 @@ def srwm(
     """SRWM recurrence over a whole sequence (see ``reference.srwm``)."""
     from fwrl.kernels.reference.srwm import srwm_reference
 
-    kwargs = dict(input_map=input_map, grad_mode=grad_mode)
-    backend = kernel_backend()
-    if backend != "reference":
-        try:
-            from fwrl.kernels.triton.srwm import srwm_triton, supports
-        except ImportError:
-            reason = "Triton kernels are not available"
-        else:
-            reason = supports(x, W_y, W_q, W_k, w_b, **kwargs)
-            if reason is None:
-                return srwm_triton(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)
-        if backend == "triton":
-            raise FwrlError(
-                f"FWRL_KERNELS=triton but no Triton SRWM kernel can run on these inputs "
-                f"(dispatch.srwm): {reason}."
-            )
-    return srwm_reference(x, W_y, W_q, W_k, w_b, offsets, reset, **kwargs)
+    return _dispatch(
+        "srwm", srwm_reference, (x, W_y, W_q, W_k, w_b, offsets, reset),
+        dict(input_map=input_map, grad_mode=grad_mode), (x, W_y, W_q, W_k, w_b),
+        "no Triton SRWM kernel can run on these inputs (dispatch.srwm)",
+    )
