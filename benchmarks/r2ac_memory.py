@@ -25,10 +25,11 @@ Two numbers per run:
   counted once), in total and for the tensors saved while the core runs.
   This is the part that grows with T. For truncated BPTT the core saves its
   per-step intermediates (O(T B H) with several tensors per step); for RTRL
-  it saves a, b, d, c_{t-1} ([T, B, H] each) and its input x, never a
-  [T, B, H, D] sensitivity history (Paper 004, Sec. 3.1; see
-  ``fwrl.kernels.reference.elstm_rtrl``). The stem and heads save O(T B D)
-  in both modes: "what the heads need".
+  the core keeps per step only its input x_t, c_t and the output gate o_t
+  (x and c are shared by the RTRL Function and the output gate; a, b, d,
+  c_{t-1} are recomputed in backward), never a [T, B, H, D] sensitivity
+  history (Paper 004, Sec. 3.1; see ``fwrl.kernels.reference.elstm_rtrl``).
+  The stem and heads save O(T B D) in both modes: "what the heads need".
 
 Prints a table and, with ``--out``, writes ``memory.csv`` and ``memory.json``.
 """

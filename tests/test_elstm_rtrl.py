@@ -164,6 +164,95 @@ def test_rtrl_keeps_no_per_step_sensitivities_for_backward():
     assert params["W_z"].grad is not None and x.grad is not None
 
 
+@pytest.mark.parametrize("resets", [False, True])
+def test_function_in_blocks_equals_forward_mode_reference(monkeypatch, resets):
+    """The reverse pass split into blocks of 3 steps (7 = 1 + 3 + 3, resets on both sides of a
+    block boundary) gives the same values and gradients."""
+    monkeypatch.setattr(er, "CHUNK_STEPS", 3)
+    test_function_equals_forward_mode_reference(resets)
+
+
+def test_core_in_blocks_carries_segments_exactly(monkeypatch):
+    monkeypatch.setattr(er, "CHUNK_STEPS", 2)
+    test_core_rtrl_segments_equal_bptt_over_both_segments()
+
+
+class StorageMeter:
+    """Bytes autograd saves for backward, each storage once (as benchmarks/r2ac_memory.py counts)."""
+
+    def __init__(self):
+        self.nbytes: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        self.nbytes[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    def bytes_except(self, *tensors: torch.Tensor) -> int:
+        skip = {t.untyped_storage().data_ptr() for t in tensors}
+        return sum(n for ptr, n in self.nbytes.items() if ptr not in skip)
+
+
+@pytest.mark.parametrize("resets", [False, True])
+def test_recomputed_derivatives_equal_the_scan(resets):
+    """Backward's vectorised recomputation of (a, b, d_eff, c_prev) == the sequential scan's."""
+    gen = torch.Generator().manual_seed(10)
+    params = {k: v.detach() for k, v in make_params(gen).items()}
+    x = torch.randn(T, B, D, generator=gen, dtype=F64)
+    c0 = torch.randn(B, H, generator=gen, dtype=F64)
+    done = make_done(resets)
+    done[0, 1] = resets  # a reset at step 0 drops c0 for that row
+    c_all, *scanned = er.elstm_scan(x, c0, *params.values(), done, with_derivatives=True)
+    recomputed = er.recompute_derivatives(x, c_all, c0, *params.values(), done)
+    for name, want, got in zip(("a", "b", "d_eff", "c_prev"), scanned, recomputed):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_rtrl_function_saves_nothing_per_step_beyond_x_and_its_output():
+    """Issue 4: apart from x and its own output c (storages the output gate keeps anyway)
+    and the [T, B] bool reset mask, what the Function saves is constant in T."""
+    gen = torch.Generator().manual_seed(11)
+    params = {k: v.detach().requires_grad_() for k, v in make_params(gen).items()}
+    extra = {}
+    for steps in (5, 13):
+        x = torch.randn(steps, B, D, generator=gen, dtype=F64, requires_grad=True)
+        meter = StorageMeter()
+        with meter.hooks():
+            c, _ = er.elstm_rtrl(x, torch.randn(B, H, dtype=F64), random_sens(gen), params,
+                                 make_done(True, steps))
+        assert x.untyped_storage().data_ptr() in meter.nbytes
+        assert c.untyped_storage().data_ptr() in meter.nbytes
+        extra[steps] = meter.bytes_except(x, c)
+        c.sum().backward()  # and backward works from what was saved
+    assert extra[5] > 2 * B * H * D * 8  # the initial sensitivities Z, F are in it
+    assert extra[13] - extra[5] == 8 * B  # only the reset mask grows: 1 byte per step and row
+
+
+def test_rtrl_core_saves_per_step_only_x_c_and_the_gate():
+    """The eLSTM core (rtrl) keeps per step x_t, c_t, the output gate o_t (its own backward)
+    and the reset bit; a, b, d, c_{t-1} and an [x; c] copy are not kept (issue 4)."""
+    torch.manual_seed(12)
+    core = build_core("elstm", D, {"hidden_size": H, "grad": "rtrl"}).double()
+    gen = torch.Generator().manual_seed(12)
+    total, extra = {}, {}
+    for steps in (5, 13):
+        x = torch.randn(steps, B, D, generator=gen, dtype=F64, requires_grad=True) * 1.0
+        state = {k: torch.randn(v.shape, generator=gen, dtype=F64)
+                 for k, v in core.initial_state(B).items()}
+        meter = StorageMeter()
+        with meter.hooks():
+            y, new_state = core(x, state, make_done(True, steps))
+        total[steps] = sum(meter.nbytes.values())
+        extra[steps] = meter.bytes_except(x, new_state["c"])  # new c is a view of the c sequence
+        y.sum().backward()
+    per_step = (total[13] - total[5]) / 8
+    assert per_step == B * (D + 2 * H) * 8 + B  # x_t, c_t, o_t in float64, done bool
+    assert (extra[13] - extra[5]) / 8 == B * H * 8 + B  # o_t and the reset bit
+
+
 # ---------------------------------------------------------------- the core
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from fwrl.errors import FwrlError
 from fwrl.kernels.reference.elstm_rtrl import (
@@ -119,7 +120,11 @@ class ELSTMCore(Core):
         else:
             c_all = elstm_scan(x, state["c"], *params.values(), done)
             new_state = {"c": c_all[-1]}
-        o = torch.sigmoid(self.out_gate(torch.cat([x, c_all], dim=-1)))
+        # W_o [x; c] + b_o as two products on column blocks of the same weight:
+        # autograd then keeps x and c themselves (the storages the RTRL Function
+        # saves too) rather than a [T, B, D + H] concatenated copy
+        W_o, D = self.out_gate.weight, self.input_size
+        o = torch.sigmoid(F.linear(x, W_o[:, :D], self.out_gate.bias) + F.linear(c_all, W_o[:, D:]))
         return o * c_all, new_state
 
 

@@ -46,10 +46,20 @@ Two implementations of the same maths:
 
   (the same for the others with F_0/b, s_*0, c_{s-1} or 1). This is the RTRL
   gradient exactly (not truncated: Z_0 carries everything before the segment),
-  computed with one matrix product instead of T updates of [B, H, D] tensors.
-  It saves a, b, d, c_{t-1} ([T, B, H] each), the inputs x and the initial
-  sensitivities: O(T*B*H + B*H*D) memory, never O(T*B*H*D). The final
-  sensitivities for the next segment are computed the same way.
+  computed with a few matrix products instead of T updates of [B, H, D]
+  tensors. The final sensitivities for the next segment are computed the same
+  way (seed 1 at the last step). Both walk the steps backwards in blocks of
+  ``CHUNK_STEPS``, so the temporaries of the pass are O(CHUNK_STEPS*B*H).
+
+  Memory kept for backward: only the input x and the function's own output c
+  (the core's output gate and h = o * c keep those storages for their own
+  backward anyway), the [T, B] bool reset mask, and O(1)-in-T tensors (the
+  weights, c_0 and the initial sensitivities). Backward recomputes
+  c_{t-1} (c shifted by one step, c_0 first, zeroed on resets) and from it
+  a, b, d with one GEMM for the z/f pre-activations of all steps plus
+  element-wise ops (:func:`recompute_derivatives`), instead of keeping
+  a, b, d, c_{t-1} ([T, B, H] each) alive between forward and backward.
+  Never O(T*B*H*D).
   The input x gets only the one-step Jacobian ``dc_t/dx_t = a_t W_z + b_t W_f``
   (row-wise), so a vision stem below the eLSTM trains (REFERENCE §3).
 """
@@ -173,19 +183,86 @@ def elstm_scan(
     return c_all, torch.stack(As), torch.stack(Bs), torch.stack(Ds), torch.stack(Ps)
 
 
-def _suffix_weights(d_eff: Tensor, seed: Tensor) -> tuple[Tensor, Tensor]:
-    """Reverse accumulation through the diagonal recursion.
+def recompute_derivatives(
+    x: Tensor, c_all: Tensor, c0: Tensor, W_z: Tensor, W_f: Tensor, w_z: Tensor, w_f: Tensor,
+    b_z: Tensor, b_f: Tensor, done: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(a, b, d_eff, c_prev), each [T, B, H], from the inputs and the c sequence.
 
-    Returns (e [T, B, H], e0 [B, H]) with e_t = seed_t + d_{t+1} e_{t+1} and
-    e0 = d_1 e_1, the weight that multiplies the initial sensitivities.
+    The same values :func:`elstm_scan` returns ``with_derivatives``, without the
+    sequential loop: c_{t-1} is c shifted by one step (c_0 first) and zeroed on
+    rows reset before step t, so the pre-activations of all steps are one GEMM
+    (W_z and W_f stacked) and the rest is element-wise.
     """
-    e = torch.empty_like(seed)
-    acc = torch.zeros_like(seed[0])
-    for t in range(seed.shape[0] - 1, -1, -1):
-        acc = seed[t] + acc
-        e[t] = acc
-        acc = d_eff[t] * acc
-    return e, acc
+    H = c_all.shape[-1]
+    keep = (~done).to(c_all.dtype)[..., None]  # [T, B, 1]
+    c_prev = torch.cat([c0[None], c_all[:-1]]) * keep
+    pre = x @ torch.cat([W_z, W_f]).T  # [T, B, 2H]
+    z = torch.tanh(pre[..., :H] + b_z + w_z * c_prev)
+    f = torch.sigmoid(pre[..., H:] + b_f + w_f * c_prev)
+    del pre
+    a, b, d = local_derivatives(c_prev, z, f, w_z, w_f)
+    return a, b, d * keep, c_prev
+
+
+# steps per block of the reverse pass: its temporaries are [CHUNK_STEPS, B, H]
+CHUNK_STEPS = 16
+
+
+def _reverse_sums(
+    x: Tensor, c_all: Tensor, c0: Tensor, params: tuple[Tensor, ...], done: Tensor,
+    delta: Tensor | None, *, per_row: bool, need_x: bool = False,
+) -> tuple[Tensor, tuple[Tensor, ...], Tensor | None]:
+    """The reverse accumulation of the module docstring, in blocks of CHUNK_STEPS steps.
+
+    e_t = delta_t + d_{t+1} e_{t+1} (e_{T+1} = 0); with ``delta=None`` the seed
+    is 1 at the last step and 0 elsewhere (e_t = prod_{t<r<=T} d_r, the weights
+    of the final sensitivities). Walking the steps backwards block by block,
+    a, b, d, c_{t-1} of a block are recomputed (:func:`recompute_derivatives`)
+    and folded into the sums at once, so the temporaries never span all T steps.
+
+    Returns (e0 = d_1 e_1 [B, H], the sums of e a x^T, e b x^T, e a c_{t-1},
+    e b c_{t-1}, e a, e b over steps (and over rows unless ``per_row``), and
+    with ``need_x`` the one-step input gradient (delta a) W_z + (delta b) W_f).
+    """
+    T, B, D = x.shape
+    H = c_all.shape[-1]
+    W_z, W_f = params[0], params[1]
+    sums: list[Tensor | None] = [None] * 6  # the first block's terms start the sums (no zeros)
+    red = (0,) if per_row else (0, 1)
+    g_x = torch.empty_like(x) if need_x else None
+    acc = x.new_zeros(B, H) if delta is not None else x.new_ones(B, H)
+    for stop in range(T, 0, -CHUNK_STEPS):
+        start = max(stop - CHUNK_STEPS, 0)
+        c_before = c0 if start == 0 else c_all[start - 1]
+        a, b, d_eff, c_prev = recompute_derivatives(
+            x[start:stop], c_all[start:stop], c_before, *params, done[start:stop]
+        )
+        e = torch.empty_like(a)
+        for t in range(stop - start - 1, -1, -1):
+            if delta is not None:
+                acc = acc + delta[start + t]
+            e[t] = acc
+            acc = d_eff[t] * acc
+        ea, eb = e * a, e * b
+        xc = x[start:stop]
+        # sum over the block's steps (and rows) of e a x^T, e b x^T: products that
+        # accumulate in place, so no [B, H, D] temporary per block
+        if per_row:  # [B, H, t] @ [B, t, D]
+            lhs, rhs = (ea.permute(1, 2, 0), eb.permute(1, 2, 0)), xc.transpose(0, 1)
+            product, accumulate = torch.bmm, Tensor.baddbmm_
+        else:  # [H, t*B] @ [t*B, D]
+            lhs, rhs = (ea.reshape(-1, H).T, eb.reshape(-1, H).T), xc.reshape(-1, D)
+            product, accumulate = torch.mm, Tensor.addmm_
+        for i in range(2):
+            sums[i] = product(lhs[i], rhs) if sums[i] is None else accumulate(sums[i], lhs[i], rhs)
+        small = ((ea * c_prev).sum(red), (eb * c_prev).sum(red), ea.sum(red), eb.sum(red))
+        for i, term in enumerate(small, start=2):
+            sums[i] = term if sums[i] is None else sums[i].add_(term)
+        if g_x is not None:
+            dc = delta[start:stop]
+            g_x[start:stop] = (dc * a) @ W_z + (dc * b) @ W_f
+    return acc, tuple(sums), g_x
 
 
 class _ElstmRTRL(torch.autograd.Function):
@@ -193,50 +270,34 @@ class _ElstmRTRL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, W_z, W_f, w_z, w_f, b_z, b_f, done, c0, Z0, F0, s_wz0, s_wf0, s_bz0, s_bf0):
+        params = (W_z, W_f, w_z, w_f, b_z, b_f)
         with torch.no_grad():
-            c_all, a, b, d_eff, c_prev = elstm_scan(
-                x, c0, W_z, W_f, w_z, w_f, b_z, b_f, done, with_derivatives=True
-            )
+            c_all = elstm_scan(x, c0, *params, done)
             # final sensitivities: the same sums with delta = 1 at the last step, per row
-            seed = torch.zeros_like(a)
-            seed[-1] = 1
-            weight, w0 = _suffix_weights(d_eff, seed)
-            wa, wb = weight * a, weight * b
-            Z_T = w0[:, :, None] * Z0 + torch.einsum("tbh,tbd->bhd", wa, x)
-            F_T = w0[:, :, None] * F0 + torch.einsum("tbh,tbd->bhd", wb, x)
-            s_wz = w0 * s_wz0 + (wa * c_prev).sum(0)
-            s_wf = w0 * s_wf0 + (wb * c_prev).sum(0)
-            s_bz = w0 * s_bz0 + wa.sum(0)
-            s_bf = w0 * s_bf0 + wb.sum(0)
-        ctx.save_for_backward(x, W_z, W_f, a, b, d_eff, c_prev, Z0, F0, s_wz0, s_wf0, s_bz0, s_bf0)
+            w0, sums, _ = _reverse_sums(x, c_all, c0, params, done, None, per_row=True)
+            # in place on the fresh sums: no further [B, H, D] temporaries
+            Z_T = sums[0].addcmul_(w0[:, :, None], Z0)
+            F_T = sums[1].addcmul_(w0[:, :, None], F0)
+            s_wz, s_wf, s_bz, s_bf = (w0 * s0 + s for s0, s in zip((s_wz0, s_wf0, s_bz0, s_bf0), sums[2:]))
+        # only x and the output c grow with T, and the output gate keeps both
+        # anyway; a, b, d and c_{t-1} are recomputed in backward
+        ctx.save_for_backward(x, c_all, done, c0, *params, Z0, F0, s_wz0, s_wf0, s_bz0, s_bf0)
         ctx.mark_non_differentiable(Z_T, F_T, s_wz, s_wf, s_bz, s_bf)
         return c_all, Z_T, F_T, s_wz, s_wf, s_bz, s_bf
 
     @staticmethod
     def backward(ctx, delta, *_unused):
-        x, W_z, W_f, a, b, d_eff, c_prev, Z0, F0, s_wz0, s_wf0, s_bz0, s_bf0 = ctx.saved_tensors
+        x, c_all, done, c0, *rest = ctx.saved_tensors
+        params, sens0 = tuple(rest[:6]), rest[6:]
         need = ctx.needs_input_grad
-        e, e0 = _suffix_weights(d_eff, delta)
-        ea, eb = e * a, e * b
-        x2 = x.reshape(-1, x.shape[-1])  # [T*B, D]
-        g_x = g_Wz = g_Wf = g_wz = g_wf = g_bz = g_bf = None
-        if need[0]:
-            g_x = (delta * a) @ W_z + (delta * b) @ W_f
-        if need[1]:
-            g_Wz = ea.reshape(x2.shape[0], -1).T @ x2 + torch.einsum("bh,bhd->hd", e0, Z0)
-        if need[2]:
-            g_Wf = eb.reshape(x2.shape[0], -1).T @ x2 + torch.einsum("bh,bhd->hd", e0, F0)
-        if need[3]:
-            g_wz = (ea * c_prev).sum((0, 1)) + (e0 * s_wz0).sum(0)
-        if need[4]:
-            g_wf = (eb * c_prev).sum((0, 1)) + (e0 * s_wf0).sum(0)
-        if need[5]:
-            g_bz = ea.sum((0, 1)) + (e0 * s_bz0).sum(0)
-        if need[6]:
-            g_bf = eb.sum((0, 1)) + (e0 * s_bf0).sum(0)
+        e0, sums, g_x = _reverse_sums(x, c_all, c0, params, done, delta, per_row=False, need_x=need[0])
+        grads = []
+        for i, (s, s0) in enumerate(zip(sums, sens0), start=1):  # W_z, W_f, w_z, w_f, b_z, b_f
+            carried = torch.einsum("bh,bhd->hd", e0, s0) if s0.dim() == 3 else (e0 * s0).sum(0)
+            grads.append(s + carried if need[i] else None)
         # no gradient into done, the initial c or the initial sensitivities:
         # RTRL carries the past in the sensitivities, not in a graph.
-        return g_x, g_Wz, g_Wf, g_wz, g_wf, g_bz, g_bf, None, None, None, None, None, None, None, None
+        return (g_x, *grads, None, None, None, None, None, None, None, None)
 
 
 def elstm_rtrl(
