@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -235,6 +236,11 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         stop.set()
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # The inference (main) and learner threads hand the GIL back and forth around
+    # every torch call; a 1 ms switch interval (Python's default is 5 ms) keeps
+    # the actors from waiting on the learner's Python code.
+    old_switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
     metrics = MetricsCSV(run_dir / "metrics.csv")
     writer = _tensorboard(run_dir)
     pool = make_pool(config.backend, config.env, config.num_workers, config.envs_per_worker,
@@ -308,6 +314,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             writer.close()
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        sys.setswitchinterval(old_switch_interval)
     return TrainResult(learner.stats.agent_steps, learner.stats.updates, episodes.count,
                        episodes.mean_return(), episodes.mean_success(), stopped_by[0])
 
