@@ -26,7 +26,6 @@ from multiprocessing.connection import Connection, wait as wait_connections
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.registry import describe_env
 from fwrl.envs.worker_pool import StepResult, WorkerPool
 from fwrl.errors import FwrlError
 
@@ -120,22 +119,8 @@ class LocalWorkerPool(WorkerPool):
         start_timeout: float = 300.0,
         max_start_failures: int = 5,
     ):
-        if num_workers < 1 or envs_per_worker < 1:
-            raise FwrlError(
-                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
-                f"envs_per_worker={envs_per_worker}."
-            )
-        self.env = env
-        self.info = describe_env(env)
-        self.num_workers = num_workers
-        self.envs_per_worker = envs_per_worker
-        self.seed = seed
-        self.mode = mode
-        self.step_timeout = step_timeout
-        self.start_timeout = start_timeout
+        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout)
         self.max_start_failures = max_start_failures
-        self.restarts = 0
-        self.errors: list[str] = []
         self._ctx = mp.get_context("spawn")
         self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
         n = self.num_slots

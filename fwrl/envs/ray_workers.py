@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.registry import describe_env
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool, WorkersLost as _PoolWorkersLost
 from fwrl.errors import FwrlError, missing_dependency
 
@@ -120,29 +119,15 @@ class RayWorkerPool(WorkerPool):
         ``local`` (start a private single-machine Ray). ``resource``: ``auto`` (``envs`` if the
         cluster has it), a custom resource name, or None (CPUs only). ``include_dashboard``
         only matters with ``local``; the dashboard then listens on 127.0.0.1 only."""
-        if num_workers < 1 or envs_per_worker < 1:
-            raise FwrlError(
-                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
-                f"envs_per_worker={envs_per_worker}."
-            )
         if cpus_per_worker < 0:
             raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
         self._ray = import_ray()
-        self.env = env
-        self.info = describe_env(env)
-        self.num_workers = num_workers
-        self.envs_per_worker = envs_per_worker
-        self.seed = seed
-        self.mode = mode
-        self.step_timeout = step_timeout
-        self.start_timeout = start_timeout
+        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout)
         self.address = address
         self.resource_option = resource
         self.cpus_per_worker = cpus_per_worker
         self.include_dashboard = include_dashboard
         self.verbose = verbose
-        self.restarts = 0
-        self.errors: list[str] = []
         self.resource: str | None = None  # decided in start()
         self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
         self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)

@@ -62,11 +62,32 @@ class WorkersLost(Exception):
 
 
 class WorkerPool:
-    """Base class of the worker backends."""
+    """Base class of the worker backends: checks the counts, describes the env once."""
 
     num_workers: int
     envs_per_worker: int
     restarts: int = 0
+
+    def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int, mode: str,
+                 step_timeout: float, start_timeout: float):
+        from fwrl.envs.registry import describe_env
+        from fwrl.errors import FwrlError
+
+        if num_workers < 1 or envs_per_worker < 1:
+            raise FwrlError(
+                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
+                f"envs_per_worker={envs_per_worker}."
+            )
+        self.env = env
+        self.info = describe_env(env)
+        self.num_workers = num_workers
+        self.envs_per_worker = envs_per_worker
+        self.seed = seed
+        self.mode = mode
+        self.step_timeout = step_timeout
+        self.start_timeout = start_timeout
+        self.restarts = 0
+        self.errors: list[str] = []
 
     @property
     def num_slots(self) -> int:
