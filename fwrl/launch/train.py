@@ -87,15 +87,17 @@ def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
     return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem)
 
 
-def load_vision(model: AgentNet, path: str, freeze: bool) -> None:
-    """R2AC protocol: take the stem from a (TBPTT-pretrained) checkpoint, optionally frozen."""
-    if path:
-        payload = load_checkpoint(Path(path))
-        stem_state = {k[len("stem."):]: v for k, v in payload["model"].items() if k.startswith("stem.")}
-        load_model_weights(model.stem, stem_state, f"{path} (vision stem)")
-    if freeze:
-        for p in model.stem.parameters():
-            p.requires_grad_(False)
+def load_vision(model: AgentNet, path: str) -> None:
+    """R2AC protocol: take the stem from a (TBPTT-pretrained) checkpoint."""
+    payload = load_checkpoint(Path(path))
+    stem_state = {k[len("stem."):]: v for k, v in payload["model"].items() if k.startswith("stem.")}
+    load_model_weights(model.stem, stem_state, f"{path} (vision stem)")
+
+
+def freeze_vision(model: AgentNet) -> None:
+    """Train the core and heads only (``--freeze-vision``)."""
+    for p in model.stem.parameters():
+        p.requires_grad_(False)
 
 
 class _Episodes:
@@ -188,10 +190,10 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         scheduler.total_steps = config.total_steps  # a resumed run may get a larger budget
         set_rng_state(payload["rng"])
         agent_steps, updates = payload["agent_steps"], payload["updates"]
-    else:
-        load_vision(model, config.load_vision_from, config.freeze_vision)
+    elif config.load_vision_from:
+        load_vision(model, config.load_vision_from)
     if config.freeze_vision:
-        load_vision(model, "", True)
+        freeze_vision(model)
     inference_model = copy.deepcopy(model).eval()
     for p in inference_model.parameters():
         p.requires_grad_(False)
