@@ -45,7 +45,7 @@ from fwrl.agents.checkpoint import load_checkpoint, load_model_weights
 from fwrl.agents.model import AgentNet
 from fwrl.envs.memory_tasks import AssocRecallEnv
 from fwrl.envs.registry import describe_env
-from fwrl.errors import FwrlError
+from fwrl.errors import FwrlError, run_main
 from fwrl.launch.config import TrainConfig, build_config
 from fwrl.launch.progress import Progress
 from fwrl.launch.train import build_model, train
@@ -225,8 +225,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except FwrlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_main(main))

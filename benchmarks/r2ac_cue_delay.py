@@ -36,7 +36,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from fwrl.errors import FwrlError
+from fwrl.errors import FwrlError, run_main
 from fwrl.launch.config import build_config
 from fwrl.launch.plot import read_metrics, series
 from fwrl.launch.train import train
@@ -172,8 +172,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except FwrlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_main(main))

@@ -49,7 +49,7 @@ import torch
 from fwrl.agents.losses import impala_loss
 from fwrl.agents.model import AgentNet
 from fwrl.envs.registry import describe_env
-from fwrl.errors import FwrlError
+from fwrl.errors import FwrlError, run_main
 
 MODES = ("rtrl", "bptt")
 MIB = 2.0**20
@@ -208,8 +208,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except FwrlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_main(main))

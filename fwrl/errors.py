@@ -27,3 +27,14 @@ def missing_dependency(module: str, extra: str, purpose: str) -> FwrlError:
         f"{purpose} needs the Python module '{module}', which is not installed. "
         f"Install it with: pip install 'fwrl[{extra}]'"
     )
+
+
+def run_main(main, argv=None) -> int:
+    """Run a script's ``main(argv)``; a FwrlError prints one paragraph and gives status 2."""
+    import sys
+
+    try:
+        return main(sys.argv[1:] if argv is None else argv)
+    except FwrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
