@@ -77,8 +77,8 @@ CUE_DELAY = {
     "rdn": (FWP_SMALL, 60_000),
     "delta_rnn": (FWP_SMALL, 60_000),
     "delta_lstm": (FWP_SMALL, 60_000),
-    "srwm": (SR_SMALL, 60_000),
-    "sr_delta_net": (SR_SMALL, 50_000),
+    "srwm": (SR_SMALL, 100_000),
+    "sr_delta_net": (SR_SMALL, 100_000),
     # forget_bias 3 keeps the element-wise memory open at the start (f ~ 0.95); with the default 0
     # (f ~ 0.5) the eLSTM stays at chance within 300k steps.
     "elstm": ({"hidden_size": 64, "forget_bias": 3.0, "grad": "bptt"}, 150_000),
