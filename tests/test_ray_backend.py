@@ -1,10 +1,9 @@
 """The ``ray`` worker backend on a two-node Ray cluster on this machine, and crash/resume.
 
 Ray tests skip when ray is not installed (``pip install 'fwrl[ray]'``). The
-cluster: a head node (``head`` resource, 1 CPU) and an env node (``envs``
-resource), each ``ray start`` in its own process group and private temp dir,
-token authentication with a per-session token; the finaliser kills exactly
-those process groups (``ray stop`` would stop every Ray on the machine).
+cluster (``tests/ray_cluster.py``): a head node and an env node (``envs``
+resource), shared by this session's Ray tests (the worker fault tests of
+``test_worker_faults.py`` run on it too).
 The learner-SIGKILL test uses the local backend and needs no Ray.
 """
 
@@ -13,13 +12,9 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +24,7 @@ import torch
 import yaml
 
 from fwrl.errors import FwrlError
+from ray_cluster import env_nodes
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install 'fwrl[ray]')")
@@ -38,101 +34,10 @@ ENV = "memory:cue_delay?delay=3"
 
 # --------------------------------------------------------------------------- cluster
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalCluster:
-    """A head and env nodes on this machine, each ``ray start`` in its own process group."""
-
-    def __init__(self):
-        self.tmp = tempfile.mkdtemp(prefix="fwrl-ray-")  # short: Ray's socket paths must stay < 108 chars
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-                        RAY_USAGE_STATS_ENABLED="0", RAY_agent_register_timeout_ms="120000")
-        self.groups: list[int] = []
-
-    def _ray_start(self, args: list[str]) -> int:
-        proc = subprocess.Popen(["ray", "start", *args, "--temp-dir", self.tmp, "--disable-usage-stats"],
-                                env=self.env, start_new_session=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        self.groups.append(proc.pid)  # the daemons it starts stay in this process group
-        out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"ray start {' '.join(args)} failed:\n{out[-3000:]}"
-        return proc.pid
-
-    def start_head(self) -> None:
-        self._ray_start(["--head", f"--port={self.port}", "--num-cpus=1", "--resources", '{"head": 1}',
-                         "--include-dashboard=false"])
-
-    def add_env_node(self) -> int:
-        """Start a node with 2 CPUs and 4 ``envs``; returns its process group."""
-        return self._ray_start(["--address", self.address, "--num-cpus=2", "--resources", '{"envs": 4}'])
-
-    def kill_group(self, group: int) -> None:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def teardown(self) -> None:
-        for group in reversed(self.groups):
-            self.kill_group(group)
-        for pid in _pids_mentioning(self.tmp):  # anything that left the groups (none expected)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
-def _env_nodes(ray) -> list[str]:
-    return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("envs")]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if not HAVE_RAY:
-        pytest.skip("ray is not installed (pip install 'fwrl[ray]')")
-    c = LocalCluster()
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")}
-    try:
-        c.start_head()
-        c.node_group = c.add_env_node()
-        # Ray reads the token when it is imported: set it first (the ray tests import ray lazily)
-        os.environ.update({k: c.env[k] for k in saved})
-        import ray
-
-        ray.init(address=c.address, logging_level="warning", log_to_driver=False)
-        nodes = _env_nodes(ray)
-        assert len(nodes) == 1, ray.nodes()
-        c.env_node = nodes[0]
-        c.head_node = ray.get_runtime_context().get_node_id()
-        yield c
-    finally:
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            sys.modules["ray"].shutdown()
-        c.teardown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+@pytest.fixture
+def cluster(ray_cluster):
+    """The session's two-node Ray cluster (``tests/ray_cluster.py``)."""
+    return ray_cluster
 
 
 def _drive(pool, rounds: int, seed: int = 0) -> dict[int, list]:
@@ -299,7 +204,8 @@ def test_train_on_cluster_survives_env_node_loss_then_resumes(cluster, tmp_path)
     assert proc.returncode == 0, log[-3000:]
     import ray
 
-    (new,) = _env_nodes(ray)
+    (new,) = env_nodes(ray)
+    cluster.env_node = new  # the session's later ray tests run on the new node
     assert new != old and log.count(f"runs on node {new}") >= 2, log[-3000:]
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["agent_steps"] >= 6000

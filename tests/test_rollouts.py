@@ -20,9 +20,10 @@ from fwrl.envs.local_workers import LocalWorkerPool
 T = 6
 
 
-def _collect(core: str, core_options: dict, n: int, env="memory:cue_delay?delay=2&num_cues=3"):
+def _collect(core: str, core_options: dict, n: int, env="memory:cue_delay?delay=2&num_cues=3", backend=None):
+    """``n`` rollouts of acting with the model through a pool of ``backend`` (default: local)."""
     torch.manual_seed(0)
-    pool = LocalWorkerPool(env, 2, 2, seed=5)
+    pool = backend.pool(env, 2, 2, seed=5) if backend is not None else LocalWorkerPool(env, 2, 2, seed=5)
     model = AgentNet((4,), 3, core, core_options, stem="mlp")
     assembler = RolloutAssembler(RolloutSpec(T, 2, (4,), torch.float32, 3), 2)
     loop = InferenceLoop(model, pool, assembler, torch.device("cpu"), threading.Lock())
@@ -40,8 +41,8 @@ def _collect(core: str, core_options: dict, n: int, env="memory:cue_delay?delay=
     ("lstm", {"hidden_size": 16}),
     ("delta_net", {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16}),
 ])
-def test_replay_from_initial_state_matches_acting(core, opts):
-    model, rollouts = _collect(core, opts, 8)
+def test_replay_from_initial_state_matches_acting(core, opts, backend):
+    model, rollouts = _collect(core, opts, 8, backend=backend)
     saw_inner_reset = False
     for r in rollouts:
         saw_inner_reset |= bool(r.tensors["done"][1:].any())

@@ -27,7 +27,6 @@ import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
 from fwrl.envs.worker_pool import StepResult, WorkerPool
-from fwrl.errors import FwrlError
 
 _CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
            "int64": ctypes.c_int64}
@@ -119,8 +118,8 @@ class LocalWorkerPool(WorkerPool):
         start_timeout: float = 300.0,
         max_start_failures: int = 5,
     ):
-        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout)
-        self.max_start_failures = max_start_failures
+        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
+                         max_start_failures)
         self._ctx = mp.get_context("spawn")
         self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
         n = self.num_slots
@@ -130,9 +129,6 @@ class LocalWorkerPool(WorkerPool):
         }
         self.arrays = _views(self._raw, self._specs, n)
         self._workers: list[_Worker | None] = [None] * num_workers
-        self._lives = [0] * num_workers
-        self._restarted = [False] * num_workers
-        self._start_failures = [0] * num_workers  # lives in a row that died before their first result
         self._closed = False
 
     # ------------------------------------------------------------------ processes
@@ -164,46 +160,19 @@ class LocalWorkerPool(WorkerPool):
         w.process.join(timeout=5)
         self._workers[worker] = None
 
-    def _restart(self, worker: int, reason: str) -> None:
-        self.restarts += 1
-        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+    def _answered(self, worker: int) -> bool:
         w = self._workers[worker]
-        if w is not None and not w.answered:
-            self._start_failures[worker] += 1
-        self._kill(worker)
-        if self._start_failures[worker] >= self.max_start_failures:
-            # a worker that can never start would otherwise be respawned forever
-            raise FwrlError(
-                f"env worker {worker} failed {self._start_failures[worker]} times in a row before its envs "
-                f"were reset ({self.env!r}); last error: {reason}"
-            )
-        self._lives[worker] += 1
-        self._restarted[worker] = True
-        self._spawn(worker)
+        return w is not None and w.answered
 
     def start(self) -> None:
         for worker in range(self.num_workers):
             self._spawn(worker)
 
-    # ------------------------------------------------------------------ stepping
-    def _result(self, worker: int, episodes) -> StepResult:
-        sl = self.slots_of(worker)
-        a = self.arrays
-        restarted = self._restarted[worker]
-        self._restarted[worker] = False
-        return StepResult(
-            worker=worker,
-            life=self._lives[worker],
-            obs=a["obs"][sl],
-            reward=a["reward"][sl],
-            done=a["done"][sl],
-            episode_return=a["episode_return"][sl],
-            episode_step=a["episode_step"][sl],
-            task=a["task"][sl],
-            episodes=episodes,
-            restarted=restarted,
-        )
+    def pid(self, worker: int) -> int | None:
+        w = self._workers[worker]
+        return None if w is None else w.process.pid
 
+    # ------------------------------------------------------------------ stepping
     def wait(self, timeout: float | None = None) -> list[StepResult]:
         pending = {w.conn: i for i, w in enumerate(self._workers) if w is not None and w.sent_at is not None}
         if not pending:
@@ -220,20 +189,23 @@ class LocalWorkerPool(WorkerPool):
             try:
                 status, payload = conn.recv()
             except (EOFError, OSError):
-                process = self._workers[worker].process
-                process.join(timeout=1.0)  # reap it, so the exit code is known
-                code = process.exitcode
-                self._restart(worker, f"process died (exit code {code})")
+                self._restart(worker, self._death(worker))
                 continue
             if status == "error":
                 self._restart(worker, payload.strip().splitlines()[-1])
                 continue
             self._workers[worker].sent_at = None
             self._workers[worker].answered = True
-            self._start_failures[worker] = 0
-            results.append(self._result(worker, payload))
+            sl = self.slots_of(worker)
+            results.append(self._result(worker, {name: a[sl] for name, a in self.arrays.items()}, payload))
         self._check_hangs()
         return results
+
+    def _death(self, worker: int) -> str:
+        """Why a worker whose pipe broke is gone, with its exit code once reaped."""
+        process = self._workers[worker].process
+        process.join(timeout=5.0)  # a closed pipe means it is exiting: reap it, so the exit code is known
+        return f"process died (exit code {process.exitcode})"
 
     def _deadline(self, w: _Worker) -> float:
         return w.sent_at + (self.step_timeout if w.answered else self.start_timeout)
@@ -257,8 +229,8 @@ class LocalWorkerPool(WorkerPool):
         w.sent_at = time.monotonic()
         try:
             w.conn.send("step")
-        except (OSError, BrokenPipeError):
-            self._restart(worker, "pipe closed")
+        except (OSError, BrokenPipeError):  # it died after its last answer
+            self._restart(worker, self._death(worker))
 
     def close(self) -> None:
         if self._closed:

@@ -11,13 +11,15 @@ resource ``envs`` when the cluster advertises it (CPU nodes started with
 ``ray start --resources '{"envs": N}'``), else for plain CPUs only. Where each
 actor ran (node id, IP, pid) is recorded: :meth:`RayWorkerPool.placement`.
 
-Faults, as in the local backend: an actor that dies (its node was lost or it
-was killed), raises, or takes longer than ``step_timeout`` for one step is
-replaced by a new actor with fresh envs (new seeds); its next result has a
-new ``life``, every slot ``done`` and ``restarted=True``. Ray schedules the new
-actor on any node with the resources; if no worker at all has been running
-for ``start_timeout`` seconds (e.g. every env node is gone), ``wait`` raises
-:class:`WorkersLost`.
+Faults, as in the local backend (the shared bookkeeping is in
+:class:`~fwrl.envs.worker_pool.WorkerPool`): an actor that dies (its node was
+lost or it was killed), raises, or takes longer than ``step_timeout`` for one
+step is replaced by a new actor with fresh envs (new seeds); its next result
+has a new ``life``, every slot ``done`` and ``restarted=True``. Ray schedules
+the new actor on any node with the resources; if no worker at all has been
+running for ``start_timeout`` seconds (e.g. every env node is gone), ``wait``
+raises :class:`WorkersLost`. A worker whose actors fail in their constructor
+``max_start_failures`` times in a row is an error, as locally.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class RayWorkerPool(WorkerPool):
         cpus_per_worker: float = 1.0,
         include_dashboard: bool = False,
         verbose: bool = True,
+        max_start_failures: int = 5,
     ):
         """``address``: ``auto`` (the running cluster), ``HOST:PORT``, ``ray://HOST:PORT``, or
         ``local`` (start a private single-machine Ray). ``resource``: ``auto`` (``envs`` if the
@@ -122,7 +125,8 @@ class RayWorkerPool(WorkerPool):
         if cpus_per_worker < 0:
             raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
         self._ray = import_ray()
-        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout)
+        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
+                         max_start_failures)
         self.address = address
         self.resource_option = resource
         self.cpus_per_worker = cpus_per_worker
@@ -132,8 +136,6 @@ class RayWorkerPool(WorkerPool):
         self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
         self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
         self._actors: list[_Actor | None] = [None] * num_workers
-        self._lives = [0] * num_workers
-        self._restarted = [False] * num_workers
         self._where: dict[int, dict[str, object]] = {}
         self._remote_class = None
         self._we_initialised = False
@@ -197,16 +199,15 @@ class RayWorkerPool(WorkerPool):
             pass
         self._actors[worker] = None
 
+    def _answered(self, worker: int) -> bool:
+        a = self._actors[worker]
+        return a is not None and a.answered
+
     def _restart(self, worker: int, reason: str) -> None:
-        self.restarts += 1
-        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
         if self.verbose:
             print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) restarts: {reason}", file=sys.stderr)
-        self._kill(worker)
         self._where.pop(worker, None)
-        self._lives[worker] += 1
-        self._restarted[worker] = True
-        self._spawn(worker)
+        super()._restart(worker, reason)
 
     def start(self) -> None:
         ray = self._ray
@@ -222,33 +223,25 @@ class RayWorkerPool(WorkerPool):
         a = self._actors[worker]
         return None if a is None else a.handle
 
+    def pid(self, worker: int) -> int | None:
+        where = self._where.get(worker)
+        return None if where is None else int(where["pid"])
+
     def placement(self) -> dict[int, str]:
         """Node id of every worker's current actor (workers that have started)."""
         return {worker: str(where["node_id"]) for worker, where in self._where.items()}
 
     # ------------------------------------------------------------------ stepping
-    def _result(self, worker: int, arrays: dict[str, np.ndarray], episodes) -> StepResult:
-        restarted = self._restarted[worker]
-        self._restarted[worker] = False
-        return StepResult(
-            worker=worker,
-            life=self._lives[worker],
-            obs=arrays["obs"],
-            reward=arrays["reward"],
-            done=arrays["done"],
-            episode_return=arrays["episode_return"],
-            episode_step=arrays["episode_step"],
-            task=arrays["task"],
-            episodes=list(episodes),
-            restarted=restarted,
-        )
-
     def wait(self, timeout: float | None = None) -> list[StepResult]:
         ray = self._ray
         pending = {a.pending: i for i, a in enumerate(self._actors) if a is not None and a.pending is not None}
         if not pending:
             return []
         refs = list(pending)
+        # Wake up by the earliest step deadline (or the start_timeout check) at the latest,
+        # so a hang is detected even when every pending actor hangs or timeout is None.
+        until = self._next_deadline() - time.monotonic()
+        timeout = max(0.0, until) + 0.01 if timeout is None else max(0.0, min(timeout, until + 0.01))
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -258,7 +251,10 @@ class RayWorkerPool(WorkerPool):
             try:
                 arrays, episodes, where = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                self._restart(worker, f"actor died ({_first_line(exc)})")
+                if getattr(exc, "_actor_init_failed", False):  # the constructor raised: say what
+                    self._restart(worker, f"actor failed to start: {_last_line(exc)}")
+                else:
+                    self._restart(worker, f"actor died ({_first_line(exc)})")
                 continue
             except ray.exceptions.RayTaskError as exc:
                 self._restart(worker, _last_line(exc))
@@ -276,6 +272,11 @@ class RayWorkerPool(WorkerPool):
         self._check_hangs()
         return results
 
+    def _next_deadline(self) -> float:
+        steps = [a.sent_at + self.step_timeout for a in self._actors
+                 if a is not None and a.pending is not None and a.answered]
+        return min(steps + [self._last_running + self.start_timeout])
+
     def _check_hangs(self) -> None:
         now = time.monotonic()
         if any(a is not None and a.answered for a in self._actors):
@@ -291,8 +292,10 @@ class RayWorkerPool(WorkerPool):
         for i, a in enumerate(self._actors):
             if a is None or a.pending is None or not a.answered:
                 continue  # an actor waiting for a node is not hung; see start_timeout above
-            if now - a.sent_at > self.step_timeout:
-                self._restart(i, f"no answer within {self.step_timeout:.0f} s")
+            # an answer that arrived after ray.wait returned is not a hang (the learner may
+            # have been away longer than step_timeout)
+            if now - a.sent_at > self.step_timeout and not self._ray.wait([a.pending], timeout=0)[0]:
+                self._restart(i, f"no answer within {self.step_timeout:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
         a = self._actors[worker]

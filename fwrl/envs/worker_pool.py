@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fwrl.errors import FwrlError, unknown_choice
+
 
 @dataclass
 class EpisodeRecord:
@@ -62,17 +64,23 @@ class WorkersLost(Exception):
 
 
 class WorkerPool:
-    """Base class of the worker backends: checks the counts, describes the env once."""
+    """Base class of the worker backends: checks the counts, describes the env once,
+    and keeps the fault bookkeeping both backends share (lives, the restart
+    counter and log, workers that never start).
+
+    A backend implements ``start``, ``wait``, ``act``, ``close``, ``pid`` and the
+    two hooks ``_spawn(worker)`` (start the worker's current life, whose first
+    result is the envs' reset) and ``_kill(worker)`` (stop it, whatever state it
+    is in), plus ``_answered(worker)`` (its current life has sent a result).
+    """
 
     num_workers: int
     envs_per_worker: int
     restarts: int = 0
 
     def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int, mode: str,
-                 step_timeout: float, start_timeout: float):
+                 step_timeout: float, start_timeout: float, max_start_failures: int = 5):
         from fwrl.envs.registry import describe_env
-        from fwrl.errors import FwrlError
-
         if num_workers < 1 or envs_per_worker < 1:
             raise FwrlError(
                 f"need at least one worker and one env per worker, got num_workers={num_workers}, "
@@ -86,8 +94,14 @@ class WorkerPool:
         self.mode = mode
         self.step_timeout = step_timeout
         self.start_timeout = start_timeout
+        if max_start_failures < 1:
+            raise FwrlError(f"max_start_failures must be >= 1, got {max_start_failures}.")
+        self.max_start_failures = max_start_failures
         self.restarts = 0
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # "worker W (life L): reason" per restart
+        self._lives = [0] * num_workers
+        self._restarted = [False] * num_workers  # the next result is the first of a new life
+        self._start_failures = [0] * num_workers  # lives in a row that died before their first result
 
     @property
     def num_slots(self) -> int:
@@ -100,6 +114,11 @@ class WorkerPool:
     def start(self) -> None:
         raise NotImplementedError
 
+    def pid(self, worker: int) -> int | None:
+        """OS process id of ``worker``'s current life (None while it is being replaced,
+        and for a Ray actor until its first result told where it runs)."""
+        raise NotImplementedError
+
     def wait(self, timeout: float | None = None) -> list[StepResult]:
         """Results of the workers that are ready (may be empty on timeout)."""
         raise NotImplementedError
@@ -110,6 +129,55 @@ class WorkerPool:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared fault handling
+    def _spawn(self, worker: int) -> None:
+        raise NotImplementedError
+
+    def _kill(self, worker: int) -> None:
+        raise NotImplementedError
+
+    def _answered(self, worker: int) -> bool:
+        raise NotImplementedError
+
+    def _restart(self, worker: int, reason: str) -> None:
+        """Replace a faulty worker by a new life with fresh envs (new seeds).
+
+        A worker whose lives keep dying before their first result (an env that
+        cannot be made, a missing ROM) would be respawned forever: after
+        ``max_start_failures`` such lives in a row this raises ``FwrlError``.
+        """
+        self.restarts += 1
+        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+        if not self._answered(worker):
+            self._start_failures[worker] += 1
+        self._kill(worker)
+        if self._start_failures[worker] >= self.max_start_failures:
+            raise FwrlError(
+                f"env worker {worker} failed {self._start_failures[worker]} times in a row before its envs "
+                f"were reset ({self.env!r}); last error: {reason}"
+            )
+        self._lives[worker] += 1
+        self._restarted[worker] = True
+        self._spawn(worker)
+
+    def _result(self, worker: int, arrays: dict[str, np.ndarray], episodes: list[EpisodeRecord]) -> StepResult:
+        """The result of one answered step (or reset) of ``worker``, from its [K, ...] arrays."""
+        self._start_failures[worker] = 0
+        restarted = self._restarted[worker]
+        self._restarted[worker] = False
+        return StepResult(
+            worker=worker,
+            life=self._lives[worker],
+            obs=arrays["obs"],
+            reward=arrays["reward"],
+            done=arrays["done"],
+            episode_return=arrays["episode_return"],
+            episode_step=arrays["episode_step"],
+            task=arrays["task"],
+            episodes=list(episodes),
+            restarted=restarted,
+        )
 
     def __enter__(self) -> "WorkerPool":
         self.start()
@@ -127,19 +195,25 @@ def make_pool(
     seed: int = 0,
     mode: str = "train",
     step_timeout: float = 60.0,
+    max_start_failures: int = 5,
     **backend_options,
 ) -> WorkerPool:
-    """Create a pool of the ``local`` (processes) or ``ray`` (Ray actors) backend."""
-    from fwrl.errors import unknown_choice
+    """Create a pool of the ``local`` (processes) or ``ray`` (Ray actors) backend;
+    ``backend_options`` go to :class:`~fwrl.envs.ray_workers.RayWorkerPool`."""
 
     if backend == "local":
         from fwrl.envs.local_workers import LocalWorkerPool
 
-        return LocalWorkerPool(env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout)
+        if backend_options:
+            raise FwrlError(f"the local worker backend takes no options {sorted(backend_options)}; they are "
+                            "for the ray backend.")
+        return LocalWorkerPool(env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
+                               max_start_failures=max_start_failures)
     if backend == "ray":
         from fwrl.envs.ray_workers import RayWorkerPool
 
         return RayWorkerPool(
-            env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout, **backend_options
+            env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
+            max_start_failures=max_start_failures, **backend_options
         )
     raise unknown_choice("worker backend", backend, ("local", "ray"))

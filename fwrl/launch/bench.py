@@ -47,7 +47,8 @@ def _check_window(seconds: float, warmup: float) -> None:
 
 
 def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds: float,
-                      warmup: float = 3.0, seed: int = 0, backend: str = "local") -> EnvBenchResult:
+                      warmup: float = 3.0, seed: int = 0, backend: str = "local",
+                      backend_options: dict | None = None) -> EnvBenchResult:
     """Step ``env`` with uniformly random actions through a worker pool, no model.
 
     The pool is started, every worker resets its envs, then ``warmup`` seconds
@@ -63,7 +64,7 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     info = describe_env(env)
     rng = np.random.default_rng(seed)
     k = envs_per_worker
-    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed)
+    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, **(backend_options or {}))
     acted = [False] * num_workers  # actions sent since the worker's last (re)start
     counting = False
     steps = round_trips = episodes = restarts0 = 0
@@ -114,13 +115,16 @@ def bench_envs(args: argparse.Namespace) -> int:
     resolve(args.env)  # a bad spec fails here, before any process starts
     console.print(f"stepping {args.env} with random actions: {args.num_workers} workers x "
                   f"{args.envs_per_worker} envs, {warmup:g} s warm-up, {args.seconds:g} s measured ...")
-    r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup)
+    backend = args.backend
+    options = {"address": args.ray_address} if backend == "ray" else None
+    r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup,
+                          backend=backend, backend_options=options)
     table = Table("measure", "value", title=f"fwrl bench envs: {r.env}")
     table.add_row("env steps/s", f"{r.steps_per_second:,.0f}", style="bold")
     table.add_row("env steps/s per worker", f"{r.steps_per_second / r.num_workers:,.0f}")
     table.add_row("env steps/s per env", f"{r.steps_per_second / (r.num_workers * r.envs_per_worker):,.0f}")
     table.add_row("ms per worker round trip", f"{r.ms_per_round_trip:.2f}")
-    table.add_row("workers x envs per worker", f"{r.num_workers} x {r.envs_per_worker}")
+    table.add_row("workers x envs per worker", f"{r.num_workers} x {r.envs_per_worker} ({backend} backend)")
     table.add_row("measured", f"{r.seconds:.1f} s, {r.env_steps:,} env steps, {r.episodes:,} episodes")
     table.add_row("worker restarts", str(r.restarts))
     table.add_row("startup (spawn + reset)", f"{r.startup_seconds:.1f} s")

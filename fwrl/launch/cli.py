@@ -239,6 +239,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--num-workers", type=int, default=2)
     e.add_argument("--envs-per-worker", type=int, default=1)
     e.add_argument("--seconds", type=float, default=20.0)
+    e.add_argument("--backend", default="local", choices=("local", "ray"), help="env worker backend: local (default) or ray")
+    e.add_argument("--ray-address", default="auto",
+                   help="with --backend ray: auto (running cluster), HOST:PORT, or local (private Ray)")
     e.set_defaults(run=_bench("envs"))
     k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU); --help lists its options",
                         add_help=False)
