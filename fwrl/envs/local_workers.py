@@ -26,22 +26,10 @@ from multiprocessing.connection import Connection, wait as wait_connections
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.worker_pool import StepResult, WorkerPool
+from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
 
 _CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
            "int64": ctypes.c_int64}
-
-
-def _field_specs(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {
-        "obs": (obs_shape, obs_dtype),
-        "reward": ((), "float32"),
-        "done": ((), "bool"),
-        "episode_return": ((), "float32"),
-        "episode_step": ((), "int32"),
-        "task": ((), "int32"),
-        "action": ((), "int64"),
-    }
 
 
 def _views(raw: dict, specs: dict, num_slots: int) -> dict[str, np.ndarray]:
@@ -121,7 +109,8 @@ class LocalWorkerPool(WorkerPool):
         super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
                          max_start_failures)
         self._ctx = mp.get_context("spawn")
-        self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
+        # the step results plus the actions the learner writes for each worker
+        self._specs = {**result_fields(self.info.obs_shape, self.info.obs_dtype), "action": ((), "int64")}
         n = self.num_slots
         self._raw = {
             name: self._ctx.RawArray(_CTYPES[dtype], int(np.prod((n, *shape))))

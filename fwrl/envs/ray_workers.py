@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool, WorkersLost as _PoolWorkersLost
+from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool, WorkersLost as _PoolWorkersLost, result_fields
 from fwrl.errors import FwrlError, missing_dependency
 
 ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes under docker/
@@ -50,17 +50,6 @@ def import_ray():
     except ImportError:
         raise missing_dependency("ray", "ray", "the ray worker backend") from None
     return ray
-
-
-def _field_specs(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {
-        "obs": (tuple(obs_shape), obs_dtype),
-        "reward": ((), "float32"),
-        "done": ((), "bool"),
-        "episode_return": ((), "float32"),
-        "episode_step": ((), "int32"),
-        "task": ((), "int32"),
-    }
 
 
 class EnvActor:
@@ -134,7 +123,7 @@ class RayWorkerPool(WorkerPool):
         self.verbose = verbose
         self.resource: str | None = None  # decided in start()
         self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
-        self._specs = _field_specs(self.info.obs_shape, self.info.obs_dtype)
+        self._specs = result_fields(self.info.obs_shape, self.info.obs_dtype)
         self._actors: list[_Actor | None] = [None] * num_workers
         self._where: dict[int, dict[str, object]] = {}
         self._remote_class = None

@@ -57,6 +57,18 @@ class StepResult:
     restarted: bool = False
 
 
+def result_fields(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Per-slot (shape, dtype) of the arrays of a :class:`StepResult`, as both backends allocate them."""
+    return {
+        "obs": (tuple(obs_shape), obs_dtype),
+        "reward": ((), "float32"),
+        "done": ((), "bool"),
+        "episode_return": ((), "float32"),
+        "episode_step": ((), "int32"),
+        "task": ((), "int32"),
+    }
+
+
 class WorkersLost(Exception):
     """Raised by ``wait`` when no env worker can run any more (e.g. every env node of a
     Ray cluster is gone); training then stops with a final checkpoint. Subclasses of
