@@ -221,7 +221,7 @@ def test_schedule_resumes_from_state_and_from_step_count():
 
     # Resume from the agent-step count alone.
     opt3 = make_optimizer([torch.nn.Parameter(torch.zeros(3))])
-    sched3 = linear_decay_scheduler(opt3, total_steps=5000, steps_per_update=250, agent_steps=4 * 250)
+    linear_decay_scheduler(opt3, total_steps=5000, steps_per_update=250, agent_steps=4 * 250)
     assert opt3.param_groups[0]["lr"] == pytest.approx(uninterrupted[3], abs=1e-15)
 
 
