@@ -31,6 +31,9 @@ def test_overrides_are_typed_and_core_change_drops_preset_core_options():
     assert c.total_steps == 1000 and c.core == "lstm" and c.core_options == {}
     c = build_config("r2ac-atari", {"core_options": {"hidden_size": "64"}})
     assert c.core_options == {"hidden_size": "64", "grad": "rtrl"}
+    c = build_config("quickstart", {"core_options": {"hidden_size": 32}})
+    assert c.core_options == {"forget_bias": 1.0, "hidden_size": 32}
+    assert build_config("quickstart", {"core": "feedforward"}).core_options == {}
     with pytest.raises(FwrlError, match="needs a int"):
         build_config(None, {"batch_size": "many"})
     with pytest.raises(FwrlError, match="quickstart"):

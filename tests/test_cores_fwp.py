@@ -448,6 +448,20 @@ def test_feature_map_choices_are_checked():
     assert build_core("linear_transformer", 257, {"feature_map": "dpfp-3"}).blocks[0].fwp.key_dim == 6 * 32
 
 
+def test_lstm_forget_bias_shifts_only_the_forget_gate_bias():
+    """nn.LSTM's gates are stacked i, f, g, o; forget_bias is added to the f rows of every layer."""
+    torch.manual_seed(0)
+    plain = build_core("lstm", 7, {"hidden_size": 5, "num_layers": 2})
+    torch.manual_seed(0)
+    shifted = build_core("lstm", 7, {"hidden_size": 5, "num_layers": 2, "forget_bias": 1.5})
+    for name, p in plain.lstm.named_parameters():
+        delta = dict(shifted.lstm.named_parameters())[name] - p
+        expected = torch.zeros_like(p)
+        if name.startswith("bias_ih"):
+            expected[5:10] = 1.5
+        assert torch.allclose(delta, expected), name
+
+
 def test_rdn_recurrent_init_std():
     """R_q, R_k, R_v, r_b ~ N(0, std = 1/sqrt(d)) (REFERENCE §2)."""
     torch.manual_seed(0)
