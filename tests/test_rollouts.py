@@ -1,6 +1,7 @@
-"""Rollout assembly: overlap row, initial core state, resets on done, worker lives.
+"""The rollout store: overlap row, initial core state, resets on done, worker lives,
+policy versions, and core state that stays where it is.
 
-The strongest check: re-running the model over an assembled rollout from its
+The strongest check: re-running the model over a stored rollout from its
 recorded initial state reproduces, row by row, the behaviour logits that
 inference computed while acting (row t+1 holds the output for obs t). That
 only holds if row 0 repeats the previous rollout's last row, the initial state
@@ -14,35 +15,53 @@ import torch
 
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.model import AgentNet
-from fwrl.agents.rollouts import Rollout, RolloutAssembler, RolloutQueue, RolloutSpec, collate
+from fwrl.agents.policy_weights import PolicyWeights
+from fwrl.agents.rollout_queue import RolloutQueue
+from fwrl.agents.rollouts import Rollout, RolloutData, RolloutSpec, RolloutStore, store_capacity
 from fwrl.envs.local_workers import LocalWorkerPool
 
 T = 6
+CUE = "memory:cue_delay?delay=2&num_cues=3"  # 4-step episodes: ends inside rollouts of 6
+# worker 0 raises on every 9th step of each life: restarts in the middle of rollouts
+RESTARTING = "chaos:cue_delay?delay=2&num_cues=3&raise_every=9&only_worker=0"
+
+CORES = {
+    "lstm": {"hidden_size": 16},
+    "delta_net": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
+    "srwm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
+    "elstm": {"hidden_size": 8, "grad": "rtrl"},
+}
 
 
-def _collect(core: str, core_options: dict, n: int, env="memory:cue_delay?delay=2&num_cues=3", backend=None):
-    """``n`` rollouts of acting with the model through a pool of ``backend`` (default: local)."""
+def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None, workers: int = 2,
+             until=lambda rollouts: True):
+    """At least ``n`` rollouts (and more until ``until(rollouts)``) of acting with the model through a
+    pool of ``backend`` (default: local), copied out of the store (each page is handed back as soon
+    as it is copied)."""
     torch.manual_seed(0)
-    pool = backend.pool(env, 2, 2, seed=5) if backend is not None else LocalWorkerPool(env, 2, 2, seed=5)
+    pool = (backend.pool(env, workers, 2, seed=5, step_timeout=10.0) if backend is not None
+            else LocalWorkerPool(env, workers, 2, seed=5, step_timeout=10.0))
     model = AgentNet((4,), 3, core, core_options, stem="mlp")
-    assembler = RolloutAssembler(RolloutSpec(T, 2, (4,), torch.float32, 3), 2)
-    loop = InferenceLoop(model, pool, assembler, torch.device("cpu"), threading.Lock())
-    rollouts: list[Rollout] = []
+    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), workers, torch.device("cpu"),
+                         model.initial_state(1))
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
+    rollouts: list[RolloutData] = []
+
+    def keep(rollout: Rollout) -> None:
+        rollouts.append(store.export(rollout))
+        store.release(rollout)
+
     pool.start()
     try:
-        while len(rollouts) < n:
-            loop.step(5.0, on_rollout=rollouts.append)
+        while len(rollouts) < n or not until(rollouts):
+            loop.step(5.0, on_rollout=keep)
     finally:
         pool.close()
-    return model, rollouts
+    return model, rollouts, store, loop
 
 
-@pytest.mark.parametrize("core,opts", [
-    ("lstm", {"hidden_size": 16}),
-    ("delta_net", {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16}),
-])
-def test_replay_from_initial_state_matches_acting(core, opts, backend):
-    model, rollouts = _collect(core, opts, 8, backend=backend)
+def _assert_replay_matches(model, rollouts: list[RolloutData]) -> bool:
+    """Replays every rollout; returns whether some episode ended inside one."""
     saw_inner_reset = False
     for r in rollouts:
         saw_inner_reset |= bool(r.tensors["done"][1:].any())
@@ -50,12 +69,27 @@ def test_replay_from_initial_state_matches_acting(core, opts, backend):
             out, _ = model({k: r.tensors[k] for k in ("obs", "reward", "done")}, r.initial_state)
         torch.testing.assert_close(out["policy_logits"][:-1], r.tensors["policy_logits"][1:], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out["baseline"][:-1], r.tensors["baseline"][1:], rtol=1e-5, atol=1e-5)
-    assert saw_inner_reset, "episodes of 4 steps must end inside rollouts of 6"
+    return saw_inner_reset
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+def test_replay_from_initial_state_matches_acting(core):
+    """With episode ends inside rollouts and worker restarts in the middle of them."""
+    model, rollouts, store, loop = _collect(core, CORES[core], 8, env=RESTARTING,
+                                            until=lambda rs: any(r.worker == 0 and r.life > 0 for r in rs))
+    assert _assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
+    assert loop.restarts_seen >= 1 and store.dropped_steps > 0
+    assert {r.life for r in rollouts if r.worker == 0} >= {0, 1}, "rollouts of two lives of worker 0"
+
+
+def test_replay_matches_acting_on_both_backends(backend):
+    model, rollouts, _, _ = _collect("lstm", CORES["lstm"], 8, backend=backend)
+    assert _assert_replay_matches(model, rollouts)
 
 
 def test_overlap_row_and_shapes():
-    _, rollouts = _collect("lstm", {"hidden_size": 8}, 6)
-    by_worker: dict[int, list[Rollout]] = {}
+    _, rollouts, _, _ = _collect("lstm", {"hidden_size": 8}, 6)
+    by_worker: dict[int, list[RolloutData]] = {}
     for r in rollouts:
         assert r.tensors["obs"].shape == (T + 1, 2, 4)
         by_worker.setdefault(r.worker, []).append(r)
@@ -69,7 +103,7 @@ def test_overlap_row_and_shapes():
 
 
 def test_first_rollout_starts_fresh_and_actions_match_rewards():
-    _, rollouts = _collect("lstm", {"hidden_size": 8}, 2, env="memory:cue_delay?delay=0&num_cues=3")
+    _, rollouts, _, _ = _collect("lstm", {"hidden_size": 8}, 2, env="memory:cue_delay?delay=0&num_cues=3")
     first = rollouts[0]
     assert first.tensors["done"][0].all(), "the very first obs starts an episode"
     for name, value in first.initial_state.items():
@@ -84,44 +118,171 @@ def test_first_rollout_starts_fresh_and_actions_match_rewards():
                 assert t["reward"][row, col].item() == float(t["action"][row, col].item() == cue)
 
 
+# ----------------------------------------------------------------------------- the store by hand
+
+def _env(v: float, k: int = 1, done: bool = False) -> dict[str, torch.Tensor]:
+    return {"obs": torch.full((k, 1), float(v)), "reward": torch.zeros(k), "done": torch.full((k,), done),
+            "episode_return": torch.zeros(k), "episode_step": torch.zeros(k, dtype=torch.int32),
+            "task": torch.zeros(k, dtype=torch.int32)}
+
+
+def _agent(k: int = 1) -> dict[str, torch.Tensor]:
+    return {"action": torch.zeros(k, dtype=torch.int64), "policy_logits": torch.zeros(k, 2),
+            "baseline": torch.zeros(k)}
+
+
 def test_new_worker_life_drops_partial_rollout():
-    spec = RolloutSpec(3, 1, (1,), torch.float32, 2)
-    asm = RolloutAssembler(spec, 1)
+    store = RolloutStore(RolloutSpec(3, 1, (1,), torch.float32, 2), 1, torch.device("cpu"),
+                         {"s": torch.zeros(1, 1)})
     state = {"s": torch.zeros(1, 1)}
-    env = lambda v, done=False: {  # noqa: E731
-        "obs": torch.full((1, 1), float(v)), "reward": torch.zeros(1), "done": torch.tensor([done]),
-        "episode_return": torch.zeros(1), "episode_step": torch.zeros(1, dtype=torch.int32),
-        "task": torch.zeros(1, dtype=torch.int32)}
-    agent = {"action": torch.zeros(1, dtype=torch.int64), "policy_logits": torch.zeros(1, 2), "baseline": torch.zeros(1)}
+    out: list[Rollout] = []
     for v in range(2):
-        assert asm.add_env_output(0, 0, env(v), state) is None
-        asm.add_agent_output(0, agent)
+        store.record_env([0], [0], _env(v), state, out.append)
+        store.record_agent([0], _agent(), version=0)
     # the worker restarts: life 1; its first obs starts a fresh rollout
-    out = []
     for v in range(10, 14):
-        r = asm.add_env_output(0, 1, env(v, done=(v == 10)), state)
-        if r is not None:
-            out.append(r)
-        asm.add_agent_output(0, agent)
-    assert asm.dropped_steps == 2
+        store.record_env([0], [1], _env(v, done=(v == 10)), state, out.append)
+        store.record_agent([0], _agent(), version=0)
+    assert store.dropped_steps == 2
     assert len(out) == 1 and out[0].life == 1
-    assert out[0].tensors["obs"].flatten().tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert store.export(out[0]).tensors["obs"].flatten().tolist() == [10.0, 11.0, 12.0, 13.0]
 
 
-def test_queue_batches_exact_columns_and_collate():
+def test_state_is_copied_only_when_a_rollout_starts():
+    """Only slots starting a rollout have their state copied into the store, and what is copied
+    is the state before that row's obs."""
+    k = 2
+    store = RolloutStore(RolloutSpec(3, k, (1,), torch.float32, 2), 2, torch.device("cpu"),
+                         {"s": torch.zeros(1, 1)})
+    out: list[Rollout] = []
+    copies = []
+    for step in range(8):
+        state = {"s": torch.full((2 * k, 1), float(step))}
+        before = store.state_copies
+        store.record_env([0, 1], [0, 0], _env(step, 2 * k), state, out.append)
+        copies.append(store.state_copies - before)
+        store.record_agent([0, 1], _agent(2 * k), version=step)
+    # rows 0 (start), 3 (T: the next rollout starts) and 6 (T again): both workers' K slots each
+    assert copies == [4, 0, 0, 4, 0, 0, 4, 0]
+    data = store.export(out[0])
+    assert data.initial_state["s"].flatten().tolist() == [0.0, 0.0]
+    assert store.export(out[2]).initial_state["s"].flatten().tolist() == [3.0, 3.0]  # before obs 3
+
+
+class _Watched(torch.Tensor):
+    """A core-state tensor that logs every torch function applied to it (results are plain)."""
+
+    log: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.log.append(getattr(func, "__name__", str(func)))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def test_inference_steps_that_start_no_rollout_leave_core_state_in_place():
+    """The core state is read and written by slot index on its device; it is never copied off it,
+    cloned, or copied into the store except when a rollout starts."""
+    core, opts = "elstm", CORES["elstm"]
+    torch.manual_seed(0)
+    pool = LocalWorkerPool(CUE, 2, 2, seed=5)
+    model = AgentNet((4,), 3, core, opts, stem="mlp")
+    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, torch.device("cpu"), model.initial_state(1))
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), min_batch=2, batch_wait=1.0)
+    loop.state = {name: value.as_subclass(_Watched) for name, value in loop.state.items()}
+    allowed = {"index_select", "index_copy_"}
+    rollouts = []
+    starts = quiet = 0
+    pool.start()
+    try:
+        while len(rollouts) < 6:
+            _Watched.log.clear()
+            before = store.state_copies
+            loop.step(5.0, on_rollout=lambda r: (rollouts.append(r), store.release(r)))
+            used = set(_Watched.log)
+            assert used <= allowed, f"core state was used by {sorted(used - allowed)}"
+            if store.state_copies == before:
+                quiet += 1
+            else:
+                starts += 1
+                assert (store.state_copies - before) % 2 == 0  # K slots of the workers that start
+    finally:
+        pool.close()
+    assert quiet > starts > 0
+    for value in loop.state.values():
+        assert type(value) is _Watched and value.device.type == "cpu"
+
+
+def test_policy_versions_are_stamped_and_lag_counts_published_updates():
+    """Stamps are monotonic per slot; a rollout that is not learned from lags one more update
+    per publish; the device column and the host copy agree."""
+    torch.manual_seed(0)
+    pool = LocalWorkerPool(CUE, 2, 2, seed=5)
+    model = AgentNet((4,), 3, "lstm", {"hidden_size": 8}, stem="mlp")
+    learner_model = AgentNet((4,), 3, "lstm", {"hidden_size": 8}, stem="mlp")
+    weights = PolicyWeights(model)
+    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, torch.device("cpu"),
+                         model.initial_state(1), capacity=64)
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), weights=weights, min_batch=2, batch_wait=2.0)
+    rollouts: list[Rollout] = []
+    pool.start()
+    try:
+        for step in range(60):
+            loop.step(5.0, on_rollout=rollouts.append)
+            if step % 4 == 3:
+                weights.publish(learner_model)
+    finally:
+        pool.close()
+    assert weights.version == 15
+    by_worker: dict[int, list[int]] = {0: [], 1: []}
+    for r in rollouts:
+        data = store.export(r)
+        host = store._versions[r.page]
+        assert data.tensors["policy_version"][:, 0].tolist() == host
+        assert (data.tensors["policy_version"] == data.tensors["policy_version"][:, :1]).all()
+        by_worker[r.worker] += host[1:]
+    for stamps in by_worker.values():
+        assert stamps == sorted(stamps) and stamps[-1] > stamps[0]
+    # a rollout kept out of the learner: its lag grows by exactly one per published update
+    r = rollouts[0]
+    batch_before = store.gather([_piece(r, 0, 1)])
+    lag_before = batch_before.policy_lag(weights.version)
+    weights.publish(learner_model)
+    weights.publish(learner_model)
+    lag_after = batch_before.policy_lag(weights.version)
+    assert lag_after[0] == pytest.approx(lag_before[0] + 2) and lag_after[1] == lag_before[1] + 2
+    stamps = store._versions[r.page][1:]
+    assert lag_before == (pytest.approx(sum(15 - v for v in stamps) / len(stamps)), 15 - min(stamps))
+
+
+def _piece(rollout: Rollout, start: int, stop: int):
+    from fwrl.agents.rollouts import RolloutPiece
+
+    return RolloutPiece(rollout, start, stop)
+
+
+def test_queue_batches_exact_columns_and_gather_hands_pages_back():
     spec = RolloutSpec(2, 3, (1,), torch.float32, 2)
+    store = RolloutStore(spec, 3, torch.device("cpu"), {"h": torch.zeros(1, 5)},
+                         capacity=store_capacity(3, 3, 4, 4))
     stop = threading.Event()
     q = RolloutQueue(maxsize=4)
-    for w in range(3):
-        tensors = spec.empty()
-        tensors["reward"][:] = w
-        q.put(Rollout(tensors, {"h": torch.full((3, 5), float(w))}, w, 0), stop)
-    pieces = q.get_batch(4, stop)
-    batch, state = collate(pieces, torch.device("cpu"))
-    assert batch["reward"].shape == (3, 4) and state["h"].shape == (4, 5)
-    assert batch["reward"][0].tolist() == [0, 0, 0, 1]
-    pieces = q.get_batch(4, stop)
-    batch, state = collate(pieces, torch.device("cpu"))
-    assert batch["reward"][0].tolist() == [1, 1, 2, 2] and state["h"][:, 0].tolist() == [1, 1, 2, 2]
+    free = store.free_pages
+    for w in range(3):  # three workers, each finishing one rollout of value w
+        for row in range(3):
+            env = _env(w, 3)
+            env["reward"][:] = w
+            store.record_env([w], [0], env, {"h": torch.full((3, 5), float(w))}, lambda r: q.put(r, stop))
+            store.record_agent([w], _agent(3), version=0)
+    assert store.free_pages == free - 3
+    batch = store.gather(q.get_batch(4, stop))
+    assert batch.tensors["reward"].shape == (3, 4) and batch.initial_state["h"].shape == (4, 5)
+    assert batch.tensors["reward"][0].tolist() == [0, 0, 0, 1]
+    assert store.free_pages == free - 2  # worker 0's page is fully read; worker 1's is split
+    batch = store.gather(q.get_batch(4, stop))
+    assert batch.tensors["reward"][0].tolist() == [1, 1, 2, 2]
+    assert batch.initial_state["h"][:, 0].tolist() == [1, 1, 2, 2]
+    assert store.free_pages == free - 1  # worker 2's last column waits in the queue
     stop.set()
     assert q.get_batch(4, stop) is None

@@ -301,7 +301,7 @@ def test_pool_options_are_checked():
 class _StampedPool:
     """Forwards to a pool and stamps every result's ``task`` column with a serial
     number, remembering (worker, life) per serial: each rollout row then says
-    where it came from, independently of the assembler."""
+    where it came from, independently of the rollout store."""
 
     def __init__(self, pool):
         self.pool = pool
@@ -329,7 +329,7 @@ class _StampedPool:
 def test_rollouts_never_mix_worker_lives(backend):
     from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.model import AgentNet
-    from fwrl.agents.rollouts import RolloutAssembler, RolloutSpec
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
 
     torch.manual_seed(0)
     T = 4
@@ -338,18 +338,23 @@ def test_rollouts_never_mix_worker_lives(backend):
     stamped = _StampedPool(pool)
     info = describe_env(spec)
     model = AgentNet(info.obs_shape, info.num_actions, "lstm", {"hidden_size": 16}, "mlp").eval()
-    assembler = RolloutAssembler(RolloutSpec(T, K, info.obs_shape, torch.float32, info.num_actions), 2)
+    store = RolloutStore(RolloutSpec(T, K, info.obs_shape, torch.float32, info.num_actions), 2,
+                         torch.device("cpu"), model.initial_state(1))
     rollouts = []
+
+    def keep(rollout):
+        rollouts.append(store.export(rollout))
+        store.release(rollout)
     with deadline(150):
         try:
             pool.start()
-            loop = InferenceLoop(model, stamped, assembler, torch.device("cpu"), threading.Lock())
+            loop = InferenceLoop(model, stamped, store, torch.device("cpu"), threading.Lock())
             killed = False
             end = time.monotonic() + 120
             while not (pool.restarts >= 3 and killed and stamped.restarted == pool.restarts
                        and len(rollouts) >= 12):
                 assert time.monotonic() < end, (pool.restarts, len(rollouts))
-                loop.step(0.05, on_rollout=rollouts.append)
+                loop.step(0.05, on_rollout=keep)
                 if not killed and len(stamped.stream[1]) >= 2 * T + 2:
                     os.kill(pool.pid(1), signal.SIGKILL)
                     killed = True
@@ -377,7 +382,7 @@ def test_rollouts_never_mix_worker_lives(backend):
         assert emitted[(worker, life)] == (n - 1) // T
         if life < last_life[worker]:  # an ended life: its partial rollout was dropped
             expected_dropped += (n - T * emitted[(worker, life)]) * K
-    assert assembler.dropped_steps == expected_dropped > 0
+    assert store.dropped_steps == expected_dropped > 0
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -1,10 +1,20 @@
 """Central batched inference for every env slot (ARCHITECTURE.md, Processes).
 
 One ``InferenceLoop.step`` takes the results of whichever workers are ready,
-runs one batched forward (T = 1) over their slots with the per-slot core state
-kept on the learner's device, sends the actions back, and feeds the rollout
-assembler. The inference model is a copy of the learner's model; the learner
-publishes new weights into it under ``lock`` after each update.
+runs one batched forward (T = 1) over their slots, sends the actions back,
+and writes the step into the rollout store. Everything the model touches
+stays on the learner's device:
+
+- the per-slot core state lives there (``state``: ``[slots, ...]``); a step
+  gathers the ready slots' rows, and only slots that start a rollout have
+  their state copied (device to device) into the store;
+- observations and the other env arrays go host -> device once per step, on
+  CUDA from pinned memory without blocking, and the same device tensors feed
+  the forward and the store;
+- only the actions come back to the host (the workers need them).
+
+The acting weights are a :class:`~fwrl.agents.policy_weights.PolicyWeights`
+the learner publishes into; each stored row carries their version.
 """
 
 from __future__ import annotations
@@ -17,8 +27,52 @@ import numpy as np
 import torch
 from torch import nn
 
-from fwrl.agents.rollouts import AGENT_KEYS, Rollout, RolloutAssembler
+from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
+from fwrl.agents.rollouts import AGENT_KEYS, ENV_KEYS, Rollout, RolloutStore
+from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool
+
+# Stages of the inference thread (fwrl.agents.stage_timer): waiting for env
+# workers and sending them actions, the forward (and the actions' trip back
+# to the host), store and staging work.
+INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
+
+
+class _Staging:
+    """The env arrays of the ready workers as ``[N*K, ...]`` tensors on the device, uploaded once.
+
+    On CUDA they are concatenated into pinned host buffers (allocated on first
+    use for all slots) and copied without blocking on the current stream; the
+    buffers are not written again before that copy has finished.
+    """
+
+    def __init__(self, device: torch.device, num_slots: int):
+        self.device = device
+        self.num_slots = num_slots
+        self.pinned: dict[str, torch.Tensor] | None = None
+        self.copied: torch.cuda.Event | None = None
+
+    def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
+        arrays = {key: [getattr(r, key) for r in results] for key in ENV_KEYS}
+        if self.device.type != "cuda":
+            return {key: torch.from_numpy(np.concatenate(parts)) for key, parts in arrays.items()}
+        if self.pinned is None:
+            self.pinned = {
+                key: torch.empty((self.num_slots, *parts[0].shape[1:]),
+                                 dtype=torch.from_numpy(parts[0][:0]).dtype, pin_memory=True)
+                for key, parts in arrays.items()
+            }
+        if self.copied is not None:
+            self.copied.synchronize()
+        n = sum(len(p) for p in arrays["reward"])
+        out = {}
+        for key, parts in arrays.items():
+            host = self.pinned[key][:n]
+            np.concatenate(parts, out=host.numpy())
+            out[key] = host.to(self.device, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        return out
 
 
 class InferenceLoop:
@@ -26,21 +80,37 @@ class InferenceLoop:
         self,
         model: nn.Module,
         pool: WorkerPool,
-        assembler: RolloutAssembler | None,
+        store: RolloutStore | None,
         device: torch.device,
-        lock: threading.Lock,
+        lock: threading.Lock | None = None,
         greedy: bool = False,
         min_batch: int | None = None,
         batch_wait: float = 0.004,
+        weights: PolicyWeights | None = None,
+        timer: StageTimer | None = None,
+        streams: DeviceStreams | None = None,
+        graph: bool = False,
     ):
-        self.model = model
+        """``model`` acts; pass ``weights`` (whose ``model`` it is) when a learner publishes into it,
+        else ``lock`` guards it. ``streams.inference`` is made current by the caller's thread
+        (see ``fwrl.launch.train``); the loop itself only uses the current stream. ``graph``:
+        replay the forward as CUDA graphs (``fwrl.agents.inference_graph``)."""
+        self.weights = weights if weights is not None else PolicyWeights(model, streams, lock)
+        self.model = self.weights.model
         self.pool = pool
-        self.assembler = assembler
-        self.device = device
-        self.lock = lock
+        self.store = store
+        self.device = torch.device(device)
         self.greedy = greedy
-        self.state = model.initial_state(pool.num_slots, device)
+        self.state = self.model.initial_state(pool.num_slots, self.device)
         self.k = pool.envs_per_worker
+        self.timer = timer if timer is not None else StageTimer(self.device)
+        self._staging = _Staging(self.device, pool.num_slots)
+        self._graphed = None
+        if graph:
+            from fwrl.agents.inference_graph import GraphedActing
+
+            self._graphed = GraphedActing(self.model, self.device, greedy)
+        self._offsets = torch.arange(self.k)
         # Dynamic batching: act on whichever workers are ready, but give the
         # others up to ``batch_wait`` seconds to join until ``min_batch``
         # workers are ready: a forward over 4 slots costs little more than over 1.
@@ -48,6 +118,14 @@ class InferenceLoop:
         self.batch_wait = batch_wait
         self.agent_steps = 0
         self.restarts_seen = 0
+
+    def _wait(self, timeout: float) -> list[StepResult]:
+        results: list[StepResult] = self.pool.wait(timeout)
+        if results and len(results) < self.min_batch and self.batch_wait > 0:
+            deadline = time.monotonic() + self.batch_wait
+            while len(results) < self.min_batch and (left := deadline - time.monotonic()) > 0:
+                results += self.pool.wait(left)
+        return results
 
     @torch.no_grad()
     def step(
@@ -57,48 +135,37 @@ class InferenceLoop:
         on_episode: Callable[[EpisodeRecord], None] | None = None,
     ) -> int:
         """Serve the ready workers once; returns the number of slots stepped."""
-        results: list[StepResult] = self.pool.wait(timeout)
+        timer = self.timer
+        with timer.stage("env_wait"):
+            results = self._wait(timeout)
         if not results:
             return 0
-        if len(results) < self.min_batch and self.batch_wait > 0:
-            deadline = time.monotonic() + self.batch_wait
-            while len(results) < self.min_batch and (left := deadline - time.monotonic()) > 0:
-                results += self.pool.wait(left)
         k = self.k
-        slots = torch.cat([torch.arange(r.worker * k, (r.worker + 1) * k) for r in results]).to(self.device)
-        env = {
-            "obs": torch.from_numpy(np.concatenate([r.obs for r in results])),
-            "reward": torch.from_numpy(np.concatenate([r.reward for r in results])),
-            "done": torch.from_numpy(np.concatenate([r.done for r in results])),
-            "episode_return": torch.from_numpy(np.concatenate([r.episode_return for r in results])),
-            "episode_step": torch.from_numpy(np.concatenate([r.episode_step for r in results])),
-            "task": torch.from_numpy(np.concatenate([r.task for r in results])),
-        }
-        state_in = {name: value[slots] for name, value in self.state.items()}
-        if self.assembler is not None:
-            state_cpu = {name: value.cpu() for name, value in state_in.items()}
+        workers = [r.worker for r in results]
+        with timer.stage("rollout_bookkeeping", device_work=True):
+            slots = (torch.tensor(workers)[:, None] * k + self._offsets).flatten().to(self.device)
+            env = self._staging.upload(results)
+            state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
+            if self.store is not None:
+                self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
+        with timer.stage("inference_forward", device_work=True):
+            inputs = {key: env[key].unsqueeze(0) for key in ("obs", "reward", "done")}
+            with self.weights.acting() as version:
+                if self._graphed is not None:
+                    out, state_out = self._graphed(inputs, state_in)
+                else:
+                    out, state_out = self.model(inputs, state_in, greedy=self.greedy)
+            for name, value in state_out.items():
+                self.state[name].index_copy_(0, slots, value)
+            actions = out["action"][0].cpu().numpy()
+        if self.store is not None:
+            with timer.stage("rollout_bookkeeping", device_work=True):
+                self.store.record_agent(workers, {key: out[key][0] for key in AGENT_KEYS}, version)
+        with timer.stage("env_wait"):
             for i, r in enumerate(results):
-                part = slice(i * k, (i + 1) * k)
-                rollout = self.assembler.add_env_output(
-                    r.worker, r.life, {key: v[part] for key, v in env.items()},
-                    {name: v[part] for name, v in state_cpu.items()},
-                )
-                if rollout is not None and on_rollout is not None:
-                    on_rollout(rollout)
-        inputs = {key: env[key].to(self.device).unsqueeze(0) for key in ("obs", "reward", "done")}
-        with self.lock:
-            out, state_out = self.model(inputs, state_in, greedy=self.greedy)
-        for name, value in state_out.items():
-            self.state[name][slots] = value
-        actions = out["action"][0].cpu()
-        agent = {key: out[key][0].cpu() for key in AGENT_KEYS}
-        actions_np = actions.numpy()
-        for i, r in enumerate(results):
-            part = slice(i * k, (i + 1) * k)
-            self.pool.act(r.worker, actions_np[part])
-            if self.assembler is not None:
-                self.assembler.add_agent_output(r.worker, {key: v[part] for key, v in agent.items()})
-            if on_episode is not None:
+                self.pool.act(r.worker, actions[i * k:(i + 1) * k])
+        if on_episode is not None:
+            for r in results:
                 for record in r.episodes:
                     on_episode(record)
         self.restarts_seen += sum(r.restarted for r in results)

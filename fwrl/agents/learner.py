@@ -1,19 +1,32 @@
-"""The learner: batches rollouts, computes the IMPALA loss, steps the optimiser,
-and publishes the new weights to the inference copy (REFERENCE §4).
+"""The learner: gathers B rollout columns on its device, computes the IMPALA loss,
+steps the optimiser, and publishes the new weights to the acting copy (REFERENCE §4).
+
+One ``update`` is timed in stages (``LEARNER_STAGES``): gathering the batch
+from the rollout store, the forward over T+1 steps with the loss, the
+backward, the optimiser step (clip, step, schedule) and the publish. The time
+spent waiting for rollouts is ``learner_idle`` (counted by the caller, which
+owns the queue). Each update also logs ``policy_lag_mean`` / ``policy_lag_max``:
+how many updates behind the learner's weights the acting weights of the batch
+were.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from fwrl.agents.losses import impala_loss
 from fwrl.agents.optim import clip_grad_norm
-from fwrl.agents.rollouts import Rollout, collate
+from fwrl.agents.policy_weights import PolicyWeights
+from fwrl.agents.rollouts import RolloutPiece, RolloutStore
+from fwrl.agents.stage_timer import StageTimer
+
+LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "learner_optimiser",
+                  "learner_publish")
 
 
 @dataclass
@@ -25,45 +38,48 @@ class LearnerStats:
 
 
 class Learner:
-    def __init__(self, model: nn.Module, inference_model: nn.Module, optimizer, scheduler,
-                 config, device: torch.device, lock: threading.Lock):
+    def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, config,
+                 store: RolloutStore, timer: StageTimer | None = None):
         self.model = model
-        self.inference_model = inference_model
+        self.weights = weights
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
-        self.device = device
-        self.lock = lock
+        self.store = store
+        self.device = store.device
+        self.timer = timer if timer is not None else StageTimer(self.device)
         self.stats = LearnerStats()
         self.params = [p for p in model.parameters() if p.requires_grad]
 
-    def update(self, pieces: list[Rollout]) -> dict[str, float]:
-        """One optimiser step on B rollout columns."""
+    def update(self, pieces: Sequence[RolloutPiece]) -> dict[str, float]:
+        """One optimiser step on the B columns of ``pieces``."""
         start = time.perf_counter()
-        batch, initial_state = collate(pieces, self.device)
-        outputs, _ = self.model(batch, initial_state)
-        c = self.config
-        loss, stats = impala_loss(
-            outputs, batch, discount=c.discount, baseline_cost=c.baseline_cost,
-            entropy_cost=c.entropy_cost, reward_clip=c.reward_clip,
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        stats["grad_norm"] = float(clip_grad_norm(self.params, c.grad_norm_clip))
-        self.optimizer.step()
-        T, B = batch["reward"].shape[0] - 1, batch["reward"].shape[1]
-        self.scheduler.step()
+        timer, c = self.timer, self.config
+        with timer.stage("learner_gather", device_work=True):
+            batch = self.store.gather(pieces)
+        lag_mean, lag_max = batch.policy_lag(self.weights.version)
+        with timer.stage("learner_forward", device_work=True):
+            outputs, _ = self.model(batch.tensors, batch.initial_state)
+            loss, stats = impala_loss(
+                outputs, batch.tensors, discount=c.discount, baseline_cost=c.baseline_cost,
+                entropy_cost=c.entropy_cost, reward_clip=c.reward_clip,
+            )
+        with timer.stage("learner_backward", device_work=True):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with timer.stage("learner_optimiser", device_work=True):
+            grad_norm = clip_grad_norm(self.params, c.grad_norm_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+        with timer.stage("learner_publish", device_work=True):
+            self.weights.publish(self.model)
+        stats["grad_norm"] = float(grad_norm)
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
-        self.publish()
+        stats["policy_lag_mean"] = round(lag_mean, 3)
+        stats["policy_lag_max"] = lag_max
+        T, B = batch.tensors["reward"].shape[0] - 1, batch.tensors["reward"].shape[1]
         self.stats.updates += 1
         self.stats.agent_steps += T * B
         self.stats.last = stats
         self.stats.update_seconds = time.perf_counter() - start
         return stats
-
-    @torch.no_grad()
-    def publish(self) -> None:
-        """Copy the learner's weights into the inference model."""
-        with self.lock:
-            for dst, src in zip(self.inference_model.state_dict().values(), self.model.state_dict().values()):
-                dst.copy_(src)

@@ -139,9 +139,15 @@ class AgentNet(nn.Module):
         return self.core.initial_state(batch_size, device)
 
     def forward(
-        self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False
+        self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False, sampler: str = "multinomial"
     ) -> tuple[dict[str, Tensor], State]:
-        """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool)."""
+        """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool).
+
+        Actions are the argmax of the logits (``greedy``) or a sample of
+        softmax(logits): ``torch.multinomial``, or with ``sampler="gumbel"`` the
+        argmax of logits plus Gumbel noise (the same distribution, from
+        ``torch.rand`` alone, so it can be captured in a CUDA graph).
+        """
         obs = inputs["obs"]
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *obs.shape[2:])
@@ -155,6 +161,9 @@ class AgentNet(nn.Module):
         baseline = self.baseline(core_out).squeeze(-1)
         if greedy:
             action = logits.argmax(dim=-1)
+        elif sampler == "gumbel":
+            noise = -torch.log(-torch.log(torch.rand_like(logits).clamp_(min=1e-20)))
+            action = (logits + noise).argmax(dim=-1)
         else:
             action = torch.multinomial(F.softmax(logits.reshape(T * B, -1), dim=-1), 1).view(T, B)
         return {"policy_logits": logits, "baseline": baseline, "action": action}, state

@@ -1,174 +1,327 @@
-"""Per-worker rollout assembly and the rollout queue (ARCHITECTURE.md, Rollouts).
+"""The rollout store: rollouts are born on the learner's device and never leave it
+(ARCHITECTURE.md, Rollouts and the learner).
 
-A rollout holds ``[T+1, K, ...]`` tensors for the K slots of one worker plus
-the core state before row 0. torchbeast's layout:
+Row layout (torchbeast's, unchanged): a rollout holds ``[T+1, K, ...]`` columns
+for the K slots of one worker plus the core state before row 0;
 
 - row t holds the env output of obs t (``obs``, ``reward`` and ``done`` of the
   transition into obs t, ``episode_return``, ``episode_step``, ``task``) and
   the agent output computed from obs t-1 (``action``, ``policy_logits``,
-  ``baseline``), i.e. the action that led to obs t;
+  ``baseline``, and ``policy_version``: the version of the weights that acted),
+  i.e. the action that led to obs t;
 - row 0 repeats the previous rollout's row T, and the initial core state is
   the state before obs T was processed.
 
+Storage: ``P`` *pages* of ``K`` columns, one page per rollout of one worker.
+Every column is one preallocated tensor ``[T+1, P*K, ...]`` on the device
+(page p's slot j is column ``p*K + j``), written in place at each inference
+step by index; a batch of B columns is one ``index_select`` along dim 1 that
+is already ``[T+1, B, ...]``. The core state before row 0 is copied device to
+device into ``[P*K, ...]`` tensors only when a slot starts a rollout. A
+finished rollout is a :class:`Rollout` handle (its page); the learner gathers
+its columns and hands the page back.
+
 A worker restart (new ``life``) drops the partial rollout of its slots: no
 rollout ever mixes steps from two worker lives.
+
+On CUDA the inference loop writes on its stream and the learner reads on
+its own: a handed-off rollout carries an event recorded after its last write
+(the learner's stream waits on it before gathering), and a page handed back
+carries an event recorded after the gather (the inference stream waits on it
+before writing the page again).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 ENV_KEYS = ("obs", "reward", "done", "episode_return", "episode_step", "task")
 AGENT_KEYS = ("action", "policy_logits", "baseline")
+VERSION_KEY = "policy_version"
 
 
-@dataclass
-class Rollout:
-    tensors: dict[str, Tensor]  # [T+1, K, ...]
-    initial_state: dict[str, Tensor]  # [K, ...]
-    worker: int
-    life: int
-
-    @property
-    def columns(self) -> int:
-        return self.tensors["reward"].shape[1]
-
-    def split(self, n: int) -> tuple["Rollout", "Rollout"]:
-        """The first n columns, and the rest."""
-        head = Rollout({k: v[:, :n] for k, v in self.tensors.items()},
-                       {k: v[:n] for k, v in self.initial_state.items()}, self.worker, self.life)
-        tail = Rollout({k: v[:, n:] for k, v in self.tensors.items()},
-                       {k: v[n:] for k, v in self.initial_state.items()}, self.worker, self.life)
-        return head, tail
-
-
-@dataclass
-class _Buffer:
-    tensors: dict[str, Tensor]
-    initial_state: dict[str, Tensor] | None = None
-    cursor: int = 0
-    life: int = 0
-
-
-@dataclass
+@dataclass(frozen=True)
 class RolloutSpec:
+    """Shapes of one rollout: ``unroll_length`` T, ``envs_per_worker`` K columns."""
+
     unroll_length: int
     envs_per_worker: int
     obs_shape: tuple[int, ...]
     obs_dtype: torch.dtype
     num_actions: int
 
-    def empty(self) -> dict[str, Tensor]:
-        T1, K = self.unroll_length + 1, self.envs_per_worker
+    def columns(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-slot (shape, dtype) of every column."""
         return {
-            "obs": torch.zeros((T1, K, *self.obs_shape), dtype=self.obs_dtype),
-            "reward": torch.zeros(T1, K),
-            "done": torch.zeros(T1, K, dtype=torch.bool),
-            "episode_return": torch.zeros(T1, K),
-            "episode_step": torch.zeros(T1, K, dtype=torch.int32),
-            "task": torch.zeros(T1, K, dtype=torch.int32),
-            "action": torch.zeros(T1, K, dtype=torch.int64),
-            "policy_logits": torch.zeros(T1, K, self.num_actions),
-            "baseline": torch.zeros(T1, K),
+            "obs": (tuple(self.obs_shape), self.obs_dtype),
+            "reward": ((), torch.float32),
+            "done": ((), torch.bool),
+            "episode_return": ((), torch.float32),
+            "episode_step": ((), torch.int32),
+            "task": ((), torch.int32),
+            "action": ((), torch.int64),
+            "policy_logits": ((self.num_actions,), torch.float32),
+            "baseline": ((), torch.float32),
+            VERSION_KEY: ((), torch.int64),
         }
 
 
-class RolloutAssembler:
-    """Builds rollouts for every worker from the inference loop's steps."""
+@dataclass(frozen=True)
+class Rollout:
+    """A finished rollout: the K columns of ``page``, acted by one life of ``worker``."""
 
-    def __init__(self, spec: RolloutSpec, num_workers: int):
+    page: int
+    worker: int
+    life: int
+    columns: int
+    ready: torch.cuda.Event | None = field(default=None, compare=False)  # its writes are done (CUDA)
+
+
+@dataclass(frozen=True)
+class RolloutPiece:
+    """Columns ``[start, stop)`` of a rollout (a batch may split one rollout's K columns)."""
+
+    rollout: Rollout
+    start: int
+    stop: int
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class RolloutData:
+    """A rollout copied out of the store (tests, debugging): ``[T+1, K, ...]`` tensors."""
+
+    tensors: dict[str, Tensor]
+    initial_state: dict[str, Tensor]
+    worker: int
+    life: int
+
+
+@dataclass
+class Batch:
+    """B columns gathered on the learner's device."""
+
+    tensors: dict[str, Tensor]  # [T+1, B, ...]
+    initial_state: dict[str, Tensor]  # [B, ...]
+    versions: list[list[int]]  # per piece: the policy version of rows 0..T (host copy)
+    widths: list[int]  # per piece: its number of columns
+
+    def policy_lag(self, version: int) -> tuple[float, int]:
+        """Mean and max of ``version`` minus the version that acted, over rows 1..T of
+        every column (the behaviour outputs the loss uses)."""
+        total = count = 0
+        worst = 0
+        for rows, width in zip(self.versions, self.widths):
+            lags = [version - v for v in rows[1:]]
+            total += sum(lags) * width
+            count += len(lags) * width
+            worst = max(worst, max(lags))
+        return (total / count if count else 0.0), worst
+
+
+class RolloutStore:
+    """Preallocated rollout pages on ``device``, written in place by the inference loop.
+
+    ``state_template`` holds one slot's core state (``model.initial_state(1)``):
+    its shapes and dtypes size the initial-state buffers. ``capacity`` pages
+    must cover every worker's page in progress, the finished rollouts waiting
+    in the queue and those the learner holds; :func:`store_capacity` gives it.
+    """
+
+    def __init__(self, spec: RolloutSpec, num_workers: int, device: torch.device,
+                 state_template: dict[str, Tensor], capacity: int | None = None):
         self.spec = spec
-        self.buffers = [_Buffer(spec.empty()) for _ in range(num_workers)]
-        self.dropped_steps = 0
-
-    def add_env_output(self, worker: int, life: int, env: dict[str, Tensor],
-                       state_in: dict[str, Tensor]) -> Rollout | None:
-        """Record obs t of ``worker``; returns the rollout that row T completes, if any.
-
-        ``state_in`` is the core state of the worker's slots before obs t is
-        processed ([K, ...] tensors).
-        """
-        buf = self.buffers[worker]
-        if life != buf.life:  # the worker was restarted: drop the partial rollout
-            self.dropped_steps += buf.cursor * self.spec.envs_per_worker
-            buf = self.buffers[worker] = _Buffer(self.spec.empty(), life=life)
-        row = buf.cursor
-        for key in ENV_KEYS:
-            buf.tensors[key][row] = env[key]
-        if row == 0:
-            buf.initial_state = _clone(state_in)
-        if row < self.spec.unroll_length:
-            return None
-        finished = Rollout(buf.tensors, buf.initial_state, worker, buf.life)
-        # Row T becomes row 0 of the next rollout, which starts from the state before obs T.
-        new = _Buffer(self.spec.empty(), initial_state=_clone(state_in), cursor=0, life=life)
-        for key, value in buf.tensors.items():
-            new.tensors[key][0] = value[-1]
-        self.buffers[worker] = new
-        return finished
-
-    def add_agent_output(self, worker: int, agent: dict[str, Tensor]) -> None:
-        """Record the agent output computed from the obs just added; it belongs to the next row."""
-        buf = self.buffers[worker]
-        for key in AGENT_KEYS:
-            buf.tensors[key][buf.cursor + 1] = agent[key]
-        buf.cursor += 1
-
-
-def _clone(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach().clone() for k, v in state.items()}
-
-
-class RolloutQueue:
-    """Bounded queue of rollouts; ``get_batch`` returns exactly B columns."""
-
-    def __init__(self, maxsize: int):
-        self._queue: queue.Queue[Rollout] = queue.Queue(maxsize=maxsize)
-        self._leftover: Rollout | None = None
+        self.device = torch.device(device)
+        self.num_workers = num_workers
+        self.k = spec.envs_per_worker
+        self.capacity = capacity if capacity is not None else 2 * num_workers + 2
+        if self.capacity < num_workers + 1:
+            raise ValueError(f"a rollout store for {num_workers} workers needs at least {num_workers + 1} "
+                             f"pages, got {self.capacity}")
+        T1, width = spec.unroll_length + 1, self.capacity * self.k
+        self.tensors = {
+            name: torch.zeros((T1, width, *shape), dtype=dtype, device=self.device)
+            for name, (shape, dtype) in spec.columns().items()
+        }
+        self.initial_state = {
+            name: torch.zeros((width, *value.shape[1:]), dtype=value.dtype, device=self.device)
+            for name, value in state_template.items()
+        }
+        # rows x columns flattened: entry (t, c) of a column tensor is row t * width + c of its view
+        self._flat = {name: value.view(T1 * width, *value.shape[2:]) for name, value in self.tensors.items()}
+        self._width = width
+        self._offsets = np.arange(self.k)
         self._lock = threading.Lock()
+        self._free: deque[tuple[int, torch.cuda.Event | None]] = deque(
+            (p, None) for p in range(num_workers, self.capacity))
+        self._page = list(range(num_workers))  # each worker's page in progress
+        self._cursor = [0] * num_workers  # its next row
+        self._life = [0] * num_workers
+        self._versions = [[0] * T1 for _ in range(self.capacity)]  # host copy of the version column
+        self._unread = [0] * self.capacity  # columns of a handed-off page not yet gathered
+        self.dropped_steps = 0  # slot steps of partial rollouts dropped on worker restarts
+        self.state_copies = 0  # slot states copied into the store (rollout starts x K)
 
-    def put(self, rollout: Rollout, stop: threading.Event) -> bool:
-        while not stop.is_set():
-            try:
-                self._queue.put(rollout, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    # ------------------------------------------------------------------ inference side
+    def columns_of(self, workers: Sequence[int]) -> np.ndarray:
+        """Store columns ``[N*K]`` of the current pages of ``workers`` (in order, K each)."""
+        pages = np.array([self._page[w] for w in workers], dtype=np.int64)
+        return (pages[:, None] * self.k + self._offsets).ravel()
 
-    def get_batch(self, batch_size: int, stop: threading.Event) -> list[Rollout] | None:
-        """Rollout pieces totalling ``batch_size`` columns, or None once ``stop`` is set."""
+    def _entries(self, workers: Sequence[int], rows: Sequence[int]) -> tuple[np.ndarray, Tensor]:
+        """(columns on the host, flat (row, column) entries on the device) of ``workers`` at ``rows``."""
+        cols = self.columns_of(workers)
+        flat = np.repeat(np.asarray(rows, dtype=np.int64), self.k) * self._width + cols
+        return cols, torch.from_numpy(flat).to(self.device, non_blocking=True)
+
+    def record_env(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
+                   state_in: dict[str, Tensor], on_rollout: Callable[[Rollout], None] | None = None) -> None:
+        """Write obs t of each of ``workers`` (``env``: ``[N*K, ...]`` on the device, K rows per
+        worker in order) and hand every rollout that row T completes to ``on_rollout``.
+
+        ``state_in`` is the core state of the same slots before obs t is processed; it is
+        copied into the store only for slots that start a rollout here.
+        """
+        k, T = self.k, self.spec.unroll_length
+        for w, life in zip(workers, lives):
+            if life != self._life[w]:  # the worker was restarted: drop its partial rollout
+                self.dropped_steps += self._cursor[w] * k
+                self._life[w], self._cursor[w] = life, 0
+        rows = [self._cursor[w] for w in workers]
+        cols, entries = self._entries(workers, rows)
+        for key in ENV_KEYS:
+            self._flat[key].index_copy_(0, entries, env[key])
+        starting = [i for i, row in enumerate(rows) if row == 0]
+        if starting:
+            self._copy_state(starting, cols, state_in)
+        for i, w in enumerate(workers):
+            if rows[i] == T:
+                self._finish(w, i, state_in, on_rollout)
+
+    def record_agent(self, workers: Sequence[int], agent: dict[str, Tensor], version: int) -> None:
+        """Write the agent output computed from the obs just recorded (it belongs to the next
+        row) and the ``version`` of the weights that computed it."""
+        rows = [self._cursor[w] + 1 for w in workers]
+        _, entries = self._entries(workers, rows)
+        for key in AGENT_KEYS:
+            self._flat[key].index_copy_(0, entries, agent[key])
+        self._flat[VERSION_KEY].index_fill_(0, entries, version)
+        for w, row in zip(workers, rows):
+            self._versions[self._page[w]][row] = version
+            self._cursor[w] = row
+
+    def _copy_state(self, positions: Sequence[int], cols: np.ndarray, state_in: dict[str, Tensor]) -> None:
+        """Initial state of the rollouts starting at batch positions ``positions`` (device to device)."""
+        take = (np.asarray(positions, dtype=np.int64)[:, None] * self.k + self._offsets).ravel()
+        dest = torch.from_numpy(cols[take]).to(self.device, non_blocking=True)
+        take_t = torch.from_numpy(take).to(self.device, non_blocking=True)
+        for name, value in state_in.items():
+            self.initial_state[name].index_copy_(0, dest, value.index_select(0, take_t))
+        self.state_copies += len(take)
+
+    def _finish(self, worker: int, position: int, state_in: dict[str, Tensor],
+                on_rollout: Callable[[Rollout], None] | None) -> None:
+        """Row T of ``worker``'s page is written: start its next page with the overlap row and
+        the state before obs T, and hand the finished page to ``on_rollout``."""
+        k, T = self.k, self.spec.unroll_length
+        old = self._page[worker]
+        new = self._take_page()
+        src = torch.arange(old * k, (old + 1) * k, device=self.device)
+        dst = torch.arange(new * k, (new + 1) * k, device=self.device)
+        for value in self.tensors.values():
+            value[0].index_copy_(0, dst, value[T].index_select(0, src))
+        part = slice(position * k, (position + 1) * k)
+        for name, value in state_in.items():
+            self.initial_state[name].index_copy_(0, dst, value[part])
+        self.state_copies += k
+        self._versions[new][0] = self._versions[old][T]
+        self._page[worker], self._cursor[worker] = new, 0
+        ready = _record_event(self.device)
         with self._lock:
-            pieces, have = [], 0
-            while have < batch_size:
-                if self._leftover is not None:
-                    piece, self._leftover = self._leftover, None
-                else:
-                    piece = None
-                    while piece is None:
-                        if stop.is_set():
-                            return None
-                        try:
-                            piece = self._queue.get(timeout=0.1)
-                        except queue.Empty:
-                            continue
-                need = batch_size - have
-                if piece.columns > need:
-                    piece, self._leftover = piece.split(need)
-                pieces.append(piece)
-                have += piece.columns
-            return pieces
+            self._unread[old] = k
+        rollout = Rollout(old, worker, self._life[worker], k, ready)
+        if on_rollout is None:
+            self.release(rollout)
+        else:
+            on_rollout(rollout)
+
+    def _take_page(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(
+                    f"the rollout store ran out of pages ({self.capacity}): finished rollouts were "
+                    "neither gathered nor released; size it with store_capacity()")
+            page, gathered = self._free.popleft()
+        if gathered is not None:  # the learner's gather of this page must finish before we write it
+            torch.cuda.current_stream(self.device).wait_event(gathered)
+        return page
+
+    # ------------------------------------------------------------------ learner side
+    def gather(self, pieces: Sequence[RolloutPiece]) -> Batch:
+        """The columns of ``pieces`` as one batch on the device (current stream), then the pages
+        whose every column has been gathered are handed back."""
+        for piece in pieces:
+            if piece.rollout.ready is not None:
+                torch.cuda.current_stream(self.device).wait_event(piece.rollout.ready)
+        cols = torch.cat([torch.arange(p.rollout.page * self.k + p.start, p.rollout.page * self.k + p.stop)
+                          for p in pieces]).to(self.device, non_blocking=True)
+        tensors = {name: value.index_select(1, cols) for name, value in self.tensors.items()}
+        state = {name: value.index_select(0, cols) for name, value in self.initial_state.items()}
+        versions = [list(self._versions[p.rollout.page]) for p in pieces]
+        gathered = _record_event(self.device)
+        for piece in pieces:
+            with self._lock:
+                self._unread[piece.rollout.page] -= piece.width
+                done = self._unread[piece.rollout.page] == 0
+            if done:
+                self._hand_back(piece.rollout.page, gathered)
+        return Batch(tensors, state, versions, [p.width for p in pieces])
+
+    def release(self, rollout: Rollout) -> None:
+        """Hand back a finished rollout's page without gathering it."""
+        with self._lock:
+            self._unread[rollout.page] = 0
+        self._hand_back(rollout.page, _record_event(self.device))
+
+    def _hand_back(self, page: int, event: torch.cuda.Event | None) -> None:
+        with self._lock:
+            self._free.append((page, event))
+
+    def export(self, rollout: Rollout) -> RolloutData:
+        """A CPU copy of a finished rollout (for tests and debugging); does not release it."""
+        if rollout.ready is not None:
+            rollout.ready.synchronize()
+        cols = slice(rollout.page * self.k, (rollout.page + 1) * self.k)
+        return RolloutData({n: v[:, cols].cpu().clone() for n, v in self.tensors.items()},
+                           {n: v[cols].cpu().clone() for n, v in self.initial_state.items()},
+                           rollout.worker, rollout.life)
+
+    @property
+    def free_pages(self) -> int:
+        with self._lock:
+            return len(self._free)
 
 
-def collate(pieces: list[Rollout], device: torch.device) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Concatenate rollout pieces along the batch dimension and move them to ``device``."""
-    batch = {k: torch.cat([p.tensors[k] for p in pieces], dim=1).to(device, non_blocking=True)
-             for k in pieces[0].tensors}
-    state = {k: torch.cat([p.initial_state[k] for p in pieces], dim=0).to(device, non_blocking=True)
-             for k in pieces[0].initial_state}
-    return batch, state
+def store_capacity(num_workers: int, envs_per_worker: int, batch_size: int, queue_size: int) -> int:
+    """Pages a store needs so that a worker finishing a rollout always finds a free one:
+    one in progress per worker, ``queue_size`` finished rollouts waiting, and the pages of
+    one batch the learner is gathering (plus the one a split leaves behind)."""
+    return num_workers + queue_size + -(-batch_size // envs_per_worker) + 2
+
+
+def _record_event(device: torch.device) -> torch.cuda.Event | None:
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event

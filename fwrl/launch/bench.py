@@ -136,71 +136,153 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- bench throughput
 
+# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.train).
+ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
+LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_optimiser",
+                "learner_publish")
+
+
 @dataclass
 class ThroughputResult:
-    """Agent steps/s of real training (actors + inference + learner) over the measured window."""
+    """Real training (actors + inference + learner) over the measured window."""
 
     agent_steps: int
     seconds: float
     updates: int
+    shares: dict[str, float]  # share/<stage>: time-weighted mean over the window
+    policy_lag_mean: float
+    policy_lag_max: int
+    rollout_queue: float
+    peak_memory_mb: float
 
     @property
     def steps_per_second(self) -> float:
         return self.agent_steps / self.seconds
 
 
-def measure_throughput(config, seconds: float, warmup: float) -> ThroughputResult:
-    """Train with ``config`` for ``warmup + seconds`` and count learner steps after the warm-up.
-
-    Steps are the learner's (T x B per update), read from metrics rows logged
-    every second, so the figure is what training really consumes.
-    """
-    import csv
-    import tempfile
-    from pathlib import Path
-
-    from fwrl.launch.progress import Progress
-    from fwrl.launch.train import train
-
-    _check_window(seconds, warmup)
-    config.max_seconds = warmup + seconds
-    config.total_steps = 10**12
-    config.log_interval = 1.0
-    config.checkpoint_interval = 1e9
-    with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
-        run = Path(tmp) / "run"
-        quiet = Progress(config, run)
-        quiet.update = lambda row: None  # the bench prints its own table
-        train(config, run, progress=quiet)
-        with (run / "metrics.csv").open() as f:
-            rows = [r for r in csv.DictReader(f) if r.get("steps_per_second", "") != ""]
-    after = [r for r in rows if float(r["time"]) >= warmup]
+def _window_summary(rows: list[dict[str, str]], warmup: float) -> ThroughputResult:
+    """Steps, updates and the time-weighted means of the pipeline columns of the metrics rows
+    logged after ``warmup`` seconds (each row covers the interval since the one before)."""
+    timed = [r for r in rows if r.get("steps_per_second", "") != ""]
+    after = [r for r in timed if float(r["time"]) >= warmup]
     if len(after) < 2:
         raise FwrlError("the run logged too little to measure; give bench throughput more --seconds.")
     first, last = after[0], after[-1]
-    return ThroughputResult(int(last["agent_steps"]) - int(first["agent_steps"]),
-                            float(last["time"]) - float(first["time"]),
-                            int(last["updates"]) - int(first["updates"]))
+    spans = [(float(b["time"]) - float(a["time"]), b) for a, b in zip(after, after[1:])]
+    total = sum(span for span, _ in spans) or 1.0
+
+    def mean(key: str) -> float:
+        return sum(span * float(row.get(key) or 0.0) for span, row in spans) / total
+
+    share_keys = [f"share/{name}" for name in ACTOR_ROWS + LEARNER_ROWS]
+    return ThroughputResult(
+        int(last["agent_steps"]) - int(first["agent_steps"]), float(last["time"]) - float(first["time"]),
+        int(last["updates"]) - int(first["updates"]), {key: mean(key) for key in share_keys},
+        mean("policy_lag_mean"), max(int(float(row.get("policy_lag_max") or 0)) for _, row in spans),
+        mean("rollout_queue"), max(float(row.get("peak_memory_mb") or 0.0) for _, row in spans))
 
 
-def bench_throughput(args: argparse.Namespace) -> int:
+class _BenchProgress:
+    """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
+
+    def __init__(self, console, warmup: float, seconds: float):
+        self.console, self.warmup, self.seconds = console, warmup, seconds
+        self.status = None
+        self.last_print = 0.0
+
+    def start(self) -> None:
+        self.status = self.console.status("starting workers ...")
+        self.status.start()
+
+    def update(self, row: dict) -> None:
+        t = float(row.get("time", 0.0))
+        phase = (f"warming up {t:.0f} / {self.warmup:g} s" if t < self.warmup
+                 else f"measuring {t - self.warmup:.0f} / {self.seconds:g} s")
+        text = f"{phase}: {int(row.get('agent_steps', 0)):,} agent steps, {row.get('steps_per_second', 0) or 0} steps/s"
+        if self.console.is_terminal:
+            self.status.update(text)
+        elif time.monotonic() - self.last_print >= 5.0:
+            self.console.print(text, highlight=False)
+            self.last_print = time.monotonic()
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def measure_throughput(config, seconds: float, warmup: float, progress=None) -> ThroughputResult:
+    """Train with ``config`` for ``warmup + seconds`` (no checkpoints but the last, in a temporary
+    folder) and summarise the metrics rows logged after the warm-up.
+
+    Steps are the learner's (T x B per update), read from rows logged every
+    second, so the figure is what training really consumes.
+    """
+    import csv
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from fwrl.launch.train import train
+
+    _check_window(seconds, warmup)
+    config = dataclasses.replace(config, max_seconds=warmup + seconds, total_steps=10**12, log_interval=1.0,
+                                 checkpoint_interval=1e9, milestone_interval=0, eval_every=0)
+    with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
+        run = Path(tmp) / "run"
+        if progress is None:
+            from fwrl.launch.progress import Progress
+
+            progress = Progress(config, run)
+            progress.update = lambda row: None  # the caller prints its own table
+        train(config, run, progress=progress)
+        with (run / "metrics.csv").open() as f:
+            rows = list(csv.DictReader(f))
+    return _window_summary(rows, warmup)
+
+
+def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0) -> int:
+    """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
+    ceiling of the same workers measured in the same run, their ratio, and where the time goes."""
     from rich.console import Console
     from rich.table import Table
 
-    from fwrl.launch.cli import _validate
-    from fwrl.launch.config import TrainConfig
-
-    config = TrainConfig(env=args.env, core=args.core, stem=args.stem, num_workers=args.num_workers,
-                         envs_per_worker=args.envs_per_worker, batch_size=args.batch_size,
-                         unroll_length=args.unroll_length, num_threads=args.num_threads)
-    _validate(config)
-    result = measure_throughput(config, args.seconds, args.warmup)
-    table = Table("env", "core", "stem", "workers x envs", "batch x unroll", "updates", "agent steps/s",
-                  title="fwrl bench throughput")
-    table.add_row(args.env, args.core, args.stem, f"{args.num_workers} x {args.envs_per_worker}",
-                  f"{args.batch_size} x {args.unroll_length}", str(result.updates),
-                  f"{result.steps_per_second:,.0f}")
-    Console().print(table)
+    _check_window(seconds, warmup)
+    if ceiling_seconds < 0:
+        raise FwrlError(f"--ceiling-seconds must be >= 0 (0: skip the env ceiling), got {ceiling_seconds:g}.")
+    console = Console(stderr=True)
+    out = Console()
+    workers = f"{config.num_workers} x {config.envs_per_worker}"
+    ceiling = None
+    if ceiling_seconds > 0:
+        console.print(f"env ceiling: {config.env} with random actions, {workers} workers x envs, "
+                      f"{ceiling_seconds:g} s ...")
+        with console.status("stepping envs with random actions ..."):
+            ceiling = measure_env_steps(config.env, config.num_workers, config.envs_per_worker, ceiling_seconds,
+                                        warmup=min(3.0, ceiling_seconds / 2), seed=config.seed,
+                                        backend=config.backend,
+                                        backend_options={"address": config.ray_address}
+                                        if config.backend == "ray" else None)
+    console.print(f"training {config.env} / {config.core} ({config.stem} stem) on {config.device}: "
+                  f"{warmup:g} s warm-up, {seconds:g} s measured ...")
+    result = measure_throughput(config, seconds, warmup, progress=_BenchProgress(console, warmup, seconds))
+    table = Table("measure", "value", title=f"fwrl bench throughput: {config.env} / {config.core}")
+    table.add_row("agent steps/s", f"{result.steps_per_second:,.0f}", style="bold")
+    if ceiling is not None:
+        table.add_row("env ceiling (random actions, same workers)", f"{ceiling.steps_per_second:,.0f} steps/s")
+        table.add_row("ratio to the env ceiling", f"{result.steps_per_second / ceiling.steps_per_second:.1%}",
+                      style="bold")
+    table.add_row("workers x envs per worker", f"{workers} ({config.backend} backend)")
+    table.add_row("batch x unroll", f"{config.batch_size} x {config.unroll_length}")
+    table.add_row("updates in the window", f"{result.updates} in {result.seconds:.1f} s")
+    table.add_row("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}")
+    table.add_row("rollout queue (mean depth)", f"{result.rollout_queue:.2f}")
+    table.add_row("peak memory", f"{result.peak_memory_mb:,.0f} MiB")
+    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
+        table.add_row(f"[bold]{title}[/bold]", "share of wall time")
+        for name in names:
+            table.add_row(f"  {name}", f"{result.shares[f'share/{name}']:.1%}")
+    out.print(table)
     return 0
 
 

@@ -74,6 +74,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                    help="core option, repeatable (e.g. --core-opt num_layers=4)")
     p.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
     p.add_argument("--freeze-vision", action="store_true", default=None, help="do not train the vision stem")
+    p.add_argument("--inference-graph", action="store_true", default=None,
+                   help="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
     p.add_argument("--sticky-actions", action="store_true", help="Atari: repeat_action_probability 0.25")
     p.add_argument("--full-action-space", action="store_true", help="Atari: all 18 actions")
     p.set_defaults(run=run_train)
@@ -89,6 +91,8 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["core_options"] = core_options
     if args.freeze_vision:
         overrides["freeze_vision"] = True
+    if args.inference_graph:
+        overrides["inference_graph"] = True
     atari_opts = {}
     if args.sticky_actions:
         atari_opts["sticky"] = "true"
@@ -161,6 +165,12 @@ def _validate(config) -> None:
     for key in ("num_workers", "envs_per_worker", "batch_size", "unroll_length", "total_steps"):
         if getattr(config, key) < 1:
             raise FwrlError(f"{key} must be at least 1, got {getattr(config, key)}.")
+    if config.inference_graph:
+        from fwrl.launch.train import pick_device
+
+        if pick_device(config.device).type != "cuda":
+            raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; device "
+                            f"{config.device!r} is not one here.")
 
 
 # ----------------------------------------------------------------------------- info
@@ -222,18 +232,23 @@ def run_info(args: argparse.Namespace) -> int:
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: throughput, envs, kernels")
     bsub = p.add_subparsers(dest="bench", required=True)
-    t = bsub.add_parser("throughput", help="agent steps/s of a short training run")
-    t.add_argument("--env", default="atari:Pong")
-    t.add_argument("--core", default="lstm")
-    t.add_argument("--stem", default="nature")
-    t.add_argument("--num-workers", type=int, default=4)
-    t.add_argument("--envs-per-worker", type=int, default=1)
-    t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--unroll-length", type=int, default=80)
-    t.add_argument("--num-threads", type=int, default=0)
-    t.add_argument("--seconds", type=float, default=60.0, help="measured time after warm-up")
-    t.add_argument("--warmup", type=float, default=15.0)
-    t.set_defaults(run=_bench("throughput"))
+    t = bsub.add_parser("throughput", help="agent steps/s of a short training run, its env ceiling and "
+                        "where the time goes; takes every model and env flag of fwrl train")
+    t.add_argument("--preset", help="start from a preset (fwrl info --presets lists them)")
+    for flag, (key, typ, help_text) in _TRAIN_FLAGS.items():
+        t.add_argument(flag, dest=key, type=str, default=None, help=help_text)
+    t.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE", help="core option, repeatable")
+    t.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
+    t.add_argument("--freeze-vision", action="store_true", default=None, help="do not train the vision stem")
+    t.add_argument("--inference-graph", action="store_true", default=None,
+                   help="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
+    t.add_argument("--sticky-actions", action="store_true", help="Atari: repeat_action_probability 0.25")
+    t.add_argument("--full-action-space", action="store_true", help="Atari: all 18 actions")
+    t.add_argument("--seconds", type=float, default=60.0, help="measured time after warm-up (60)")
+    t.add_argument("--warmup", type=float, default=15.0, help="seconds of training before measuring (15)")
+    t.add_argument("--ceiling-seconds", type=float, default=10.0,
+                   help="seconds of random-action env stepping on the same workers, the ceiling (10; 0: skip)")
+    t.set_defaults(run=run_bench_throughput)
     e = bsub.add_parser("envs", help="raw env steps/s through the worker layer")
     e.add_argument("--env", default="atari:Pong")
     e.add_argument("--num-workers", type=int, default=2)
@@ -247,6 +262,25 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                         add_help=False)
     # its options belong to fwrl.kernels.benchmark, which parses them (see main)
     k.set_defaults(run=_bench("kernels"), passes_unknown_args=True)
+
+
+# Defaults of ``fwrl bench throughput`` without --preset (flags override them).
+BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "stem": "nature", "num_workers": 4,
+                             "envs_per_worker": 1, "batch_size": 8, "unroll_length": 80}
+
+
+def run_bench_throughput(args: argparse.Namespace) -> int:
+    from fwrl.launch.bench import bench_throughput
+    from fwrl.launch.config import build_config
+
+    overrides = _train_overrides(args)
+    atari_opts = overrides.pop("_atari_opts", None)
+    base = {} if args.preset else dict(BENCH_THROUGHPUT_DEFAULTS)  # a preset brings its own settings
+    config = build_config(args.preset, {**base, **overrides})
+    if atari_opts:
+        config = _apply_atari_flags(config, atari_opts)
+    _validate(config)
+    return bench_throughput(config, seconds=args.seconds, warmup=args.warmup, ceiling_seconds=args.ceiling_seconds)
 
 
 def _bench(name: str):

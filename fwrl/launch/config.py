@@ -48,6 +48,7 @@ class TrainConfig:
     reward_clip: float = 1.0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int = 0  # torch threads for the learner; 0 = allowed cores minus a share for local env workers
+    inference_graph: bool = False  # replay the acting forward as CUDA graphs (CUDA only)
     # vision (R2AC protocol)
     load_vision_from: str = ""
     freeze_vision: bool = False
@@ -80,7 +81,7 @@ class TrainConfig:
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes",
+    "eval_every", "eval_episodes", "inference_graph",
 }
 
 _DEFAULTS = TrainConfig()

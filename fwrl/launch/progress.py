@@ -22,6 +22,14 @@ def _fmt(value) -> str:
 class Progress:
     SHOWN = ("agent_steps", "steps_per_second", "episodes", "mean_return", "mean_success",
              "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "learning_rate", "worker_restarts")
+    # panel rows: where the time of each thread went (share/<stage> columns of metrics rows)
+    TIME_SHARES = {
+        "acting time": (("env_wait", "envs"), ("inference_forward", "forward"), ("rollout_bookkeeping", "store"),
+                        ("actor_other", "other")),
+        "learner time": (("learner_idle", "idle"), ("learner_gather", "gather"), ("learner_forward", "forward"),
+                         ("learner_backward", "backward"), ("learner_optimiser", "optimiser"),
+                         ("learner_publish", "publish")),
+    }
 
     def __init__(self, config, run_dir, console: Console | None = None):
         self.config = config
@@ -38,6 +46,17 @@ class Progress:
         for key in self.SHOWN[1:]:
             if key in row:
                 table.add_row(key, _fmt(row[key]))
+        for title, names in self.TIME_SHARES.items():
+            parts = [f"{short} {100 * float(row[f'share/{name}']):.0f}%" for name, short in names
+                     if f"share/{name}" in row]
+            if parts:
+                table.add_row(title, "  ".join(parts))
+        if "policy_lag_mean" in row:
+            table.add_row("policy lag", f"{_fmt(row['policy_lag_mean'])} updates (max {_fmt(row.get('policy_lag_max'))})")
+        if "rollout_queue" in row:
+            table.add_row("rollout queue", _fmt(row["rollout_queue"]))
+        if "peak_memory_mb" in row:
+            table.add_row("peak memory", f"{_fmt(row['peak_memory_mb'])} MiB")
         return table
 
     def start(self) -> None:

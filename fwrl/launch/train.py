@@ -1,10 +1,17 @@
 """``fwrl train``: one learner process, N env workers, until the step budget.
 
 Threads of the learner process:
-- main thread: central inference for all env slots, rollout assembly,
-  metrics, checkpoints and signal handling (SIGINT / SIGTERM stop the run
-  cleanly and write a final checkpoint);
-- learner thread: B rollouts -> loss -> optimiser step -> publish weights.
+- main thread: central inference for all env slots, writes into the rollout
+  store on the device, metrics, checkpoints and signal handling (SIGINT /
+  SIGTERM stop the run cleanly and write a final checkpoint);
+- learner thread: B rollout columns gathered on the device -> loss ->
+  optimiser step -> publish weights (and their version) to the acting copy.
+
+On CUDA each thread issues its work on its own stream
+(``fwrl.agents.policy_weights``). Every metrics row says where the time went
+(``share/...``: fractions of the interval's wall time per stage of each
+thread), how stale the acting policy was (``policy_lag_mean`` / ``_max``, in
+updates), the mean rollout queue depth and the peak memory.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from typing import Callable
 import torch
 
 from fwrl.agents.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, set_rng_state
-from fwrl.agents.inference import InferenceLoop
-from fwrl.agents.learner import Learner
+from fwrl.agents.inference import INFERENCE_STAGES, InferenceLoop
+from fwrl.agents.learner import LEARNER_STAGES, Learner
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
-from fwrl.agents.rollouts import RolloutAssembler, RolloutQueue, RolloutSpec
+from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
+from fwrl.agents.rollout_queue import RolloutQueue
+from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
+from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.registry import EnvInfo, describe_env
 from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost, make_pool
 from fwrl.errors import FwrlError
@@ -174,6 +184,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     random.seed(config.seed)
     torch.set_num_threads(learner_threads(config))
     device = pick_device(config.device)
+    if config.inference_graph and device.type != "cuda":
+        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     info = describe_env(config.env)
 
     model = build_model(config, info).to(device)
@@ -199,14 +211,18 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         p.requires_grad_(False)
     save_config(config, run_dir / "config.yaml")
 
-    lock = threading.Lock()
     update_lock = threading.Lock()
-    learner = Learner(model, inference_model, optimizer, scheduler, config, device, lock)
-    learner.stats.agent_steps, learner.stats.updates = agent_steps, updates
+    streams = DeviceStreams(device)
+    weights = PolicyWeights(inference_model, streams, version=updates)
     spec = RolloutSpec(config.unroll_length, config.envs_per_worker, info.obs_shape,
                        torch.uint8 if info.obs_dtype == "uint8" else torch.float32, info.num_actions)
-    assembler = RolloutAssembler(spec, config.num_workers)
     rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
+    store = RolloutStore(spec, config.num_workers, device, model.initial_state(1, device),
+                         capacity=store_capacity(config.num_workers, config.envs_per_worker,
+                                                 config.batch_size, rollouts.maxsize))
+    actor_timer, learner_timer = StageTimer(device), StageTimer(device)
+    learner = Learner(model, weights, optimizer, scheduler, config, store, learner_timer)
+    learner.stats.agent_steps, learner.stats.updates = agent_steps, updates
     stop = threading.Event()
     errors: list[BaseException] = []
     episodes = _Episodes(info.task_names, normalise=_normaliser(config.env))
@@ -220,12 +236,14 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
 
     def learner_loop() -> None:
         try:
-            while not stop.is_set() and learner.stats.agent_steps < config.total_steps:
-                pieces = rollouts.get_batch(config.batch_size, stop)
-                if pieces is None:
-                    break
-                with update_lock:
-                    learner.update(pieces)
+            with DeviceStreams.use(streams.learner):
+                while not stop.is_set() and learner.stats.agent_steps < config.total_steps:
+                    with learner_timer.stage("learner_idle"):
+                        pieces = rollouts.get_batch(config.batch_size, stop)
+                    if pieces is None:
+                        break
+                    with update_lock:
+                        learner.update(pieces)
         except BaseException as exc:  # surfaced by the main thread
             errors.append(exc)
         finally:
@@ -250,9 +268,12 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                      **({"address": config.ray_address} if config.backend == "ray" else {}))
     progress = progress or Progress(config, run_dir)
     evaluator = None
+    queue_depth = _Mean()
+    previous_stream = streams.make_current(streams.inference)  # this thread acts on the inference stream
     try:
         pool.start()
-        inference = InferenceLoop(inference_model, pool, assembler, device, lock)
+        inference = InferenceLoop(inference_model, pool, store, device, weights=weights, timer=actor_timer,
+                                  graph=config.inference_graph)
         thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
         thread.start()
         start_time = last_log = last_ckpt = time.monotonic()
@@ -270,16 +291,18 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
                 stopped_by[0], lost = "workers lost", exc
                 break
+            queue_depth.add(rollouts.qsize())
             now = time.monotonic()
             if now - last_log >= config.log_interval:
                 sps = (learner.stats.agent_steps - last_steps) / (now - last_log)
-                row = _metrics_row(learner, episodes, pool, assembler, sps, now - start_time)
+                row = _metrics_row(learner, episodes, pool, store, sps, now - start_time)
+                row.update(_pipeline_row(actor_timer, learner_timer, queue_depth, device))
                 metrics.write(row)
                 _write_tb(writer, row)
                 progress.update(row)
                 last_log, last_steps = now, learner.stats.agent_steps
             if evaluator is not None:
-                evaluator.maybe_start(learner.stats.agent_steps, inference_model, lock)
+                evaluator.maybe_start(learner.stats.agent_steps, inference_model, weights.lock)
                 for eval_row in evaluator.poll():
                     metrics.write(eval_row)
                     _write_tb(writer, eval_row)
@@ -300,7 +323,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         checkpoint(run_dir / "checkpoint.pt")
         elapsed = time.monotonic() - start_time
         average_sps = (learner.stats.agent_steps - first_steps) / elapsed if elapsed > 0 else math.nan
-        row = _metrics_row(learner, episodes, pool, assembler, average_sps, elapsed)
+        row = _metrics_row(learner, episodes, pool, store, average_sps, elapsed)
+        row.update(_pipeline_row(actor_timer, learner_timer, queue_depth, device))
         metrics.write(row)
         _write_tb(writer, row)
         progress.update(row)
@@ -308,6 +332,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             raise lost
     finally:
         stop.set()
+        streams.make_current(previous_stream)
         if evaluator is not None:
             evaluator.close()
         pool.close()
@@ -325,7 +350,7 @@ def _next_multiple(steps: int, interval: int) -> int:
     return (steps // interval + 1) * interval if interval > 0 else 0
 
 
-def _metrics_row(learner, episodes, pool, assembler, sps, elapsed) -> dict:
+def _metrics_row(learner, episodes, pool, store, sps, elapsed) -> dict:
     row = {
         "time": round(elapsed, 2),
         "agent_steps": learner.stats.agent_steps,
@@ -335,11 +360,57 @@ def _metrics_row(learner, episodes, pool, assembler, sps, elapsed) -> dict:
         "mean_return": episodes.mean_return(),
         "mean_success": episodes.mean_success(),
         "worker_restarts": pool.restarts,
-        "dropped_steps": assembler.dropped_steps,
+        "dropped_steps": store.dropped_steps,
     }
     row.update({k: v for k, v in learner.stats.last.items()})
     row.update(episodes.per_task())
     return row
+
+
+class _Mean:
+    """Running mean of samples, reset when read."""
+
+    def __init__(self):
+        self.total, self.count = 0.0, 0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    def take(self) -> float:
+        mean = self.total / self.count if self.count else 0.0
+        self.total, self.count = 0.0, 0
+        return mean
+
+
+# Stage shares of the two threads in metrics rows (fractions of wall time):
+# the acting thread's rest is bookkeeping outside the stages (logging,
+# checkpoints, callbacks); the learner's idle time is waiting for rollouts.
+ACTOR_SHARES = INFERENCE_STAGES
+LEARNER_SHARES = ("learner_idle",) + LEARNER_STAGES
+
+
+def _pipeline_row(actor_timer: StageTimer, learner_timer: StageTimer, queue_depth: _Mean,
+                  device: torch.device) -> dict:
+    """Where the time of the last interval went, the queue depth and the peak memory."""
+    actor, actor_wall = actor_timer.collect()
+    learner, learner_wall = learner_timer.collect()
+    row = shares(actor, actor_wall, ACTOR_SHARES, rest="actor_other")
+    row.update(shares(learner, learner_wall, LEARNER_SHARES))
+    row["rollout_queue"] = round(queue_depth.take(), 2)
+    row["peak_memory_mb"] = round(_peak_memory_mb(device), 1)
+    return row
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak memory allocated on ``device`` since the last call; CPU: the process's peak RSS."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def _tensorboard(run_dir: Path):

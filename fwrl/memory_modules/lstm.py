@@ -48,7 +48,9 @@ class LSTMCore(Core):
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         T = x.shape[0]
-        reset_steps = done.any(dim=1).nonzero().flatten().tolist()
+        # cuDNN runs whole segments between episode starts; finding them is a host sync, which
+        # a single step (inference) does without (its reset is row-wise below)
+        reset_steps = done.any(dim=1).nonzero().flatten().tolist() if T > 1 else []
         bounds = sorted(set([0, *reset_steps, T]))
         outputs = []
         for start, end in zip(bounds[:-1], bounds[1:]):

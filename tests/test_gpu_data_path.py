@@ -1,0 +1,149 @@
+"""The GPU data path: rollout store on a CUDA device, two streams, CUDA-graph acting.
+
+The sampler test runs everywhere; the rest needs a CUDA GPU (the GPU suite,
+``benchmarks/gpu/run.sh``, runs them) and skips without one.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from fwrl.agents.model import AgentNet
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CORES = {
+    "lstm": {"hidden_size": 16},
+    "delta_net": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
+    "rdn": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
+    "srwm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
+    "elstm": {"hidden_size": 8, "grad": "rtrl"},
+}
+
+
+def test_gumbel_sampler_draws_from_the_softmax():
+    """argmax(logits + Gumbel noise) is a sample of softmax(logits): frequencies over 60k draws
+    within 5 standard errors of the probabilities."""
+    torch.manual_seed(0)
+    model = AgentNet((4,), 3, "feedforward", {}, stem="mlp")
+    n = 60_000
+    inputs = {"obs": torch.randn(1, 1, 4).expand(1, n, 4).contiguous(), "reward": torch.zeros(1, n),
+              "done": torch.zeros(1, n, dtype=torch.bool)}
+    with torch.no_grad():
+        out, _ = model(inputs, model.initial_state(n), sampler="gumbel")
+    probs = torch.softmax(out["policy_logits"][0, 0].double(), -1)
+    freq = torch.bincount(out["action"][0], minlength=3).double() / n
+    stderr = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 5 * stderr).all(), (freq, probs)
+    assert (probs > 0.05).all()  # a real mixture, not a near-deterministic policy
+
+
+@needs_cuda
+@pytest.mark.parametrize("core", sorted(CORES))
+def test_graphed_acting_equals_the_eager_forward(core):
+    from fwrl.agents.inference_graph import GraphedActing
+    from fwrl.agents.policy_weights import PolicyWeights
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
+    graphed = GraphedActing(model, device, greedy=True)
+    weights = PolicyWeights(model)
+    n = 6
+    state = model.initial_state(n, device)
+    for step in range(8):
+        inputs = {"obs": torch.randn(1, n, 4, device=device), "reward": torch.randn(1, n, device=device),
+                  "done": (torch.rand(1, n, device=device) < 0.2)}
+        with torch.no_grad():
+            eager, eager_state = model(inputs, state, greedy=True)
+        out, out_state = graphed(inputs, state)
+        torch.testing.assert_close(out["policy_logits"], eager["policy_logits"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out["action"], eager["action"])
+        for name in eager_state:
+            torch.testing.assert_close(out_state[name], eager_state[name], rtol=1e-4, atol=1e-5)
+        state = {k: v.clone() for k, v in eager_state.items()}
+        if step == 3:  # a publish changes the weights in place: the graph must see them
+            other = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
+            weights.publish(other)
+    assert list(graphed.graphs) == [n]
+
+
+@needs_cuda
+@pytest.mark.parametrize("core", ["lstm", "elstm"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_replay_on_cuda_with_streams(core, graph):
+    """The replay test of tests/test_rollouts.py with the store, the state and the forward on a
+    CUDA device, acting on its own stream while another stream publishes weights."""
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
+    from fwrl.envs.local_workers import LocalWorkerPool
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    T = 6
+    pool = LocalWorkerPool("memory:cue_delay?delay=2&num_cues=3", 2, 2, seed=5)
+    model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
+    learner_model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
+    streams = DeviceStreams(device)
+    weights = PolicyWeights(model, streams)
+    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, device, model.initial_state(1, device))
+    rollouts = []
+
+    def keep(r):
+        data = store.export(r)
+        rollouts.append((data, weights.version))
+        store.release(r)
+
+    previous = streams.make_current(streams.inference)
+    pool.start()
+    try:
+        loop = InferenceLoop(model, pool, store, device, weights=weights, graph=graph)
+        snapshots = {}
+        while len(rollouts) < 8:
+            loop.step(5.0, on_rollout=keep)
+            if loop.agent_steps % 24 == 0:  # publish from the learner stream, as the learner thread does
+                with torch.cuda.stream(streams.learner):
+                    weights.publish(learner_model)
+                with torch.no_grad():
+                    learner_model.policy.weight.add_(0.1)
+            snapshots[weights.version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    finally:
+        pool.close()
+        streams.make_current(previous)
+    replayed = 0
+    for data, _ in rollouts:
+        versions = data.tensors["policy_version"][:, 0].tolist()
+        if len(set(versions[1:])) != 1:
+            continue  # the weights changed inside this rollout: a single replay cannot match it
+        acting = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
+        acting.load_state_dict(snapshots[versions[1]])
+        with torch.no_grad():
+            out, _ = acting({k: data.tensors[k].to(device) for k in ("obs", "reward", "done")},
+                            {k: v.to(device) for k, v in data.initial_state.items()})
+        torch.testing.assert_close(out["policy_logits"][:-1].cpu(), data.tensors["policy_logits"][1:],
+                                   rtol=1e-4, atol=1e-4)
+        replayed += 1
+    assert replayed >= 2
+
+
+@needs_cuda
+def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
+    import csv
+
+    from fwrl.launch.config import TrainConfig
+    from fwrl.launch.train import train
+
+    config = TrainConfig(env="memory:cue_delay?delay=3", core="lstm", core_options={"hidden_size": 32},
+                         num_workers=2, envs_per_worker=4, batch_size=8, unroll_length=10, total_steps=6000,
+                         device="cuda", log_interval=1.0, inference_graph=True, num_threads=1)
+    result = train(config, tmp_path / "run")
+    assert result.stopped_by == "budget"
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    last = rows[-1]
+    for key in ("share/env_wait", "share/inference_forward", "share/learner_backward", "policy_lag_mean",
+                "rollout_queue", "peak_memory_mb"):
+        assert key in last, key
+    assert float(last["peak_memory_mb"]) > 0
+    assert 0 <= float(last["share/learner_backward"]) <= 1
