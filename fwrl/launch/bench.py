@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -241,9 +242,11 @@ def measure_throughput(config, seconds: float, warmup: float, progress=None) -> 
     return _window_summary(rows, warmup)
 
 
-def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0) -> int:
+def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
+                     json_path: str | None = None) -> int:
     """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
-    ceiling of the same workers measured in the same run, their ratio, and where the time goes."""
+    ceiling of the same workers measured in the same run, their ratio, and where the time goes;
+    ``json_path``: also write them (and the config) as JSON."""
     from rich.console import Console
     from rich.table import Table
 
@@ -255,8 +258,8 @@ def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceilin
     workers = f"{config.num_workers} x {config.envs_per_worker}"
     ceiling = None
     if ceiling_seconds > 0:
-        console.print(f"env ceiling: {config.env} with random actions, {workers} workers x envs, "
-                      f"{ceiling_seconds:g} s ...")
+        console.print(f"env ceiling: {config.env} with random actions, {config.num_workers} workers x "
+                      f"{config.envs_per_worker} envs, {ceiling_seconds:g} s ...")
         with console.status("stepping envs with random actions ..."):
             ceiling = measure_env_steps(config.env, config.num_workers, config.envs_per_worker, ceiling_seconds,
                                         warmup=min(3.0, ceiling_seconds / 2), seed=config.seed,
@@ -283,6 +286,19 @@ def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceilin
         for name in names:
             table.add_row(f"  {name}", f"{result.shares[f'share/{name}']:.1%}")
     out.print(table)
+    if json_path:
+        import json
+
+        from fwrl.launch.rundir import atomic_write_text
+
+        record = {"config": config.to_dict(), "seconds": result.seconds, "agent_steps": result.agent_steps,
+                  "updates": result.updates, "steps_per_second": result.steps_per_second,
+                  "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
+                  "policy_lag_mean": result.policy_lag_mean, "policy_lag_max": result.policy_lag_max,
+                  "rollout_queue": result.rollout_queue, "peak_memory_mb": result.peak_memory_mb,
+                  "shares": result.shares}
+        atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
+        console.print(f"wrote {json_path}")
     return 0
 
 

@@ -248,6 +248,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--warmup", type=float, default=15.0, help="seconds of training before measuring (15)")
     t.add_argument("--ceiling-seconds", type=float, default=10.0,
                    help="seconds of random-action env stepping on the same workers, the ceiling (10; 0: skip)")
+    t.add_argument("--json", metavar="PATH", help="also write the results and the config as JSON")
     t.set_defaults(run=run_bench_throughput)
     e = bsub.add_parser("envs", help="raw env steps/s through the worker layer")
     e.add_argument("--env", default="atari:Pong")
@@ -280,7 +281,8 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     if atari_opts:
         config = _apply_atari_flags(config, atari_opts)
     _validate(config)
-    return bench_throughput(config, seconds=args.seconds, warmup=args.warmup, ceiling_seconds=args.ceiling_seconds)
+    return bench_throughput(config, seconds=args.seconds, warmup=args.warmup, ceiling_seconds=args.ceiling_seconds,
+                            json_path=args.json)
 
 
 def _bench(name: str):

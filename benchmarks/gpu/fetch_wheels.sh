@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Download the wheels the GPU suite needs on a box without a package registry
+# (Python 3.12 x86-64, torch and triton already there) into .whl/ at the
+# repository root (ignored by git). Run it where PyPI is reachable:
+#
+#     benchmarks/gpu/fetch_wheels.sh            # then carry .whl to the box
+#
+# Versions are pinned to what this machine's Python has installed where it has
+# the package (so the box runs what the tests ran here), else the newest.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEST=.whl
+PYTHON=${PYTHON:-python3}
+# What the box lacks (device README / KINDS.md lists what it has): the env
+# stack, FLA for the delta-rule comparison, and fwrl's own runtime
+# dependencies the box image does not hold.
+PACKAGES=(gymnasium farama-notifications "ale-py<0.13" fla-core
+          pydantic pydantic-core annotated-types typing-inspection)
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+           manylinux1_x86_64)
+
+mkdir -p "$DEST"
+grep -qxF "/$DEST/" .git/info/exclude 2>/dev/null || grep -qxF "/$DEST/" .gitignore || echo "/$DEST/" >> .git/info/exclude
+platform_args=()
+for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
+
+pinned() {  # NAME[<spec] -> NAME==installed version, or the spec as given
+    local name=${1%%[<>=]*}
+    local version
+    version=$("$PYTHON" -c "import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: pass" "$name")
+    if [[ -n "$version" ]]; then echo "$name==$version"; else echo "$1"; fi
+}
+
+for package in "${PACKAGES[@]}"; do
+    spec=$(pinned "$package")
+    echo "fetching $spec"
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platform_args[@]}" -d "$DEST" "$spec"
+done
+ls -la "$DEST"
+du -sh "$DEST"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run one part of the GPU suite on a GPU box (or, with --dry-run, the same
+# code at tiny sizes on the CPU, as CI does):
+#
+#     benchmarks/gpu/run.sh [--dry-run] kernels|learner|pong [OUT_DIR]
+#
+# Wheels carried in .whl/ (benchmarks/gpu/fetch_wheels.sh) are installed into
+# a private target first; fwrl itself runs from this checkout. Results go to
+# OUT_DIR/<part>/ (default: $OUT/<part> when $OUT is set, as on the device
+# tool's machines, else benchmarks/results/gpu/<part>). FWRL_COMMIT names the
+# commit in the results where the checkout has no .git.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+    SITE=${FWRL_SITE:-/tmp/fwrl-site}
+    if [[ ! -f "$SITE/.installed" ]]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "$ROOT"/.whl/*.whl
+        touch "$SITE/.installed"
+    fi
+    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+exec "$PYTHON" "$ROOT/benchmarks/gpu/suite.py" "$@"

@@ -1,0 +1,422 @@
+"""The GPU proof (issue 14): kernels, learner throughput and a real game, one part per command.
+
+Run through ``benchmarks/gpu/run.sh [--dry-run] PART [OUT_DIR]`` (it installs the
+carried wheels first). Each part stays well inside 10 minutes on an H100 with
+16 cores and writes, into ``OUT_DIR/<part>/``, a markdown report, a CSV, a PNG
+and the raw JSON, each headed by the commit, GPU, torch and triton versions:
+
+- ``kernels``: the CUDA tests (every ``tests/test_kernels_*.py`` and
+  ``tests/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
+  recurrence at its preset shapes and at the issue's two goal shapes, fp32 and
+  bf16, against the eager reference, ``torch.compile`` of it, and FLA's
+  kernels for the delta rule;
+- ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
+  stem, one worker per core) for lstm, delta_net, rdn, srwm and elstm with
+  RTRL, the env ceiling measured once on the same workers;
+- ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (``rfwp-atari``),
+  then ``fwrl evaluate`` and ``fwrl plot``.
+
+``--dry-run`` runs the same code at tiny sizes on the CPU (CI does, so the
+suite cannot rot between GPU runs); its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("kernels", "learner", "pong")
+KERNEL_CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm")
+DTYPES = ("fp32", "bf16")
+# The issue's goal shapes (B, T, H, D) for every recurrence, beside each one's preset shapes.
+GOAL_SHAPES = ((32, 51, 4, 32), (256, 101, 8, 64))
+GOALS = {
+    "speedup_small": 50.0,  # fused fwd+bwd vs eager reference at (32, 51, 4, 32)
+    "speedup_large": 15.0,  # ... at (256, 101, 8, 64)
+    "memory_large": 20.0,  # eager reference peak memory / fused peak memory at (256, 101, 8, 64)
+    "vs_fla": 1.3,  # delta rule fused vs FLA fused_recurrent_delta_rule, RL shapes
+    "lstm_of_ceiling": 0.70,  # lstm agent steps/s / env ceiling
+    "rdn_of_lstm": 0.80,  # rdn agent steps/s / lstm's
+}
+LEARNER_CORES = (("lstm", ()), ("delta_net", ()), ("rdn", ()), ("srwm", ()),
+                 ("elstm", ("--core-opt", "grad=rtrl")))
+PONG_SECONDS = 480
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+class Part:
+    """One part's output folder, log and time budget."""
+
+    def __init__(self, name: str, out: Path, dry: bool, budget: float):
+        self.name, self.dry = name, dry
+        self.out = out / name
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        self.out.mkdir(parents=True)
+        self.log_path = self.out / f"{name}.log"
+        self.started = time.monotonic()
+        self.budget = budget
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.started)
+
+    def log(self, text: str) -> None:
+        print(text, flush=True)
+        with self.log_path.open("a") as f:
+            f.write(text + "\n")
+
+    def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``argv`` (output to the console and the log); ``timeout`` defaults to the time left."""
+        timeout = self.left() if timeout is None else min(timeout, self.left())
+        if timeout <= 0:
+            raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
+        self.log(f"$ {' '.join(map(str, argv))}")
+        proc = subprocess.run(list(map(str, argv)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        self.log(proc.stdout.rstrip())
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{argv[0]} ... exited with {proc.returncode}")
+        return proc
+
+
+def fwrl(*args: Any) -> list[str]:
+    return [sys.executable, "-m", "fwrl.launch.cli", *map(str, args)]
+
+
+def metadata(dry: bool) -> dict[str, Any]:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    commit = os.environ.get("FWRL_COMMIT") or _git("rev-parse", "--short", "HEAD") or "unknown"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)"
+    return {"commit": commit, "gpu": gpu, "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "dry_run": dry}
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def header(title: str, meta: dict[str, Any]) -> str:
+    dry = "  \n**Dry run at tiny sizes on the CPU: these figures mean nothing.**" if meta["dry_run"] else ""
+    return (f"# {title}\n\ncommit `{meta['commit']}` · GPU {meta['gpu']} · torch {meta['torch']} · "
+            f"triton {meta['triton']} · Python {meta['python']} · {meta['cpus']} CPUs · {meta['date']}{dry}\n")
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with path.open("w", newline="") as f:
+        f.write("# " + ", ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def goal_line(name: str, value: float | None, goal: float, unit: str = "x") -> dict[str, Any]:
+    met = None if value is None else value >= goal
+    return {"goal": name, "target": f">= {goal:g}{unit}", "measured": None if value is None else round(value, 3),
+            "met": {True: "yes", False: "NO", None: "not measured"}[met]}
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def part_kernels(part: Part, meta: dict[str, Any]) -> None:
+    tests = (["tests/test_gpu_data_path.py"] if part.dry
+             else sorted(glob.glob("tests/test_kernels_*.py", root_dir=ROOT)) + ["tests/test_gpu_data_path.py"])
+    proc = part.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                    timeout=240 if not part.dry else 120, check=False)
+    summary = _pytest_summary(proc.stdout)
+    rows: list[dict[str, Any]] = []
+    for core in KERNEL_CORES:
+        for dtype in DTYPES if not part.dry else DTYPES[:1]:
+            path = part.out / f"kernels-{core}-{dtype}.json"
+            args = ["bench", "kernels", "--core", core, "--dtype", dtype, "--json", path]
+            if part.dry:
+                args += ["--dry-run"]
+            else:
+                args += ["--repeats", "10"] + [a for shape in _kernel_shapes(core) for a in ("--shape", shape)]
+                if dtype == "bf16":
+                    args += ["--impl", "reference", "--impl", "triton", "--impl", "fla"]  # compile once, in fp32
+            try:
+                result = part.run(fwrl(*args), timeout=None if not part.dry else 120, check=False)
+            except TimeoutError as exc:
+                part.log(f"skipped: {exc}")
+                rows.append({"core": core, "dtype": dtype, "impl": "-", "note": "skipped: out of time"})
+                continue
+            if result.returncode != 0 or not path.exists():
+                rows.append({"core": core, "dtype": dtype, "impl": "-",
+                             "note": f"fwrl bench kernels exited with {result.returncode}"})
+                continue
+            for row in json.loads(path.read_text())["results"]:
+                B, T, H, D = row["shape"]
+                rows.append({"core": core, "dtype": dtype, "shape": f"{B}x{T}x{H}x{D}", "impl": row["impl"],
+                             "fwd_ms": row.get("fwd_ms"), "fwd_bwd_ms": row.get("fwd_bwd_ms"),
+                             "fwd_bwd_peak_mib": row.get("fwd_bwd_peak_mib"),
+                             "speedup_fwd_bwd": row.get("speedup_fwd_bwd"),
+                             "max_abs_error": row.get("max_abs_error"), "note": row.get("skipped") or row.get("note")})
+            path.unlink()  # the CSV keeps every row; the device tool brings back at most 8 files
+    goals = _kernel_goals(rows)
+    write_csv(part.out / "kernels.csv", rows, meta)
+    (part.out / "kernels.json").write_text(json.dumps({"meta": meta, "tests": summary, "rows": rows,
+                                                        "goals": goals}, indent=2))
+    _plot_kernels(part.out / "kernels.png", rows, meta)
+    md = header("GPU suite: kernels", meta)
+    md += f"\nCUDA tests ({' '.join(tests)}): **{summary}**\n\n## Goals (H100)\n\n"
+    md += table(goals, ("goal", "target", "measured", "met"))
+    md += "\n## Timings (median of CUDA events; memory = peak beyond the inputs)\n\n"
+    md += table(rows, ("core", "dtype", "shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_peak_mib",
+                       "speedup_fwd_bwd", "max_abs_error", "note"))
+    (part.out / "kernels.md").write_text(md)
+
+
+def _kernel_shapes(core: str) -> list[str]:
+    from fwrl.kernels.benchmark import CORE_SHAPES, SHAPES
+
+    shapes = list(CORE_SHAPES.get(core, SHAPES)) + [s for s in GOAL_SHAPES]
+    return [",".join(map(str, s)) for s in dict.fromkeys(tuple(s) for s in shapes)]
+
+
+def _pytest_summary(output: str) -> str:
+    lines = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    return lines[-1].strip("= ") if lines else "no summary (see the log)"
+
+
+def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def pick(core, shape, impl, dtype="fp32"):
+        for r in rows:
+            if (r["core"], r.get("shape"), r["impl"], r["dtype"]) == (core, shape, impl, dtype) and r.get("fwd_bwd_ms"):
+                return r
+        return None
+
+    goals = []
+    for core in KERNEL_CORES:
+        small = pick(core, "32x51x4x32", "triton")
+        goals.append(goal_line(f"{core}: fused fwd+bwd vs eager at 32x51x4x32",
+                               small and small.get("speedup_fwd_bwd"), GOALS["speedup_small"]))
+        large, ref = pick(core, "256x101x8x64", "triton"), pick(core, "256x101x8x64", "reference")
+        goals.append(goal_line(f"{core}: fused fwd+bwd vs eager at 256x101x8x64",
+                               large and large.get("speedup_fwd_bwd"), GOALS["speedup_large"]))
+        memory = (ref["fwd_bwd_peak_mib"] / large["fwd_bwd_peak_mib"]
+                  if large and ref and large.get("fwd_bwd_peak_mib") else None)
+        goals.append(goal_line(f"{core}: eager / fused peak memory at 256x101x8x64", memory, GOALS["memory_large"]))
+    for shape in sorted({r["shape"] for r in rows if r["core"] == "delta_rule" and r.get("shape")}):
+        ours, fla = pick("delta_rule", shape, "triton"), pick("delta_rule", shape, "fla")
+        ratio = fla["fwd_bwd_ms"] / ours["fwd_bwd_ms"] if ours and fla else None
+        goals.append(goal_line(f"delta rule vs FLA fused_recurrent at {shape} (fwd+bwd)", ratio, GOALS["vs_fla"]))
+    return goals
+
+
+def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("fwd_bwd_ms") and r["dtype"] == "fp32"]
+    keys = sorted({(r["core"], r["shape"]) for r in timed})
+    impls = [i for i in ("reference", "compiled", "triton", "fla") if any(r["impl"] == i for r in timed)]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys) + 3), 5))
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        values = [next((r["fwd_bwd_ms"] for r in timed if (r["core"], r["shape"]) == key and r["impl"] == impl), 0)
+                  for key in keys]
+        ax.bar([i + j * width for i in range(len(keys))], values, width, label=impl)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))], [f"{c}\n{s}" for c, s in keys], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("fwd+bwd ms (fp32, log scale)")
+    ax.set_title(f"fused kernels vs reference · {meta['gpu']} · {meta['commit']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- learner
+
+def part_learner(part: Part, meta: dict[str, Any]) -> None:
+    workers = 2 if part.dry else (os.cpu_count() or 2)
+    if part.dry:
+        common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
+                  "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
+    else:
+        common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
+                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 45, "--warmup", 15]
+    rows, ceiling = [], None
+    for core, extra in LEARNER_CORES:
+        path = part.out / f"learner-{core}.json"
+        ceiling_seconds = (1 if part.dry else 10) if ceiling is None else 0
+        try:
+            part.run(fwrl("bench", "throughput", *common, "--core", core, *extra,
+                          "--ceiling-seconds", ceiling_seconds, "--json", path), timeout=150 if part.dry else 150)
+        except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            part.log(f"{core}: {exc}")
+            rows.append({"core": core, "note": str(exc)[:120]})
+            continue
+        record = json.loads(path.read_text())
+        path.unlink()
+        ceiling = ceiling or record["env_ceiling_steps_per_second"]
+        shares = record["shares"]
+        rows.append({"core": " ".join([core, *extra[1:]]), "agent_steps_per_s": record["steps_per_second"],
+                     "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
+                     "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
+                     "peak_memory_mb": record["peak_memory_mb"],
+                     **{k.removeprefix("share/"): v for k, v in shares.items()}})
+    by = {r["core"].split()[0]: r for r in rows if r.get("agent_steps_per_s")}
+    lstm, rdn = by.get("lstm"), by.get("rdn")
+    goals = [goal_line("lstm agent steps/s / env ceiling", lstm and lstm["of_ceiling"], GOALS["lstm_of_ceiling"], ""),
+             goal_line("rdn agent steps/s / lstm's", rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"]
+                       if rdn and lstm else None, GOALS["rdn_of_lstm"], "")]
+    write_csv(part.out / "learner.csv", rows, meta)
+    (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling, "rows": rows,
+                                                        "goals": goals}, indent=2))
+    _plot_learner(part.out / "learner.png", rows, ceiling, meta)
+    md = header("GPU suite: learner throughput on Atari Pong", meta)
+    md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --core CORE`; env ceiling (random actions, "
+           f"same {workers} workers): **{ceiling and round(ceiling):,} steps/s**\n\n## Goals\n\n")
+    md += table(goals, ("goal", "target", "measured", "met"))
+    md += "\n## Agent steps/s and where the time goes (shares of each thread's wall time)\n\n"
+    md += table(rows, ("core", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag", "peak_memory_mb",
+                       "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
+                       "learner_forward", "learner_backward", "learner_optimiser", "note"))
+    (part.out / "learner.md").write_text(md)
+
+
+def _plot_learner(path: Path, rows: list[dict[str, Any]], ceiling: float | None, meta: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("agent_steps_per_s")]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar([r["core"] for r in timed], [r["agent_steps_per_s"] for r in timed], color="tab:blue")
+    if ceiling:
+        ax.axhline(ceiling, color="tab:red", linestyle="--", label=f"env ceiling {ceiling:,.0f}")
+        ax.axhline(GOALS["lstm_of_ceiling"] * ceiling, color="tab:orange", linestyle=":", label="70% of the ceiling")
+        ax.legend()
+    ax.set_ylabel("agent steps/s")
+    ax.set_title(f"Pong, impala stem · {meta['gpu']} · {meta['commit']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- pong
+
+def part_pong(part: Part, meta: dict[str, Any]) -> None:
+    workers = 2 if part.dry else (os.cpu_count() or 2)
+    seconds = 12 if part.dry else PONG_SECONDS
+    with tempfile.TemporaryDirectory(prefix="fwrl-pong-") as tmp:
+        run = Path(tmp) / "pong-rdn"
+        train = ["train", "--preset", "rfwp-atari", "--env", "atari:Pong", "--core", "rdn", "--num-workers", workers,
+                 "--max-seconds", seconds, "--runs-dir", tmp, "--name", "pong-rdn", "--log-interval",
+                 2 if part.dry else 10]
+        train += (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8] if part.dry
+                  else ["--device", "cuda", "--envs-per-worker", 2])
+        part.run(fwrl(*train), timeout=seconds + 120)
+        episodes = 1 if part.dry else 8
+        part.run(fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1, "--num-workers", min(episodes, workers),
+                      "--device", "cpu" if part.dry else "cuda", "--out", part.out / "evaluation.json"),
+                 timeout=120 if part.dry else 150)
+        part.run(fwrl("plot", run, "--metric", "mean_return", "--out", part.out / "pong.png"), timeout=60)
+        shutil.copy(run / "metrics.csv", part.out / "metrics.csv")
+        shutil.copy(run / "config.yaml", part.out / "config.yaml")
+    rows = list(csv.DictReader((part.out / "metrics.csv").open()))
+    curve = [(float(r["time"]), int(r["agent_steps"]), float(r["mean_return"])) for r in rows
+             if r.get("mean_return") not in (None, "", "nan")]
+    first_positive = next(((t, s) for t, s, v in curve if v > 0), None)
+    evaluation = json.loads((part.out / "evaluation.json").read_text())
+    eval_mean = _eval_mean(evaluation)
+    final = curve[-1] if curve else None
+    goals = [goal_line(f"mean return (last 100 episodes) above 0 within {seconds} s",
+                       final[2] if final else None, 1e-9, "")]
+    summary = {"meta": meta, "seconds": seconds, "final": final, "first_positive": first_positive,
+               "evaluation_mean": eval_mean, "goals": goals}
+    (part.out / "pong.json").write_text(json.dumps(summary, indent=2))
+    md = header("GPU suite: Pong, rdn agent, rfwp-atari preset", meta)
+    md += f"\n`fwrl {' '.join(map(str, train))}`, then `fwrl evaluate` ({episodes} greedy full games) and `fwrl plot`.\n\n"
+    md += table(goals, ("goal", "target", "measured", "met"))
+    if final:
+        md += (f"\nAfter {final[0]:.0f} s: {final[1]:,} agent steps, mean training return {final[2]:.2f} "
+               f"(last 100 episodes). First positive mean: "
+               f"{'at %.0f s, %s steps' % (first_positive[0], f'{first_positive[1]:,}') if first_positive else 'never'}."
+               f"\nEvaluation: mean return {eval_mean if eval_mean is None else round(eval_mean, 2)} over "
+               f"{episodes} greedy games.\n")
+    md += "\nCurve: `pong.png`; every row: `metrics.csv`; evaluation: `evaluation.json` / `evaluation.md`.\n"
+    (part.out / "pong.md").write_text(md)
+
+
+def _eval_mean(evaluation: dict[str, Any]) -> float | None:
+    """The mean return of the first result row of an ``fwrl evaluate`` JSON."""
+    for key in ("runs", "results"):
+        for row in evaluation.get(key, []) or []:
+            if "mean" in row:
+                return float(row["mean"])
+    return None
+
+
+# ----------------------------------------------------------------------------- main
+
+PART_FUNCTIONS: dict[str, Callable[[Part, dict[str, Any]], None]] = {
+    "kernels": part_kernels, "learner": part_learner, "pong": part_pong}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/gpu/run.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
+    parser.add_argument("--budget", type=float, default=570.0,
+                        help="seconds this part may take in all (default 570: inside a 10-minute command)")
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu")
+    meta = metadata(args.dry_run)
+    if not args.dry_run and meta["gpu"] == "none (CPU)":
+        print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
+        return 2
+    part = Part(args.part, out, args.dry_run, args.budget)
+    part.log(f"GPU suite part {args.part}: {json.dumps(meta)}")
+    PART_FUNCTIONS[args.part](part, meta)
+    part.log(f"done in {time.monotonic() - part.started:.0f} s: {sorted(p.name for p in part.out.iterdir())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
