@@ -85,6 +85,7 @@ def test_life_loss_ends_training_episode_but_not_game():
     while True:
         _, _, term, trunc, info = env.step(int(rng.integers(4)))
         if term or trunc:
+            assert term and not trunc  # a life loss is a termination, not a truncation
             ends.append((info["lives"], info["game_over"], info["episode_frame_number"]))
             if info["game_over"]:
                 break
@@ -96,6 +97,28 @@ def test_life_loss_ends_training_episode_but_not_game():
     assert [over for _, over, _ in ends] == [False] * 4 + [True]
     frames = [f for _, _, f in ends]
     assert frames == sorted(frames)
+    env.close()
+
+
+def test_frame_cap_is_a_truncation_that_ends_the_game():
+    """ALE's frame cap (108 000 in atari:, 200 here) comes through the chain as truncated, not
+    terminated, with game_over True (logged as a finished game); the next reset restarts the game."""
+    import gymnasium as gym
+
+    from fwrl.envs.wrappers import AtariPreprocess
+
+    atari._import_ale()
+    env = gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=200)
+    env = EpisodicLife(AtariPreprocess(env, noop_max=0))
+    env.reset(seed=0)
+    for steps in range(1, 100):  # no FIRE: the ball is never served, no life is lost
+        _, _, term, trunc, info = env.step(0)
+        if term or trunc:
+            break
+    assert trunc and not term and info["game_over"] and info["lives"] == 5
+    assert info["episode_frame_number"] == 200 and steps == 50
+    _, reset_info = env.reset()
+    assert reset_info["episode_frame_number"] == 0  # a new game, not a continued one
     env.close()
 
 

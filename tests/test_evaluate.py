@@ -15,7 +15,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.envs.env_group import EnvGroup, worker_seed
 from fwrl.envs.registry import make_env
-from fwrl.envs.worker_pool import StepResult, WorkerPool
+from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
 from fwrl.errors import FwrlError
 from fwrl.launch import evaluate as ev
 from fwrl.launch import scores
@@ -35,14 +35,10 @@ class InlinePool(WorkerPool):
     def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int):
         self.num_workers, self.envs_per_worker = num_workers, envs_per_worker
         self.groups = [EnvGroup(env, w, envs_per_worker, seed, "test") for w in range(num_workers)]
-        obs_shape = self.groups[0].envs[0].observation_space.shape
-        k = envs_per_worker
-        self.out = [
-            {"obs": np.zeros((k, *obs_shape), np.float32), "reward": np.zeros(k, np.float32),
-             "done": np.zeros(k, bool), "episode_return": np.zeros(k, np.float32),
-             "episode_step": np.zeros(k, np.int32), "task": np.zeros(k, np.int32)}
-            for _ in range(num_workers)
-        ]  # fmt: skip
+        space = self.groups[0].envs[0].observation_space
+        fields = result_fields(space.shape, str(space.dtype))
+        self.out = [{name: np.zeros((envs_per_worker, *shape), dtype) for name, (shape, dtype) in fields.items()}
+                    for _ in range(num_workers)]
         self.pending: dict[int, list] = {}
         self.closed = False
 

@@ -14,8 +14,15 @@ Options:
 - ``full_action_space=true``: all 18 actions instead of the minimal set.
 
 In ``mode="test"`` there is no episodic life: an episode is a full game (the
-evaluation protocol). Episodes are capped by ALE's 108 000 frames
-(``truncated``). Rewards are not clipped here (the learner clips them).
+evaluation protocol). Episodes are capped by ALE's 108 000 frames. Rewards are
+not clipped here (the learner clips them).
+
+Episode ends (torchbeast protocol): a life loss (train mode) and the frame cap
+both end the training episode (``done``: the core resets). A life loss is a
+*termination* (``terminated=True``, ``info["game_over"] = False``: the game
+goes on after the reset); the 108 000-frame cap is a *truncation*
+(``truncated=True``, ``info["game_over"] = True``: the game was cut, not
+lost), so workers report it as ``truncated`` with its ``final_obs``.
 """
 
 from __future__ import annotations

@@ -2,15 +2,20 @@
 
 Tracks per-game returns and lengths, resets envs whose episode ended, and
 writes results into caller-provided arrays (shared memory for the local
-backend, plain numpy for Ray).
+backend, plain numpy for Ray), laid out as :func:`~fwrl.envs.worker_pool.result_fields`
+says: ``done`` for both kinds of episode end, ``truncated`` (and the cut
+episode's last observation in ``final_obs`` / ``final_obs_extra``) only for
+an episode that was cut, not terminated.
 """
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
-from fwrl.envs.registry import make_env
-from fwrl.envs.worker_pool import EpisodeRecord
+from fwrl.envs.registry import build_env
+from fwrl.envs.worker_pool import FINAL_FIELDS, EpisodeRecord
 
 
 def worker_seed(seed: int, worker: int, life: int, env_index: int) -> int:
@@ -19,23 +24,51 @@ def worker_seed(seed: int, worker: int, life: int, env_index: int) -> int:
 
 
 class EnvGroup:
-    def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int = 0):
+    def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int = 0,
+                 wrappers: Sequence[str] = ()):
         self.worker = worker
         self.task = spec_task_index(spec, worker)
-        self.envs = [
-            make_env(spec, worker_index=worker, seed=worker_seed(seed, worker, life, j), mode=mode)
-            for j in range(k)
-        ]
+        self.envs = []
+        try:
+            for j in range(k):
+                env, obs_layout, action_layout = build_env(
+                    spec, worker_index=worker, seed=worker_seed(seed, worker, life, j), mode=mode, wrappers=wrappers)
+                self.envs.append(env)
+        except BaseException:
+            self.close()
+            raise
+        self.extras = obs_layout.extra_size > 0
+        self.multi_action = len(action_layout.dims) > 1
         self.k = k
         self.returns = np.zeros(k, np.float64)
         self.steps = np.zeros(k, np.int64)
+        self._final_set = np.zeros(k, bool)  # rows whose final_obs fields hold a value to clear
+
+    def _write_obs(self, out: dict[str, np.ndarray], j: int, obs: Any, prefix: str = "") -> None:
+        if self.extras:
+            out[prefix + "obs"][j] = obs["obs"]
+            out[prefix + "obs_extra"][j] = obs["obs_extra"]
+        else:
+            out[prefix + "obs"][j] = obs
+
+    def _clear_final(self, out: dict[str, np.ndarray], j: int) -> None:
+        if self._final_set[j]:
+            for name in FINAL_FIELDS:
+                if name in out:
+                    out[name][j] = 0
+            self._final_set[j] = False
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
         for j, env in enumerate(self.envs):
             obs, _ = env.reset()
-            out["obs"][j] = obs
+            self._write_obs(out, j, obs)
+        for name in FINAL_FIELDS:
+            if name in out:
+                out[name][:] = 0
+        self._final_set[:] = False
         out["reward"][:] = 0.0
         out["done"][:] = True
+        out["truncated"][:] = False
         out["episode_return"][:] = 0.0
         out["episode_step"][:] = 0
         out["task"][:] = self.task
@@ -43,16 +76,24 @@ class EnvGroup:
         self.steps[:] = 0
 
     def step(self, actions: np.ndarray, out: dict[str, np.ndarray]) -> list[EpisodeRecord]:
+        """Step env j with ``actions[j]`` (an int, or a row of ints for several action dims)."""
         finished = []
         for j, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(int(actions[j]))
+            action = actions[j] if self.multi_action else int(actions[j])
+            obs, reward, terminated, truncated, info = env.step(action)
             self.returns[j] += reward
             self.steps[j] += 1
-            done = terminated or truncated
+            done = bool(terminated or truncated)
+            cut = bool(truncated and not terminated)  # terminated wins: nothing to bootstrap from
             out["reward"][j] = reward
             out["done"][j] = done
+            out["truncated"][j] = cut
             out["episode_return"][j] = self.returns[j]
             out["episode_step"][j] = self.steps[j]
+            self._clear_final(out, j)
+            if cut:
+                self._write_obs(out, j, obs, prefix="final_")
+                self._final_set[j] = True
             if done:
                 if info.get("game_over", True):
                     extra = {k: float(v) for k, v in info.items() if k in ("success",)}
@@ -62,7 +103,7 @@ class EnvGroup:
                     self.returns[j] = 0.0
                     self.steps[j] = 0
                 obs, _ = env.reset()
-            out["obs"][j] = obs
+            self._write_obs(out, j, obs)
         return finished
 
     def close(self) -> None:

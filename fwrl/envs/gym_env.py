@@ -1,37 +1,44 @@
-"""Any registered gymnasium env with discrete actions (``gym:<id>``).
+"""Any gymnasium env (``gym:<id>`` or ``gym:<module>:<id>``).
 
-``gym:CartPole-v1`` makes ``gymnasium.make("CartPole-v1")`` and adapts its
-observations to the env contract of :mod:`fwrl.envs.registry`:
-
-- image observations (a uint8 ``Box`` of shape ``HxWxC`` or ``HxW``) become
-  uint8 ``CxHxW`` frames for the vision stems; option ``size=HxW`` (or a
-  single number for a square) area-resizes them, e.g. ``size=84x84``;
-- any other ``Box`` becomes a flat float32 vector ``(D,)`` for the MLP stem;
-- a ``Discrete(n)`` observation becomes a float32 one-hot vector ``(n,)``.
-
-Only ``Discrete`` action spaces (starting at 0) are supported; other spaces
-are refused with a message naming the space. Namespaced ids are accepted
+``gym:CartPole-v1`` makes ``gymnasium.make("CartPole-v1")``. An env that a
+third-party package registers is named in gymnasium's own convention,
+``gym:<module>:<id>`` (e.g. ``gym:minigrid:MiniGrid-Empty-5x5-v0``): fwrl
+imports ``<module>`` first, in the learner process and in every env worker,
+so its registrations are there. Namespaced ids work as in gymnasium
 (``gym:ALE/Pong-v5`` gives the raw Atari screen; use ``atari:Pong`` for the
-IMPALA preprocessing). Rewards and episode ends are passed through unchanged.
+IMPALA preprocessing; ``ale_py`` is imported on demand for ``ALE/`` ids).
+
+Observations and actions are turned into fwrl's fixed layout by
+:mod:`fwrl.envs.layout` (images -> uint8 CHW ``obs``; vectors, ``Discrete``
+and ``MultiDiscrete`` -> float32 ``obs``; ``Dict`` / ``Tuple`` -> the image
+as ``obs`` and the rest as ``obs_extra``; ``Discrete`` / ``MultiDiscrete``
+actions). Rewards and episode ends are passed through unchanged.
+
+Options:
+
+- ``size=HxW`` (or one number for a square): area-resize the image, e.g. ``size=84x84``;
+- ``image_key=KEY``: which entry of a Dict / Tuple observation is the image
+  (``none``: no image, flatten everything into ``obs``);
+- ``max_episode_steps=N``: gymnasium's ``TimeLimit`` at N steps (an episode cut
+  there is reported as ``truncated``).
 """
 
 from __future__ import annotations
 
 import difflib
+import sys
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from fwrl.envs.registry import EnvFamily, register_family
 from fwrl.envs.spec import EnvSpec, Option
-from fwrl.envs.wrappers import FlatFloat32, ImageToCHW, SeedOnFirstReset
+from fwrl.envs.user_wrappers import import_module_for
+from fwrl.envs.wrappers import SeedOnFirstReset
 from fwrl.errors import FwrlError
 
-SUPPORTED_OBS = (
-    "uint8 image Box (HxWxC or HxW), any other Box (flattened to float32), "
-    "or Discrete (one-hot)"
-)
+# module -> the env ids its import added to gymnasium's registry (when fwrl imported it first)
+_MODULE_IDS: dict[str, tuple[str, ...]] = {}
 
 
 def parse_size(raw: str) -> tuple[int, int]:
@@ -50,63 +57,78 @@ def parse_size(raw: str) -> tuple[int, int]:
 parse_size.__name__ = "size HxW"
 
 
-class OneHot(gym.ObservationWrapper):
-    """``Discrete(n)`` observation -> float32 one-hot vector ``(n,)``."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        space = env.observation_space
-        self._n, self._start = int(space.n), int(space.start)
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (self._n,), np.float32)
-
-    def observation(self, observation):
-        out = np.zeros(self._n, np.float32)
-        out[int(observation) - self._start] = 1.0
-        return out
+def positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(raw)
+    return value
 
 
-def _is_image(space: gym.Space) -> bool:
-    return (
-        isinstance(space, gym.spaces.Box)
-        and space.dtype == np.uint8
-        and (len(space.shape) == 2 or (len(space.shape) == 3 and space.shape[2] in (1, 3, 4)))
-    )
+positive_int.__name__ = "positive int"
+
+
+def split_id(name: str) -> tuple[str | None, str]:
+    """``"mypkg.envs:Foo-v0"`` -> ``("mypkg.envs", "Foo-v0")``; ``"Foo-v0"`` -> ``(None, "Foo-v0")``."""
+    module, sep, env_id = name.rpartition(":")
+    return (module, env_id) if sep else (None, name)
+
+
+def import_env_module(module: str, name: str) -> tuple[str, ...]:
+    """Import ``module`` (gymnasium's ``module:id`` convention); returns the ids it registered."""
+    if module in _MODULE_IDS:
+        return _MODULE_IDS[module]
+    before = set(gym.registry)
+    fresh = module not in sys.modules
+    import_module_for(module, f"gym env {name!r}")
+    if fresh:
+        ids = tuple(i for i in gym.registry if i not in before)
+    else:  # imported before fwrl looked: the ids whose entry point lives in the module's package
+        top = module.split(".")[0]
+        ids = tuple(i for i, s in gym.registry.items() if _entry_module(s.entry_point).split(".")[0] == top)
+    _MODULE_IDS[module] = ids
+    return ids
+
+
+def _entry_module(entry_point: Any) -> str:
+    if isinstance(entry_point, str):
+        return entry_point.partition(":")[0]
+    return getattr(entry_point, "__module__", "") or ""
 
 
 def _ensure_registered(env_id: str) -> None:
-    """Register ALE envs on demand (they are only registered once ale_py is imported)."""
-    if env_id not in gym.registry and env_id.startswith("ALE/"):
+    """Register ALE envs on demand (they are only registered once ale_py is imported), quietly
+    (also when ``gym:ale_py:ALE/...`` imported ale_py already)."""
+    if env_id.startswith("ALE/"):
         from fwrl.envs.atari import _import_ale
 
         _import_ale()
 
 
-def adapt(env: gym.Env, env_id: str, size: tuple[int, int] | None) -> gym.Env:
-    """Wrap ``env`` so that it fulfils fwrl's env contract, or raise FwrlError."""
-    act = env.action_space
-    if not isinstance(act, gym.spaces.Discrete) or int(act.start) != 0:
-        env.close()
-        raise FwrlError(
-            f"gym env {env_id!r} has action space {act}; fwrl agents support only "
-            "Discrete(n) action spaces starting at 0."
-        )
-    obs = env.observation_space
-    if _is_image(obs):
-        return ImageToCHW(env, size)
-    if size is not None:
-        env.close()
-        raise FwrlError(
-            f"option size applies only to image observations, but gym env {env_id!r} "
-            f"observes {obs}."
-        )
-    if isinstance(obs, gym.spaces.Box):
-        return FlatFloat32(env)
-    if isinstance(obs, gym.spaces.Discrete):
-        return OneHot(env)
-    env.close()
-    raise FwrlError(
-        f"gym env {env_id!r} has observation space {obs}, which fwrl does not support; "
-        f"supported: {SUPPORTED_OBS}."
+def _unknown_id(name: str, module: str | None, env_id: str) -> FwrlError:
+    ids = list(gym.registry)
+    if module is not None:
+        own = list(import_env_module(module, name))
+        close = difflib.get_close_matches(env_id, own, n=5, cutoff=0.5)
+        close += [i for i in own if i.lower() == env_id.lower() and i not in close]
+        if close:
+            hint = f" Ids it registered that look alike: {', '.join(close)}."
+        elif own:
+            shown = ", ".join(own[:20]) + (", ..." if len(own) > 20 else "")
+            hint = f" It registered: {shown}."
+        else:
+            hint = " It registered no gym env ids."
+        others = [i for i in difflib.get_close_matches(env_id, ids, n=3, cutoff=0.6) if i not in own]
+        if others:
+            hint += f" Other registered ids that look alike: {', '.join(others)}."
+        return FwrlError(f"unknown gym env id {env_id!r}: module {module!r} was imported, but the id is not "
+                         f"registered.{hint}")
+    close = difflib.get_close_matches(env_id, ids, n=5, cutoff=0.6)
+    close += [i for i in ids if i.lower() == env_id.lower() and i not in close]
+    hint = f" Close matches: {', '.join(close)}." if close else " See gymnasium.pprint_registry() for the registered ids."
+    return FwrlError(
+        f"unknown gym env id {env_id!r}.{hint} An env of a third-party package is only registered once its "
+        f"module is imported: name the module as gymnasium does, gym:<module>:{env_id} (fwrl imports it in "
+        "every worker)."
     )
 
 
@@ -114,31 +136,34 @@ class GymFamily(EnvFamily):
     name = "gym"
     options = {
         "size": Option(parse_size, None, "resize image observations to HxW, e.g. 84x84"),
+        "image_key": Option(str, None, "the image entry of a Dict/Tuple observation (none: flatten all)"),
+        "max_episode_steps": Option(positive_int, None, "cut episodes after N steps (reported as truncated)"),
     }
 
     def validate(self, spec: EnvSpec) -> dict[str, Any]:
         opts = super().validate(spec)
-        for env_id in spec.names:
+        for name in spec.names:
+            module, env_id = split_id(name)
+            if module is not None:
+                import_env_module(module, name)
             _ensure_registered(env_id)
             if env_id not in gym.registry:
-                ids = list(gym.registry)
-                close = difflib.get_close_matches(env_id, ids, n=5, cutoff=0.6)
-                close += [i for i in ids if i.lower() == env_id.lower() and i not in close]
-                hint = (
-                    f" Close matches: {', '.join(close)}." if close else
-                    " See gymnasium.pprint_registry() for the registered ids."
-                )
-                raise FwrlError(f"unknown gym env id {env_id!r}.{hint}")
+                raise _unknown_id(name, module, env_id)
         return opts
+
+    def layout_options(self, spec: EnvSpec) -> dict[str, Any]:
+        opts = self.validate(spec)
+        return {"image_key": opts["image_key"], "size": opts["size"]}
 
     def make(self, spec: EnvSpec, *, worker_index: int, seed: int, mode: str = "train"):
         opts = self.validate(spec)
-        env_id = spec.name_for_worker(worker_index)
+        _, env_id = split_id(spec.name_for_worker(worker_index))
+        kwargs = {} if opts["max_episode_steps"] is None else {"max_episode_steps": opts["max_episode_steps"]}
         try:
-            env = gym.make(env_id)
+            env = gym.make(env_id, **kwargs)
         except gym.error.DependencyNotInstalled as err:
             raise FwrlError(f"gym env {env_id!r} needs a package that is missing: {err}") from None
-        return SeedOnFirstReset(adapt(env, env_id, opts["size"]), seed)
+        return SeedOnFirstReset(env, seed)
 
 
 register_family(GymFamily())

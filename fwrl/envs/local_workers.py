@@ -22,11 +22,12 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection, wait as wait_connections
+from typing import Sequence
 
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
+from fwrl.envs.worker_pool import StepResult, WorkerPool
 
 _CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
            "int64": ctypes.c_int64}
@@ -49,7 +50,8 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn: Connection, parent_pid):
+def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn: Connection, parent_pid,
+                 wrappers=()):
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(0)
@@ -62,7 +64,7 @@ def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn:
     out = {name: v[lo:hi] for name, v in views.items()}
     group = None
     try:
-        group = EnvGroup(spec, worker, k, seed, mode, life)
+        group = EnvGroup(spec, worker, k, seed, mode, life, wrappers)
         group.reset(out)
         conn.send(("ok", []))
         while True:
@@ -105,12 +107,13 @@ class LocalWorkerPool(WorkerPool):
         step_timeout: float = 60.0,
         start_timeout: float = 300.0,
         max_start_failures: int = 5,
+        env_wrappers: Sequence[str] = (),
     ):
         super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
-                         max_start_failures)
+                         max_start_failures, env_wrappers)
         self._ctx = mp.get_context("spawn")
         # the step results plus the actions the learner writes for each worker
-        self._specs = {**result_fields(self.info.obs_shape, self.info.obs_dtype), "action": ((), "int64")}
+        self._specs = {**self.result_specs, "action": (self.info.action_shape, "int64")}
         n = self.num_slots
         self._raw = {
             name: self._ctx.RawArray(_CTYPES[dtype], int(np.prod((n, *shape))))
@@ -127,7 +130,7 @@ class LocalWorkerPool(WorkerPool):
             target=_worker_main,
             name=f"fwrl-env-worker-{worker}",
             args=(self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker],
-                  self._raw, self._specs, self.num_slots, child_conn, os.getpid()),
+                  self._raw, self._specs, self.num_slots, child_conn, os.getpid(), self.env_wrappers),
             daemon=True,
         )
         process.start()
@@ -211,6 +214,7 @@ class LocalWorkerPool(WorkerPool):
                 self._restart(i, f"no answer within {limit:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
+        actions = self._actions(actions)
         w = self._workers[worker]
         if w is None:
             return

@@ -11,6 +11,17 @@ resource ``envs`` when the cluster advertises it (CPU nodes started with
 ``ray start --resources '{"envs": N}'``), else for plain CPUs only. Where each
 actor ran (node id, IP, pid) is recorded: :meth:`RayWorkerPool.placement`.
 
+Results: the arrays of :func:`~fwrl.envs.worker_pool.result_fields`, except
+that ``final_obs`` / ``final_obs_extra`` travel only for the truncated rows
+(they are rarely needed, and an image per slot per step would double the
+traffic); the pool puts them back into full arrays (zeros elsewhere).
+
+Imports: a ``gym:<module>:<id>`` module or an ``--env-wrapper`` module must be
+importable in the actors. Ray starts actors with the node's own environment,
+so each actor first adds the learner's ``PYTHONPATH`` entries that exist on its
+node to ``sys.path`` (``forward_pythonpath=True``, the default); on a cluster,
+install the package on every env node or keep it on a path all nodes share.
+
 Faults, as in the local backend (the shared bookkeeping is in
 :class:`~fwrl.envs.worker_pool.WorkerPool`): an actor that dies (its node was
 lost or it was killed), raises, or takes longer than ``step_timeout`` for one
@@ -29,11 +40,13 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from fwrl.envs.env_group import EnvGroup
-from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool, WorkersLost as _PoolWorkersLost, result_fields
+from fwrl.envs.worker_pool import (FINAL_FIELDS, EpisodeRecord, StepResult, WorkerPool,
+                                   WorkersLost as _PoolWorkersLost)
 from fwrl.errors import FwrlError, missing_dependency
 
 ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes under docker/
@@ -56,12 +69,24 @@ class EnvActor:
     """The body of one Ray actor: K envs and their output arrays (wrapped by ``ray.remote``)."""
 
     def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int,
-                 specs: dict[str, tuple[tuple[int, ...], str]]):
+                 specs: dict[str, tuple[tuple[int, ...], str]], wrappers: Sequence[str] = (),
+                 import_paths: Sequence[str] = ()):
         from fwrl.envs.quiet import silence_env_noise
 
         silence_env_noise()
+        add_import_paths(import_paths)
         self.out = {name: np.zeros((k, *shape), np.dtype(dtype)) for name, (shape, dtype) in specs.items()}
-        self.group = EnvGroup(spec, worker, k, seed, mode, life)
+        self.group = EnvGroup(spec, worker, k, seed, mode, life, wrappers)
+
+    def _payload(self) -> dict[str, np.ndarray]:
+        """The result arrays, with the final_obs fields for the truncated rows only (see module docstring)."""
+        rows = np.flatnonzero(self.out["truncated"])
+        payload = {name: a for name, a in self.out.items() if name not in FINAL_FIELDS}
+        payload["final_rows"] = rows
+        for name in FINAL_FIELDS:
+            if name in self.out:
+                payload[name] = self.out[name][rows]
+        return payload
 
     def reset(self) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], dict[str, object]]:
         """First observations, plus where this actor runs."""
@@ -70,14 +95,25 @@ class EnvActor:
         self.group.reset(self.out)
         where = {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
                  "hostname": socket.gethostname(), "pid": os.getpid()}
-        return self.out, [], where
+        return self._payload(), [], where
 
     def step(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], None]:
         episodes = self.group.step(actions, self.out)
-        return self.out, episodes, None
+        return self._payload(), episodes, None
 
     def close(self) -> None:
         self.group.close()
+
+
+def add_import_paths(paths: Sequence[str]) -> None:
+    """Put the folders of ``paths`` that exist here at the front of ``sys.path`` (in order)."""
+    for path in reversed([p for p in paths if p and os.path.isdir(p) and p not in sys.path]):
+        sys.path.insert(0, path)
+
+
+def pythonpath_entries() -> tuple[str, ...]:
+    """This process's ``PYTHONPATH`` entries, as absolute paths."""
+    return tuple(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
 
 
 @dataclass
@@ -106,16 +142,21 @@ class RayWorkerPool(WorkerPool):
         include_dashboard: bool = False,
         verbose: bool = True,
         max_start_failures: int = 5,
+        env_wrappers: Sequence[str] = (),
+        forward_pythonpath: bool = True,
     ):
         """``address``: ``auto`` (the running cluster), ``HOST:PORT``, ``ray://HOST:PORT``, or
         ``local`` (start a private single-machine Ray). ``resource``: ``auto`` (``envs`` if the
         cluster has it), a custom resource name, or None (CPUs only). ``include_dashboard``
-        only matters with ``local``; the dashboard then listens on 127.0.0.1 only."""
+        only matters with ``local``; the dashboard then listens on 127.0.0.1 only.
+        ``forward_pythonpath``: actors add this process's ``PYTHONPATH`` entries that exist on
+        their node to ``sys.path`` (for ``gym:<module>:<id>`` modules and env wrappers)."""
         if cpus_per_worker < 0:
             raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
         self._ray = import_ray()
         super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
-                         max_start_failures)
+                         max_start_failures, env_wrappers)
+        self.import_paths = pythonpath_entries() if forward_pythonpath else ()
         self.address = address
         self.resource_option = resource
         self.cpus_per_worker = cpus_per_worker
@@ -123,7 +164,7 @@ class RayWorkerPool(WorkerPool):
         self.verbose = verbose
         self.resource: str | None = None  # decided in start()
         self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
-        self._specs = result_fields(self.info.obs_shape, self.info.obs_dtype)
+        self._specs = self.result_specs
         self._actors: list[_Actor | None] = [None] * num_workers
         self._where: dict[int, dict[str, object]] = {}
         self._remote_class = None
@@ -175,7 +216,8 @@ class RayWorkerPool(WorkerPool):
         if self.resource:
             options["resources"] = {self.resource: 1}
         handle = self._remote_class.options(**options).remote(
-            self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker], self._specs)
+            self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker], self._specs,
+            self.env_wrappers, self.import_paths)
         self._actors[worker] = _Actor(handle, handle.reset.remote(), time.monotonic())
 
     def _kill(self, worker: int) -> None:
@@ -257,9 +299,21 @@ class RayWorkerPool(WorkerPool):
                 if self.verbose:
                     print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) runs on node "
                           f"{where['node_id']} ({where['ip']}, pid {where['pid']})", file=sys.stderr)
-            results.append(self._result(worker, arrays, episodes))
+            results.append(self._result(worker, self._dense(arrays), episodes))
         self._check_hangs()
         return results
+
+    def _dense(self, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """An actor's payload with full ``final_obs`` arrays (zeros outside the truncated rows)."""
+        arrays = dict(payload)
+        rows = arrays.pop("final_rows")
+        for name in FINAL_FIELDS:
+            if name in self._specs:
+                shape, dtype = self._specs[name]
+                full = np.zeros((self.envs_per_worker, *shape), np.dtype(dtype))
+                full[rows] = arrays[name]
+                arrays[name] = full
+        return arrays
 
     def _next_deadline(self) -> float:
         steps = [a.sent_at + self.step_timeout for a in self._actors
@@ -287,11 +341,12 @@ class RayWorkerPool(WorkerPool):
                 self._restart(i, f"no answer within {self.step_timeout:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
+        actions = self._actions(actions)
         a = self._actors[worker]
         if a is None:
             return
         a.sent_at = time.monotonic()
-        a.pending = a.handle.step.remote(np.asarray(actions, np.int64))
+        a.pending = a.handle.step.remote(actions)
 
     def close(self) -> None:
         if self._closed:

@@ -1,29 +1,41 @@
 """Env families by name, and the contract every env fwrl makes fulfils.
 
-The env contract (what env workers rely on):
+The env contract (what env workers rely on), for the env :func:`make_env` returns:
 
-- a ``gymnasium.Env`` with a ``Discrete`` action space;
-- observations: uint8 frames ``(C, H, W)`` for the vision stems, or a flat
-  float32 vector ``(D,)`` for the MLP stem;
+- a ``gymnasium.Env`` whose action space is ``Discrete(n)`` or ``MultiDiscrete``
+  (0-based; ``EnvInfo.action_dims``);
+- observations: an array ``obs`` (uint8 frames ``(C, H, W)`` for the vision
+  stems, or a flat float32 vector ``(D,)`` for the MLP stem), or, when
+  ``EnvInfo.extra_size > 0``, a dict ``{"obs": frames, "obs_extra": float32 (E,)}``
+  (the layout of :mod:`fwrl.envs.layout`, applied to whatever the family and
+  the user's wrappers give);
 - ``step`` returns gymnasium's 5-tuple; ``terminated or truncated`` ends the
-  training episode (the worker then calls ``reset``);
+  training episode (the worker then calls ``reset``); ``truncated`` (and not
+  ``terminated``) means the episode was cut (a time limit), so its last
+  observation is worth bootstrapping from;
 - ``info["game_over"]`` (default True) says whether the *whole game* ended: an
   Atari life loss ends the training episode but not the game, and returns are
   logged per game;
 - the task id of multi-task runs is the index of the worker's game in the spec.
 
-A family module registers an :class:`EnvFamily` with :func:`register_family`.
-Family modules are imported lazily, so the worker processes only import
-what they run.
+A family's ``make`` returns its env with any supported spaces (the layout
+adapter comes after it and after the user's wrappers). A family module
+registers an :class:`EnvFamily` with :func:`register_family`. Family modules
+are imported lazily, so the worker processes only import what they run.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
 
+import gymnasium as gym
+
+from fwrl.envs.layout import (ActionLayout, FwrlAdapter, ObsLayout, build_action_layout, build_obs_layout,
+                              trivial_obs_layout)
 from fwrl.envs.spec import EnvSpec, Option, parse_env_spec, parse_options
+from fwrl.envs.user_wrappers import WrapperSpec, apply_wrappers
 from fwrl.errors import FwrlError, unknown_choice
 
 # family name -> module that registers it
@@ -39,16 +51,57 @@ FAMILY_MODULES = {
 
 @dataclass(frozen=True)
 class EnvInfo:
-    """What the model needs to know about an env spec."""
+    """What the model needs to know about an env spec.
+
+    ``obs_shape`` / ``obs_dtype``: the ``obs`` array of every slot. ``extra_size``: length of
+    the float32 ``obs_extra`` vector fed beside the stem's features (0: there is none).
+    ``num_actions``: total number of policy logits, ``sum(action_dims)``; ``action_dims``: one
+    entry per categorical action component (``(n,)`` for ``Discrete(n)``). ``obs_layout``: the
+    JSON-able description of what ``obs`` and ``obs_extra`` hold (:meth:`ObsLayout.describe`).
+    """
 
     obs_shape: tuple[int, ...]
     obs_dtype: str  # "uint8" (frames) or "float32" (vectors)
     num_actions: int
     task_names: tuple[str, ...]
+    extra_size: int = 0
+    action_dims: tuple[int, ...] = ()  # () -> (num_actions,)
+    obs_layout: dict[str, Any] | None = field(default=None, compare=False)  # None -> the trivial layout
+
+    def __post_init__(self):
+        object.__setattr__(self, "obs_shape", tuple(int(d) for d in self.obs_shape))
+        object.__setattr__(self, "task_names", tuple(self.task_names))
+        dims = tuple(int(d) for d in self.action_dims) or (int(self.num_actions),)
+        if sum(dims) != self.num_actions:
+            raise ValueError(f"num_actions={self.num_actions} is not the sum of action_dims={dims}")
+        object.__setattr__(self, "action_dims", dims)
+        if self.obs_layout is None:
+            if self.extra_size:
+                raise ValueError("an EnvInfo with extra_size > 0 needs its obs_layout")
+            object.__setattr__(self, "obs_layout", trivial_obs_layout(self.obs_shape, self.obs_dtype))
 
     @property
     def is_image(self) -> bool:
         return len(self.obs_shape) == 3
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Per-slot shape of the int actions workers take: ``()`` for one action dim, else ``(D,)``."""
+        return () if len(self.action_dims) == 1 else (len(self.action_dims),)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (lists, not tuples), for checkpoints; :meth:`from_dict` reads it back."""
+        out = asdict(self)
+        out.update(obs_shape=list(self.obs_shape), task_names=list(self.task_names),
+                   action_dims=list(self.action_dims))
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "EnvInfo":
+        """From :meth:`to_dict` (or a checkpoint written before the newer fields existed)."""
+        return cls(tuple(raw["obs_shape"]), str(raw["obs_dtype"]), int(raw["num_actions"]),
+                   tuple(raw["task_names"]), int(raw.get("extra_size", 0)), tuple(raw.get("action_dims", ())),
+                   raw.get("obs_layout"))
 
 
 class EnvFamily:
@@ -77,18 +130,13 @@ class EnvFamily:
         """Create the env that worker ``worker_index`` runs; ``mode`` is train or test."""
         raise NotImplementedError
 
+    def layout_options(self, spec: EnvSpec) -> dict[str, Any]:
+        """Options of :func:`~fwrl.envs.layout.build_obs_layout` (``image_key``, ``size``) for ``spec``."""
+        return {}
+
     def describe(self, spec: EnvSpec) -> EnvInfo:
-        """Spaces of the env; by default, made once and closed."""
-        env = self.make(spec, worker_index=0, seed=0)
-        try:
-            return EnvInfo(
-                tuple(env.observation_space.shape),
-                str(env.observation_space.dtype),
-                int(env.action_space.n),
-                tuple(spec.names),
-            )
-        finally:
-            env.close()
+        """Spaces of the env; by default, made once (as workers make it) and closed."""
+        return _describe_made(spec, self, ())
 
 
 _FAMILIES: dict[str, EnvFamily] = {}
@@ -116,11 +164,45 @@ def resolve(spec: EnvSpec | str) -> tuple[EnvSpec, EnvFamily]:
     return spec, family
 
 
-def make_env(spec: EnvSpec | str, *, worker_index: int = 0, seed: int = 0, mode: str = "train"):
+def build_env(spec: EnvSpec | str, *, worker_index: int = 0, seed: int = 0, mode: str = "train",
+              wrappers: Sequence[WrapperSpec] = ()) -> tuple[gym.Env, ObsLayout, ActionLayout]:
+    """The env worker ``worker_index`` runs, and its layouts: the family's env, then the user's
+    ``wrappers`` in order (``"module:callable"`` strings or callables, see
+    :mod:`fwrl.envs.user_wrappers`), then :class:`~fwrl.envs.layout.FwrlAdapter` unless the spaces
+    already have the output form."""
     spec, family = resolve(spec)
-    return family.make(spec, worker_index=worker_index, seed=seed, mode=mode)
+    env = family.make(spec, worker_index=worker_index, seed=seed, mode=mode)
+    try:
+        env = apply_wrappers(env, wrappers)
+        what = f"env {spec.text!r}" + (" (after the env wrappers)" if wrappers else "")
+        obs_layout = build_obs_layout(env.observation_space, what=what, **family.layout_options(spec))
+        action_layout = build_action_layout(env.action_space, what=what)
+    except BaseException:
+        env.close()
+        raise
+    if not (obs_layout.identity and action_layout.identity):
+        env = FwrlAdapter(env, obs_layout, action_layout)
+    return env, obs_layout, action_layout
 
 
-def describe_env(spec: EnvSpec | str) -> EnvInfo:
+def make_env(spec: EnvSpec | str, *, worker_index: int = 0, seed: int = 0, mode: str = "train",
+             wrappers: Sequence[WrapperSpec] = ()) -> gym.Env:
+    """The env as a worker steps it (see :func:`build_env` and the contract above)."""
+    return build_env(spec, worker_index=worker_index, seed=seed, mode=mode, wrappers=wrappers)[0]
+
+
+def _describe_made(spec: EnvSpec, family: EnvFamily, wrappers: Sequence[WrapperSpec]) -> EnvInfo:
+    env, obs_layout, action_layout = build_env(spec, wrappers=wrappers)
+    try:
+        return EnvInfo(obs_layout.obs_shape, obs_layout.obs_dtype, sum(action_layout.dims), tuple(spec.names),
+                       obs_layout.extra_size, action_layout.dims, obs_layout.describe())
+    finally:
+        env.close()
+
+
+def describe_env(spec: EnvSpec | str, wrappers: Sequence[WrapperSpec] = ()) -> EnvInfo:
+    """What the model needs to know about ``spec`` (with the user's ``wrappers`` applied)."""
     spec, family = resolve(spec)
+    if wrappers:  # a wrapper may change the spaces: make the env as workers do
+        return _describe_made(spec, family, wrappers)
     return family.describe(spec)

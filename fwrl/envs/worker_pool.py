@@ -10,6 +10,16 @@ hand back numpy batches. The learner process drives them:
             actions = policy(result.obs, ...)     # one batched forward for all
             pool.act(result.worker, actions)
 
+Actions are int arrays ``[K]`` (one action dim: ``Discrete``) or ``[K, D]``
+(``D = len(info.action_dims)``: ``MultiDiscrete``) of 0-based indices.
+
+Episode ends: ``done`` marks a slot whose ``obs`` is the first frame of a new
+episode (the core resets there), for both kinds of end; ``truncated`` marks
+those whose previous episode was cut (a time limit) rather than terminated,
+and only there ``final_obs`` (and ``final_obs_extra``) hold that episode's
+last observation, as gymnasium's ``step`` returned it before the worker reset
+the env (for bootstrapping); elsewhere they are zeros.
+
 A worker that crashes, raises or hangs past ``step_timeout`` is restarted by
 the pool. Its next result has a new ``life`` number, every slot marked
 ``done`` (a fresh episode) and ``restarted=True``, so the learner resets
@@ -19,6 +29,7 @@ those slots' core state and drops their partial rollouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -47,26 +58,43 @@ class StepResult:
 
     worker: int
     life: int
-    obs: np.ndarray
+    obs: np.ndarray  # [K, *info.obs_shape] of info.obs_dtype
     reward: np.ndarray  # float32 [K]: reward of the transition into obs
-    done: np.ndarray  # bool [K]: obs is the first frame of a new episode
+    done: np.ndarray  # bool [K]: obs is the first frame of a new episode (terminated or truncated)
     episode_return: np.ndarray  # float32 [K]: return of the current game so far
     episode_step: np.ndarray  # int32 [K]
     task: np.ndarray  # int32 [K]
     episodes: list[EpisodeRecord]
     restarted: bool = False
+    # bool [K]: the previous episode was cut by a time limit (done is true there too); False for
+    # a terminated episode and for a worker's fresh start
+    truncated: np.ndarray | None = None
+    final_obs: np.ndarray | None = None  # like obs: last obs of the cut episode, where truncated (else 0)
+    obs_extra: np.ndarray | None = None  # float32 [K, info.extra_size]; None when extra_size == 0
+    final_obs_extra: np.ndarray | None = None  # like obs_extra, where truncated (else 0)
 
 
-def result_fields(obs_shape: tuple[int, ...], obs_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Per-slot (shape, dtype) of the arrays of a :class:`StepResult`, as both backends allocate them."""
-    return {
+FINAL_FIELDS = ("final_obs", "final_obs_extra")  # valid only in truncated rows
+
+
+def result_fields(obs_shape: tuple[int, ...], obs_dtype: str,
+                  extra_size: int = 0) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Per-slot (shape, dtype) of the arrays of a :class:`StepResult`, as both backends allocate them
+    (``obs_extra`` and ``final_obs_extra`` only when ``extra_size > 0``)."""
+    fields = {
         "obs": (tuple(obs_shape), obs_dtype),
         "reward": ((), "float32"),
         "done": ((), "bool"),
         "episode_return": ((), "float32"),
         "episode_step": ((), "int32"),
         "task": ((), "int32"),
+        "truncated": ((), "bool"),
+        "final_obs": (tuple(obs_shape), obs_dtype),
     }
+    if extra_size > 0:
+        fields["obs_extra"] = ((int(extra_size),), "float32")
+        fields["final_obs_extra"] = ((int(extra_size),), "float32")
+    return fields
 
 
 class WorkersLost(Exception):
@@ -91,15 +119,20 @@ class WorkerPool:
     restarts: int = 0
 
     def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int, mode: str,
-                 step_timeout: float, start_timeout: float, max_start_failures: int = 5):
+                 step_timeout: float, start_timeout: float, max_start_failures: int = 5,
+                 env_wrappers: Sequence[str] = ()):
         from fwrl.envs.registry import describe_env
+        from fwrl.envs.user_wrappers import check_wrappers
+
         if num_workers < 1 or envs_per_worker < 1:
             raise FwrlError(
                 f"need at least one worker and one env per worker, got num_workers={num_workers}, "
                 f"envs_per_worker={envs_per_worker}."
             )
         self.env = env
-        self.info = describe_env(env)
+        self.env_wrappers = check_wrappers(env_wrappers)  # before any worker starts: a bad one is an error here
+        self.info = describe_env(env, self.env_wrappers)
+        self.result_specs = result_fields(self.info.obs_shape, self.info.obs_dtype, self.info.extra_size)
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
         self.seed = seed
@@ -136,8 +169,20 @@ class WorkerPool:
         raise NotImplementedError
 
     def act(self, worker: int, actions: np.ndarray) -> None:
-        """Send K actions to ``worker``; its result comes back from a later ``wait``."""
+        """Send K actions to ``worker`` (``[K]``, or ``[K, D]`` for several action dims); its result
+        comes back from a later ``wait``."""
         raise NotImplementedError
+
+    def _actions(self, actions: np.ndarray) -> np.ndarray:
+        """``actions`` as int64 ``[K, *info.action_shape]``; ValueError for another shape."""
+        a = np.asarray(actions)
+        want = (self.envs_per_worker, *self.info.action_shape)
+        if a.shape != want and not (len(self.info.action_dims) == 1 and a.shape == (self.envs_per_worker, 1)):
+            raise ValueError(f"actions of shape {a.shape} for a worker of {self.envs_per_worker} envs with "
+                             f"action_dims {self.info.action_dims}; expected {want}")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"actions must be integers, got dtype {a.dtype}")
+        return a.astype(np.int64, copy=False).reshape(want)
 
     def close(self) -> None:
         raise NotImplementedError
@@ -189,6 +234,10 @@ class WorkerPool:
             task=arrays["task"],
             episodes=list(episodes),
             restarted=restarted,
+            truncated=arrays["truncated"],
+            final_obs=arrays["final_obs"],
+            obs_extra=arrays.get("obs_extra"),
+            final_obs_extra=arrays.get("final_obs_extra"),
         )
 
     def __enter__(self) -> "WorkerPool":
@@ -208,9 +257,12 @@ def make_pool(
     mode: str = "train",
     step_timeout: float = 60.0,
     max_start_failures: int = 5,
+    env_wrappers: Sequence[str] = (),
     **backend_options,
 ) -> WorkerPool:
     """Create a pool of the ``local`` (processes) or ``ray`` (Ray actors) backend;
+    ``env_wrappers``: ``module:callable`` wrappers applied in order inside each worker
+    (:mod:`fwrl.envs.user_wrappers`), checked here before any worker starts;
     ``backend_options`` go to :class:`~fwrl.envs.ray_workers.RayWorkerPool`."""
 
     if backend == "local":
@@ -220,12 +272,12 @@ def make_pool(
             raise FwrlError(f"the local worker backend takes no options {sorted(backend_options)}; they are "
                             "for the ray backend.")
         return LocalWorkerPool(env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
-                               max_start_failures=max_start_failures)
+                               max_start_failures=max_start_failures, env_wrappers=env_wrappers)
     if backend == "ray":
         from fwrl.envs.ray_workers import RayWorkerPool
 
         return RayWorkerPool(
             env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
-            max_start_failures=max_start_failures, **backend_options
+            max_start_failures=max_start_failures, env_wrappers=env_wrappers, **backend_options
         )
     raise unknown_choice("worker backend", backend, ("local", "ray"))

@@ -14,14 +14,17 @@ by :mod:`fwrl.envs.atari` in this order on an ``ALE/<Game>-v5`` env made with
 
 ``info["game_over"]`` is set on every step: True only when the whole game
 ended (ALE terminal or ALE's 108 000-frame truncation), False on a life-loss
-end. gymnasium's ``AtariPreprocessing`` is not used: it needs OpenCV for the
+end. The two kinds of episode end keep gymnasium's flags: a life loss is
+``terminated=True, truncated=False`` (the torchbeast protocol: a terminal for
+the value, the game goes on), ALE's frame cap is ``truncated=True,
+terminated=False`` (the game was cut, not lost). gymnasium's ``AtariPreprocessing`` is not used: it needs OpenCV for the
 resize (a heavy dependency whose wheels pin numpy versions that clash with
 the ProcGen wheel) and its life-loss option ends the game. The area resize
 here is exact area averaging (what OpenCV's INTER_AREA does when shrinking),
 done as two small gathers (no BLAS).
 
-Generic wrappers for :mod:`fwrl.envs.gym_env` and others: :class:`ImageToCHW`
-(uint8 HxWxC -> CxHxW, optional resize) and :class:`FlatFloat32` (vectors).
+Turning any other observation into fwrl's layout (images to uint8 CHW,
+vectors, Dict / Tuple observations) is :mod:`fwrl.envs.layout`'s job.
 """
 
 from __future__ import annotations
@@ -240,40 +243,3 @@ class SeedOnFirstReset(gym.Wrapper):
             seed = self._pending_seed
         self._pending_seed = None
         return self.env.reset(seed=seed, options=options)
-
-
-# ----------------------------------------------------------------------------
-# Generic observation adapters
-
-
-class ImageToCHW(gym.ObservationWrapper):
-    """uint8 ``HxWxC`` (or ``HxW``) frames -> ``CxHxW``, optionally area-resized."""
-
-    def __init__(self, env: gym.Env, size: tuple[int, int] | None = None):
-        super().__init__(env)
-        shape = env.observation_space.shape
-        h, w = shape[:2]
-        c = shape[2] if len(shape) == 3 else 1
-        self.size = size if size is not None else (h, w)
-        self.observation_space = gym.spaces.Box(0, 255, (c, *self.size), np.uint8)
-
-    def observation(self, observation):
-        frame = np.asarray(observation, dtype=np.uint8)
-        frame = resize_frame(frame, *self.size)
-        if frame.ndim == 2:
-            return frame[None]
-        return np.ascontiguousarray(frame.transpose(2, 0, 1))
-
-
-class FlatFloat32(gym.ObservationWrapper):
-    """Any Box observation -> flat float32 vector ``(D,)`` (for the MLP stem)."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        space = env.observation_space
-        low = np.asarray(space.low, np.float32).reshape(-1)
-        high = np.asarray(space.high, np.float32).reshape(-1)
-        self.observation_space = gym.spaces.Box(low, high, (low.size,), np.float32)
-
-    def observation(self, observation):
-        return np.asarray(observation, dtype=np.float32).reshape(-1)
