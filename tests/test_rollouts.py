@@ -123,7 +123,8 @@ def test_first_rollout_starts_fresh_and_actions_match_rewards():
 def _env(v: float, k: int = 1, done: bool = False) -> dict[str, torch.Tensor]:
     return {"obs": torch.full((k, 1), float(v)), "reward": torch.zeros(k), "done": torch.full((k,), done),
             "episode_return": torch.zeros(k), "episode_step": torch.zeros(k, dtype=torch.int32),
-            "task": torch.zeros(k, dtype=torch.int32)}
+            "task": torch.zeros(k, dtype=torch.int32), "truncated": torch.zeros(k, dtype=torch.bool),
+            "bootstrap_value": torch.zeros(k)}
 
 
 def _agent(k: int = 1) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
-from fwrl.agents.rollouts import AGENT_KEYS, ENV_KEYS, Rollout, RolloutStore
+from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, ENV_KEYS, EXTRA_KEY, Rollout, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool
 
@@ -53,7 +53,8 @@ class _Staging:
         self.copied: torch.cuda.Event | None = None
 
     def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
-        arrays = {key: [getattr(r, key) for r in results] for key in ENV_KEYS}
+        keys = ENV_KEYS + ((EXTRA_KEY,) if results[0].obs_extra is not None else ())
+        arrays = {key: [_field(r, key) for r in results] for key in keys}
         if self.device.type != "cuda":
             return {key: torch.from_numpy(np.concatenate(parts)) for key, parts in arrays.items()}
         if self.pinned is None:
@@ -73,6 +74,13 @@ class _Staging:
         self.copied = torch.cuda.Event()
         self.copied.record()
         return out
+
+
+def _field(result: StepResult, key: str) -> np.ndarray:
+    value = getattr(result, key)
+    if value is None and key == "truncated":  # a pool that does not report truncation
+        return np.zeros(len(result.reward), dtype=bool)
+    return value
 
 
 class InferenceLoop:
@@ -127,6 +135,27 @@ class InferenceLoop:
                 results += self.pool.wait(left)
         return results
 
+    def _bootstrap_values(self, results: list[StepResult], env: dict[str, torch.Tensor],
+                          state_in: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per slot: where the episode was cut by a time limit, the acting weights' value of its
+        final observation (the state carries on from the cut episode: no reset); 0 elsewhere."""
+        values = torch.zeros(len(env["reward"]), device=self.device)
+        cut = np.flatnonzero(np.concatenate([_field(r, "truncated") for r in results]))
+        if len(cut) == 0:
+            return values
+        index = torch.from_numpy(cut).to(self.device)
+        inputs = {"obs": torch.from_numpy(np.concatenate([r.final_obs for r in results])[cut]),
+                  "reward": env["reward"].index_select(0, index),
+                  "done": torch.zeros(len(cut), dtype=torch.bool)}
+        if results[0].final_obs_extra is not None:
+            inputs[EXTRA_KEY] = torch.from_numpy(np.concatenate([r.final_obs_extra for r in results])[cut])
+        inputs = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
+        state = {name: value.index_select(0, index) for name, value in state_in.items()}
+        with self.weights.acting():
+            out, _ = self.model(inputs, state, greedy=True)
+        values.index_copy_(0, index, out["baseline"][0].float())
+        return values
+
     @torch.no_grad()
     def step(
         self,
@@ -147,9 +176,10 @@ class InferenceLoop:
             env = self._staging.upload(results)
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             if self.store is not None:
+                env[BOOTSTRAP_KEY] = self._bootstrap_values(results, env, state_in)
                 self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
         with timer.stage("inference_forward", device_work=True):
-            inputs = {key: env[key].unsqueeze(0) for key in ("obs", "reward", "done")}
+            inputs = {key: env[key].unsqueeze(0) for key in ("obs", "reward", "done", EXTRA_KEY) if key in env}
             with self.weights.acting() as version:
                 if self._graphed is not None:
                     out, state_out = self._graphed(inputs, state_in)

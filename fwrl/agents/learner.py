@@ -39,7 +39,7 @@ class LearnerStats:
 
 class Learner:
     def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, config,
-                 store: RolloutStore, timer: StageTimer | None = None):
+                 store: RolloutStore, timer: StageTimer | None = None, bootstrap_truncation: bool = True):
         self.model = model
         self.weights = weights
         self.optimizer = optimizer
@@ -50,6 +50,8 @@ class Learner:
         self.timer = timer if timer is not None else StageTimer(self.device)
         self.stats = LearnerStats()
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.action_dims = getattr(model, "action_dims", None)
+        self.bootstrap_truncation = bootstrap_truncation
 
     def update(self, pieces: Sequence[RolloutPiece]) -> dict[str, float]:
         """One optimiser step on the B columns of ``pieces``."""
@@ -62,7 +64,8 @@ class Learner:
             outputs, _ = self.model(batch.tensors, batch.initial_state)
             loss, stats = impala_loss(
                 outputs, batch.tensors, discount=c.discount, baseline_cost=c.baseline_cost,
-                entropy_cost=c.entropy_cost, reward_clip=c.reward_clip,
+                entropy_cost=c.entropy_cost, reward_clip=c.reward_clip, action_dims=self.action_dims,
+                bootstrap_truncation=self.bootstrap_truncation,
             )
         with timer.stage("learner_backward", device_work=True):
             self.optimizer.zero_grad(set_to_none=True)

@@ -8,8 +8,12 @@ REFERENCE §1:
 - ``nature`` stem (Nature DQN): Conv 32 8x8/4, Conv 64 4x4/2, Conv 64 3x3/1,
   Linear -> 512, all ReLU.
 - ``mlp`` stem for flat vector observations: Linear -> 256, ReLU, twice.
-- Core input = concat(stem features, clamp(reward, -1, 1)); the last action
-  is not fed. Heads: policy Linear(core_out -> A), baseline Linear(core_out -> 1).
+- Core input = concat(stem features, obs_extra, clamp(reward, -1, 1)), where
+  ``obs_extra`` is the flat float vector an env with a Dict / Tuple observation
+  hands beside its image (``EnvInfo.extra_size`` entries; none for most envs);
+  the last action is not fed. Heads: policy Linear(core_out -> sum(action_dims)),
+  one categorical per action dimension (``fwrl.agents.policy``), baseline
+  Linear(core_out -> 1).
 - Acting samples from softmax(logits); evaluation is greedy (argmax).
 """
 
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fwrl.agents import policy
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.memory_modules import build_core
 from fwrl.memory_modules.base import State
@@ -122,16 +127,22 @@ class AgentNet(nn.Module):
         core: str = "lstm",
         core_options: Mapping[str, Any] | None = None,
         stem: str | None = "impala",
+        extra_size: int = 0,
+        action_dims: tuple[int, ...] | None = None,
     ):
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
+        self.extra_size = int(extra_size)
+        self.action_dims = tuple(action_dims) if action_dims else (num_actions,)
+        if sum(self.action_dims) != num_actions:
+            raise FwrlError(f"action_dims {self.action_dims} do not add up to num_actions={num_actions}.")
         self.stem_name = stem or default_stem(self.obs_shape)
         self.stem = make_stem(self.stem_name, self.obs_shape)
         self.channels_last = len(self.obs_shape) == 3
         if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN
             self.stem.to(memory_format=torch.channels_last)
-        self.core = build_core(core, self.stem.out_size + 1, core_options)
+        self.core = build_core(core, self.stem.out_size + self.extra_size + 1, core_options)
         self.policy = nn.Linear(self.core.output_size, num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)
 
@@ -141,12 +152,13 @@ class AgentNet(nn.Module):
     def forward(
         self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False, sampler: str = "multinomial"
     ) -> tuple[dict[str, Tensor], State]:
-        """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool).
+        """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool), and obs_extra
+        [T, B, extra_size] when the model has extras.
 
-        Actions are the argmax of the logits (``greedy``) or a sample of
-        softmax(logits): ``torch.multinomial``, or with ``sampler="gumbel"`` the
-        argmax of logits plus Gumbel noise (the same distribution, from
-        ``torch.rand`` alone, so it can be captured in a CUDA graph).
+        Actions ([T, B], or [T, B, D] for D action dimensions) are the argmax of
+        the logits (``greedy``) or a sample of softmax(logits): ``torch.multinomial``,
+        or with ``sampler="gumbel"`` the argmax of logits plus Gumbel noise (the same
+        distribution from ``torch.rand`` alone, so it can be captured in a CUDA graph).
         """
         obs = inputs["obs"]
         T, B = obs.shape[:2]
@@ -154,18 +166,14 @@ class AgentNet(nn.Module):
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        features = self.stem(x).view(T, B, -1)
-        reward = inputs["reward"].float().clamp(-1.0, 1.0).unsqueeze(-1)
-        core_out, state = self.core(torch.cat([features, reward], dim=-1), state, inputs["done"].bool())
+        parts = [self.stem(x).view(T, B, -1)]
+        if self.extra_size:
+            parts.append(inputs["obs_extra"].float())
+        parts.append(inputs["reward"].float().clamp(-1.0, 1.0).unsqueeze(-1))
+        core_out, state = self.core(torch.cat(parts, dim=-1), state, inputs["done"].bool())
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
-        if greedy:
-            action = logits.argmax(dim=-1)
-        elif sampler == "gumbel":
-            noise = -torch.log(-torch.log(torch.rand_like(logits).clamp_(min=1e-20)))
-            action = (logits + noise).argmax(dim=-1)
-        else:
-            action = torch.multinomial(F.softmax(logits.reshape(T * B, -1), dim=-1), 1).view(T, B)
+        action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler)
         return {"policy_logits": logits, "baseline": baseline, "action": action}, state
 
 

@@ -4,8 +4,10 @@
 Row layout (torchbeast's, unchanged): a rollout holds ``[T+1, K, ...]`` columns
 for the K slots of one worker plus the core state before row 0;
 
-- row t holds the env output of obs t (``obs``, ``reward`` and ``done`` of the
-  transition into obs t, ``episode_return``, ``episode_step``, ``task``) and
+- row t holds the env output of obs t (``obs`` and ``obs_extra`` where the env
+  has extras, ``reward``, ``done`` and ``truncated`` of the transition into obs
+  t, ``bootstrap_value``: the acting weights' value of the cut episode's final
+  obs where ``truncated``, ``episode_return``, ``episode_step``, ``task``) and
   the agent output computed from obs t-1 (``action``, ``policy_logits``,
   ``baseline``, and ``policy_version``: the version of the weights that acted),
   i.e. the action that led to obs t;
@@ -42,7 +44,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-ENV_KEYS = ("obs", "reward", "done", "episode_return", "episode_step", "task")
+# What the env workers hand over per slot (StepResult fields); obs_extra only where the env has extras.
+ENV_KEYS = ("obs", "reward", "done", "episode_return", "episode_step", "task", "truncated")
+EXTRA_KEY = "obs_extra"
+BOOTSTRAP_KEY = "bootstrap_value"  # computed by the inference loop where truncated
 AGENT_KEYS = ("action", "policy_logits", "baseline")
 VERSION_KEY = "policy_version"
 
@@ -56,21 +61,33 @@ class RolloutSpec:
     obs_shape: tuple[int, ...]
     obs_dtype: torch.dtype
     num_actions: int
+    extra_size: int = 0
+    action_dims: tuple[int, ...] = ()  # () -> one categorical of num_actions
+
+    @property
+    def env_keys(self) -> tuple[str, ...]:
+        """The columns written at env time (what ``record_env`` takes)."""
+        return ENV_KEYS + ((EXTRA_KEY,) if self.extra_size else ()) + (BOOTSTRAP_KEY,)
 
     def columns(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-slot (shape, dtype) of every column."""
-        return {
+        columns = {
             "obs": (tuple(self.obs_shape), self.obs_dtype),
             "reward": ((), torch.float32),
             "done": ((), torch.bool),
             "episode_return": ((), torch.float32),
             "episode_step": ((), torch.int32),
             "task": ((), torch.int32),
-            "action": ((), torch.int64),
+            "truncated": ((), torch.bool),
+            BOOTSTRAP_KEY: ((), torch.float32),
+            "action": ((len(self.action_dims),) if len(self.action_dims) > 1 else (), torch.int64),
             "policy_logits": ((self.num_actions,), torch.float32),
             "baseline": ((), torch.float32),
             VERSION_KEY: ((), torch.int64),
         }
+        if self.extra_size:
+            columns[EXTRA_KEY] = ((self.extra_size,), torch.float32)
+        return columns
 
 
 @dataclass(frozen=True)
@@ -199,7 +216,7 @@ class RolloutStore:
                 self._life[w], self._cursor[w] = life, 0
         rows = [self._cursor[w] for w in workers]
         cols, entries = self._entries(workers, rows)
-        for key in ENV_KEYS:
+        for key in self.spec.env_keys:
             self._flat[key].index_copy_(0, entries, env[key])
         starting = [i for i, row in enumerate(rows) if row == 0]
         if starting:

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Sequence
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from fwrl.agents import policy
 
 
 @dataclass
@@ -51,8 +54,7 @@ class VTraceReturns:
 
 def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
     """log softmax(policy_logits)[action]: logits ``[T, B, A]``, actions ``[T, B]`` -> ``[T, B]``."""
-    log_probs = F.log_softmax(policy_logits, dim=-1)
-    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return policy.log_prob(policy_logits, actions)
 
 
 def _check_shapes(log_rhos: Tensor, discounts: Tensor, rewards: Tensor,
@@ -129,24 +131,27 @@ def from_logits(
     clip_pg_rho_threshold: float | None = 1.0,
     clip_c_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    action_dims: Sequence[int] | None = None,
 ) -> VTraceReturns:
     """V-trace from the behaviour (mu) and target (pi) policies' logits.
 
     ``behaviour_logits`` and ``target_logits`` are ``[T, B, A]``, ``actions``
-    ``[T, B]`` (integer); the rest as in :func:`from_importance_weights`.
-    The importance weights are pi(a_t|x_t) / mu(a_t|x_t) of the taken actions.
+    ``[T, B]`` (integer), or ``[T, B, D]`` for a policy of D categoricals whose
+    ``action_dims`` add up to A (``fwrl.agents.policy``); the rest as in
+    :func:`from_importance_weights`. The importance weights are
+    pi(a_t|x_t) / mu(a_t|x_t) of the taken actions.
     """
     if behaviour_logits.shape != target_logits.shape or behaviour_logits.dim() != 3:
         raise ValueError(
             "V-trace: behaviour_logits and target_logits must both be [T, B, A], got "
             f"{tuple(behaviour_logits.shape)} and {tuple(target_logits.shape)}"
         )
-    if actions.shape != behaviour_logits.shape[:2]:
-        raise ValueError(
-            f"V-trace: actions has shape {tuple(actions.shape)}, expected {tuple(behaviour_logits.shape[:2])}"
-        )
-    target_log_probs = action_log_probs(target_logits.detach(), actions)
-    behaviour_log_probs = action_log_probs(behaviour_logits.detach(), actions)
+    factored = action_dims is not None and len(action_dims) > 1
+    expected = behaviour_logits.shape[:2] + ((len(action_dims),) if factored else ())
+    if actions.shape != expected:
+        raise ValueError(f"V-trace: actions has shape {tuple(actions.shape)}, expected {tuple(expected)}")
+    target_log_probs = policy.log_prob(target_logits.detach(), actions, action_dims)
+    behaviour_log_probs = policy.log_prob(behaviour_logits.detach(), actions, action_dims)
     log_rhos = target_log_probs - behaviour_log_probs
     returns = from_importance_weights(
         log_rhos, discounts, rewards, values, bootstrap_value,

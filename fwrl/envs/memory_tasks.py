@@ -31,6 +31,15 @@ reward 1/N (a perfect episode returns 1); the episode ends after the last
 recall step with ``info["success"]`` = fraction of symbols right. The agent
 must hold N symbols over N + D steps. Observations: ``[symbol one-hot (S),
 recall flag]``.
+
+``time_limit?length=N``: not a memory task but the test bed of time limits:
+a reward of 1 at every step, whatever the action, and the episode is cut
+(truncated, never terminated) after N steps. The observation is the phase
+``t mod 4`` (one-hot): it does not tell how close the cut is, and the final
+observation of a cut episode looks like states the agent learns from (so its
+value is learned, not extrapolated). The world does not end at the cut, so
+with discount g every state is worth 1 / (1 - g); a learner that treats the
+cut as the end of the world learns values of a few steps' reward instead.
 """
 
 from __future__ import annotations
@@ -206,6 +215,32 @@ class CopyEnv(gym.Env):
         return self._obs(), reward, False, False, {}
 
 
+class TimeLimitEnv(gym.Env):
+    """Reward 1 per step; truncated after ``length`` steps; obs one-hot ``t mod PHASES``."""
+
+    metadata: dict = {"render_modes": []}
+    PHASES = 4
+
+    def __init__(self, length: int = 10, seed: int | None = None):
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.PHASES,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.PHASES, np.float32)
+        obs[self._t % self.PHASES] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options=None):
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), 1.0, False, self._t >= self.length, {}
+
+
 @dataclass(frozen=True)
 class MemoryTask:
     """One task of the family: its options, a check of them, and its env class."""
@@ -230,6 +265,10 @@ def _check_assoc_recall(o: dict[str, Any]) -> str | None:
             "n <= num_keys and n <= num_values (use replacement=true for longer sequences)"
         )
     return None
+
+
+def _check_time_limit(o: dict[str, Any]) -> str | None:
+    return "needs length >= 5 (the final obs must repeat an earlier phase)" if o["length"] < 5 else None
 
 
 def _check_copy(o: dict[str, Any]) -> str | None:
@@ -265,6 +304,11 @@ TASKS: dict[str, MemoryTask] = {
         },
         _check_copy,
         CopyEnv,
+    ),
+    "time_limit": MemoryTask(
+        {"length": Option(int, 10, "steps before the time limit cuts the episode")},
+        _check_time_limit,
+        TimeLimitEnv,
     ),
 }
 

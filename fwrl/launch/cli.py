@@ -49,6 +49,7 @@ _TRAIN_FLAGS = {
     "--learning-rate": ("learning_rate", float, "RMSProp learning rate (decays linearly to 0)"),
     "--entropy-cost": ("entropy_cost", float, "entropy regularisation weight"),
     "--discount": ("discount", float, "discount factor gamma"),
+    "--truncation": ("truncation", str, "time-limit ends: bootstrap, terminate or auto (terminate on atari)"),
     "--device": ("device", str, "auto, cpu, cuda or cuda:N"),
     "--num-threads": ("num_threads", int, "torch threads (0: all cores)"),
     "--seed": ("seed", int, "random seed"),
@@ -70,6 +71,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
     for flag, (key, typ, help_text) in _TRAIN_FLAGS.items():
         p.add_argument(flag, dest=key, type=str, default=None, help=help_text)
+    p.add_argument("--env-wrapper", action="append", default=[], metavar="MODULE:CALLABLE",
+                   help="wrap each env in every worker with this callable (repeatable, applied in order)")
     p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="core option, repeatable (e.g. --core-opt num_layers=4)")
     p.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
@@ -84,6 +87,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {key: getattr(args, key) for key, _, _ in _TRAIN_FLAGS.values()
                                  if getattr(args, key) is not None}
+    if args.env_wrapper:
+        overrides["env_wrappers"] = list(args.env_wrapper)
     core_options: dict[str, Any] = parse_key_values(args.core_opt, "--core-opt")
     if args.elstm_grad:
         core_options["grad"] = args.elstm_grad
@@ -237,6 +242,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--preset", help="start from a preset (fwrl info --presets lists them)")
     for flag, (key, typ, help_text) in _TRAIN_FLAGS.items():
         t.add_argument(flag, dest=key, type=str, default=None, help=help_text)
+    t.add_argument("--env-wrapper", action="append", default=[], metavar="MODULE:CALLABLE",
+                   help="wrap each env in every worker with this callable (repeatable, applied in order)")
     t.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE", help="core option, repeatable")
     t.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
     t.add_argument("--freeze-vision", action="store_true", default=None, help="do not train the vision stem")

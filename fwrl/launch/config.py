@@ -26,6 +26,7 @@ class TrainConfig:
     core: str = "lstm"
     core_options: dict[str, Any] = field(default_factory=dict)
     stem: str = "auto"  # impala | nature | mlp | auto (impala for frames, mlp for vectors)
+    env_wrappers: list[str] = field(default_factory=list)  # module:callable, applied in each worker
     # actors
     backend: str = "local"  # local | ray
     ray_address: str = "auto"
@@ -46,6 +47,7 @@ class TrainConfig:
     baseline_cost: float = 0.5
     discount: float = 0.99
     reward_clip: float = 1.0
+    truncation: str = "auto"  # time-limit ends: bootstrap | terminate | auto (terminate for atari, else bootstrap)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int = 0  # torch threads for the learner; 0 = allowed cores minus a share for local env workers
     inference_graph: bool = False  # replay the acting forward as CUDA graphs (CUDA only)

@@ -426,7 +426,7 @@ def load_agent(source: Path, device: torch.device | str = "cpu") -> tuple[nn.Mod
     payload = load_checkpoint(path, map_location=device)
     config = TrainConfig.from_dict(payload["config"], source=str(path))
     raw = payload["env_info"]
-    info = EnvInfo(tuple(raw["obs_shape"]), raw["obs_dtype"], int(raw["num_actions"]), tuple(raw["task_names"]))
+    info = EnvInfo.from_dict(raw)
     model = build_model(config, info).to(device)
     load_model_weights(model, payload["model"], str(path))
     return model.eval(), payload, path
@@ -436,7 +436,8 @@ def check_env_fits(env: str, model: nn.Module) -> None:
     from fwrl.envs.registry import describe_env
 
     info = describe_env(env)
-    if tuple(info.obs_shape) != tuple(model.obs_shape) or info.num_actions != model.num_actions:
+    if ((tuple(info.obs_shape), info.extra_size, tuple(info.action_dims))
+            != (tuple(model.obs_shape), model.extra_size, tuple(model.action_dims))):
         raise FwrlError(
             f"env {env!r} has observations {info.obs_shape} and {info.num_actions} actions, but the agent "
             f"was built for {tuple(model.obs_shape)} and {model.num_actions}; evaluate it on an env like "

@@ -92,9 +92,26 @@ def learner_threads(config: TrainConfig) -> int:
     return max(1, cores - reserved)
 
 
+TRUNCATION = ("auto", "bootstrap", "terminate")
+
+
+def bootstraps_truncation(config: TrainConfig) -> bool:
+    """Whether V-trace bootstraps where a time limit cut an episode (``truncation``): ``auto``
+    keeps the torchbeast protocol on Atari (the 108k-frame cap ends the episode) and
+    bootstraps everywhere else."""
+    if config.truncation not in TRUNCATION:
+        raise FwrlError(f"truncation {config.truncation!r} is not one of {', '.join(TRUNCATION)}.")
+    if config.truncation == "auto":
+        from fwrl.envs.spec import parse_env_spec
+
+        return parse_env_spec(config.env).family != "atari"
+    return config.truncation == "bootstrap"
+
+
 def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
     stem = None if config.stem == "auto" else config.stem
-    return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem)
+    return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem,
+                    extra_size=info.extra_size, action_dims=info.action_dims)
 
 
 def load_vision(model: AgentNet, path: str) -> None:
@@ -186,7 +203,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
-    info = describe_env(config.env)
+    info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
 
     model = build_model(config, info).to(device)
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
@@ -215,13 +232,15 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     streams = DeviceStreams(device)
     weights = PolicyWeights(inference_model, streams, version=updates)
     spec = RolloutSpec(config.unroll_length, config.envs_per_worker, info.obs_shape,
-                       torch.uint8 if info.obs_dtype == "uint8" else torch.float32, info.num_actions)
+                       torch.uint8 if info.obs_dtype == "uint8" else torch.float32, info.num_actions,
+                       extra_size=info.extra_size, action_dims=info.action_dims)
     rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
     store = RolloutStore(spec, config.num_workers, device, model.initial_state(1, device),
                          capacity=store_capacity(config.num_workers, config.envs_per_worker,
                                                  config.batch_size, rollouts.maxsize))
     actor_timer, learner_timer = StageTimer(device), StageTimer(device)
-    learner = Learner(model, weights, optimizer, scheduler, config, store, learner_timer)
+    learner = Learner(model, weights, optimizer, scheduler, config, store, learner_timer,
+                      bootstrap_truncation=bootstraps_truncation(config))
     learner.stats.agent_steps, learner.stats.updates = agent_steps, updates
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -231,8 +250,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         with update_lock:
             save_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler,
                             agent_steps=learner.stats.agent_steps, updates=learner.stats.updates,
-                            config=config.to_dict(), env_info=info.__dict__ | {"obs_shape": list(info.obs_shape),
-                                                                               "task_names": list(info.task_names)})
+                            config=config.to_dict(), env_info=info.to_dict())
 
     def learner_loop() -> None:
         try:
@@ -265,6 +283,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     writer = _tensorboard(run_dir)
     pool = make_pool(config.backend, config.env, config.num_workers, config.envs_per_worker,
                      seed=config.seed + 7919 * updates, step_timeout=config.step_timeout,
+                     env_wrappers=tuple(config.env_wrappers),
                      **({"address": config.ray_address} if config.backend == "ray" else {}))
     progress = progress or Progress(config, run_dir)
     evaluator = None
