@@ -3,11 +3,11 @@
 import pytest
 
 from fwrl.envs.worker_pool import EpisodeRecord
-from fwrl.launch.train import _Episodes, _normaliser
+from fwrl.launch.run_metrics import Episodes, normaliser
 
 
 def test_atari_human_normalised_return():
-    episodes = _Episodes(("Pong",), normalise=_normaliser("atari:Pong"))
+    episodes = Episodes(("Pong",), normalise=normaliser("atari:Pong"))
     episodes.add(EpisodeRecord(-20.7, 800, task=0, worker=0))
     episodes.add(EpisodeRecord(14.6, 800, task=0, worker=1))
     row = episodes.per_task()
@@ -15,5 +15,5 @@ def test_atari_human_normalised_return():
 
 
 def test_families_without_constants_log_no_normalised_score():
-    assert _normaliser("memory:cue_delay") is None
-    assert _Episodes(("cue_delay",)).per_task() == {}
+    assert normaliser("memory:cue_delay") is None
+    assert Episodes(("cue_delay",)).per_task() == {}

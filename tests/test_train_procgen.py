@@ -37,9 +37,9 @@ def test_multi_task_pair_logs_per_task(tmp_path):
 
 def test_per_task_and_normalised_aggregate_hand_computed():
     from fwrl.envs.worker_pool import EpisodeRecord
-    from fwrl.launch.train import _Episodes, _normaliser
+    from fwrl.launch.run_metrics import Episodes, normaliser
 
-    episodes = _Episodes(("bigfish", "fruitbot"), normalise=_normaliser("procgen:bigfish+fruitbot?distribution=easy"))
+    episodes = Episodes(("bigfish", "fruitbot"), normalise=normaliser("procgen:bigfish+fruitbot?distribution=easy"))
     episodes.add(EpisodeRecord(20.5, 10, task=0, worker=0))
     row = episodes.per_task()
     assert row["normalised/bigfish"] == pytest.approx((20.5 - 1) / (40 - 1))

@@ -46,21 +46,44 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: Path, *, model, optimizer, scheduler, agent_steps: int, updates: int,
-                    config: dict[str, Any], env_info: dict[str, Any]) -> None:
-    payload = {
+def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates: int, config: dict[str, Any],
+                       env_info: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a checkpoint holds, its tensors copied to the CPU: training may go on (and change
+    the weights in place) while the copy is written. ``progress``: counters a resumed run continues
+    (``elapsed_seconds``, ``episodes``)."""
+    return {
         "format": FORMAT,
         "fwrl_version": __version__,
         "agent_steps": int(agent_steps),
         "updates": int(updates),
         "config": config,
         "env_info": env_info,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "progress": dict(progress or {}),
+        "model": _cpu_copy(model.state_dict()),
+        "optimizer": _cpu_copy(optimizer.state_dict()),
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
     }
+
+
+def _cpu_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value
+
+
+def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` atomically (temporary file, fsync, rename, directory fsync)."""
     atomic_write(Path(path), lambda f: torch.save(payload, f))
+
+
+def save_checkpoint(path: Path, **parts: Any) -> None:
+    """:func:`checkpoint_payload` of ``parts``, written to ``path``."""
+    write_checkpoint(path, checkpoint_payload(**parts))
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
 from torch import nn
 
 from fwrl.agents.losses import impala_loss

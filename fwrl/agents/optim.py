@@ -76,6 +76,14 @@ class LinearDecayScheduler:
             self.agent_steps = int(agent_steps)
         self._apply()
 
+    def rebudget(self, total_steps: int) -> None:
+        """Decay over ``total_steps`` from now on (a resumed run with another budget); the
+        learning rate of the current step is set at once."""
+        if total_steps <= 0:
+            raise FwrlError(f"total steps must be a positive number of agent steps, got {total_steps}.")
+        self.total_steps = int(total_steps)
+        self._apply()
+
     def get_last_lr(self) -> list[float]:
         """The learning rates currently set, one per param group."""
         return [group["lr"] for group in self.optimizer.param_groups]

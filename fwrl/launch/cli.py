@@ -146,6 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
         + (f", success {result.mean_success:.3f}" if result.mean_success == result.mean_success else "")
         + f" (stopped by {result.stopped_by}); checkpoint {run_dir / 'checkpoint.pt'}"
     )
+    if result.signal:  # the shell's convention: 128 + the signal (130 after Ctrl-C, 143 after SIGTERM)
+        return 128 + result.signal
     return 0 if result.stopped_by != "error" else 1
 
 

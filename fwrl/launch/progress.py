@@ -1,12 +1,23 @@
-"""Live progress of a training run: a rich panel on a terminal, plain lines otherwise."""
+"""Live progress of a training run: a rich panel on a terminal, plain lines otherwise.
+
+The panel shows the run folder, elapsed time and an ETA, steps/s smoothed
+over the last 30 seconds (so an interval without an update does not read 0),
+"filling the first batch" until the first update, episode statistics and
+losses, and where each thread's time went. It is fed the metrics rows of
+``fwrl.launch.run_metrics``.
+"""
 
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+SMOOTHING_SECONDS = 30.0
 
 
 def _fmt(value) -> str:
@@ -19,9 +30,40 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def format_duration(seconds: float) -> str:
+    """``3:07`` / ``1:02:03`` / ``2 d 03:04:05``."""
+    if seconds is None or math.isnan(seconds) or seconds < 0:
+        return "-"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{hours}:{minutes:02d}:{secs:02d}" if hours or days else f"{minutes}:{secs:02d}"
+    return f"{days} d {text}" if days else text
+
+
+class SmoothedRate:
+    """Steps per second over the last ``window`` seconds of (time, steps) samples."""
+
+    def __init__(self, window: float = SMOOTHING_SECONDS):
+        self.window = window
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, t: float, steps: int) -> None:
+        self.samples.append((t, steps))
+        while len(self.samples) > 2 and self.samples[-1][0] - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+
+    def rate(self) -> float:
+        if len(self.samples) < 2:
+            return math.nan
+        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else math.nan
+
+
 class Progress:
-    SHOWN = ("agent_steps", "steps_per_second", "episodes", "mean_return", "mean_success",
-             "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "learning_rate", "worker_restarts")
+    SHOWN = ("episodes", "mean_return", "mean_success", "total_loss", "pg_loss", "baseline_loss",
+             "entropy_loss", "learning_rate", "worker_restarts")
     # panel rows: where the time of each thread went (share/<stage> columns of metrics rows)
     TIME_SHARES = {
         "acting time": (("env_wait", "envs"), ("inference_forward", "forward"), ("rollout_bookkeeping", "store"),
@@ -36,14 +78,42 @@ class Progress:
         self.run_dir = run_dir
         self.console = console or Console(stderr=True)
         self.live: Live | None = None
+        self.rate = SmoothedRate()
+        self.started = time.monotonic()
+        self.first_elapsed: float | None = None  # time of the run at this session's first row
 
+    # ------------------------------------------------------------------ figures
+    def steps_per_second(self) -> float:
+        return self.rate.rate()
+
+    def eta(self, row: dict) -> float:
+        """Seconds until the step budget (or this session's --max-seconds) at the smoothed rate."""
+        left = max(0, self.config.total_steps - int(row.get("agent_steps", 0)))
+        rate = self.rate.rate()
+        eta = left / rate if rate and rate > 0 else math.nan
+        if self.config.max_seconds > 0:
+            remaining = self.config.max_seconds - (time.monotonic() - self.started)
+            eta = remaining if math.isnan(eta) else min(eta, remaining)
+        return eta
+
+    def status(self, row: dict) -> str:
+        steps, total = int(row.get("agent_steps", 0)), self.config.total_steps
+        if not row:
+            return "starting workers ..."
+        if int(row.get("updates", 0)) == 0 or steps == 0:
+            need = self.config.batch_size * self.config.unroll_length
+            return (f"filling the first batch: {int(row.get('acted_steps', 0)):,} agent steps acted, "
+                    f"{need:,} per update")
+        return (f"{steps:,} / {total:,} steps ({100 * steps / total:.1f}%), "
+                f"{_fmt(round(self.rate.rate(), 1))} steps/s, elapsed {format_duration(float(row.get('time', 0)))}, "
+                f"ETA {format_duration(self.eta(row))}")
+
+    # ------------------------------------------------------------------ rendering
     def _table(self, row: dict) -> Table:
         table = Table(title=f"fwrl train {self.config.env} / {self.config.core}  ->  {self.run_dir}",
                       show_header=False)
-        total = self.config.total_steps
-        steps = row.get("agent_steps", 0)
-        table.add_row("progress", f"{steps:,} / {total:,} steps ({100 * steps / total:.1f}%)")
-        for key in self.SHOWN[1:]:
+        table.add_row("progress", self.status(row))
+        for key in self.SHOWN:
             if key in row:
                 table.add_row(key, _fmt(row[key]))
         for title, names in self.TIME_SHARES.items():
@@ -60,15 +130,19 @@ class Progress:
         return table
 
     def start(self) -> None:
+        self.started = time.monotonic()
+        self.console.print(f"fwrl train: run folder {self.run_dir}", highlight=False, soft_wrap=True)
         if self.console.is_terminal:
             self.live = Live(self._table({}), console=self.console, refresh_per_second=2, transient=False)
             self.live.start()
 
     def update(self, row: dict) -> None:
+        if "agent_steps" in row and "time" in row:
+            self.rate.add(float(row["time"]), int(row["agent_steps"]))
         if self.live is not None:
             self.live.update(self._table(row))
         else:
-            parts = [f"{k}={_fmt(row[k])}" for k in self.SHOWN if k in row]
+            parts = [self.status(row)] + [f"{k}={_fmt(row[k])}" for k in self.SHOWN if k in row]
             self.console.print(" ".join(parts), highlight=False, soft_wrap=True)
 
     def stop(self) -> None:

@@ -16,21 +16,48 @@ from fwrl.errors import FwrlError
 
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write ``path`` through ``write(file)`` into a temporary file, then replace."""
+    """Write ``path`` through ``write(file)`` into a temporary file (fsync), then replace and fsync the
+    folder, so a crash leaves either the old file or the new one. The file gets the permissions a
+    new file would (0644 under the usual umask 022), not the temporary file's 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; done once, at import
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the OS lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

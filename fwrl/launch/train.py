@@ -2,10 +2,11 @@
 
 Threads of the learner process:
 - main thread: central inference for all env slots, writes into the rollout
-  store on the device, metrics, checkpoints and signal handling (SIGINT /
-  SIGTERM stop the run cleanly and write a final checkpoint);
+  store on the device, metrics, checkpoint snapshots and signal handling
+  (SIGINT, SIGTERM and SIGHUP stop the run cleanly with a final checkpoint);
 - learner thread: B rollout columns gathered on the device -> loss ->
-  optimiser step -> publish weights (and their version) to the acting copy.
+  optimiser step -> publish weights (and their version) to the acting copy;
+- checkpoint thread: writes the snapshots (``fwrl.launch.checkpointing``).
 
 On CUDA each thread issues its work on its own stream
 (``fwrl.agents.policy_weights``). Every metrics row says where the time went
@@ -22,28 +23,27 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from fwrl.agents.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, set_rng_state
-from fwrl.agents.inference import INFERENCE_STAGES, InferenceLoop
-from fwrl.agents.learner import LEARNER_STAGES, Learner
+from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
+from fwrl.agents.inference import InferenceLoop
+from fwrl.agents.learner import Learner
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
 from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
-from fwrl.agents.stage_timer import StageTimer, shares
+from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.registry import EnvInfo, describe_env
-from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost, make_pool
+from fwrl.envs.worker_pool import WorkersLost, make_pool
 from fwrl.errors import FwrlError
+from fwrl.launch.checkpointing import CheckpointWriter
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
-from fwrl.launch.rundir import MetricsCSV
+from fwrl.launch.run_metrics import Episodes, Mean, MetricsSink, normaliser, pipeline_row
 
 
 @dataclass
@@ -53,7 +53,8 @@ class TrainResult:
     episodes: int
     mean_return: float
     mean_success: float
-    stopped_by: str  # "budget" | "signal" | "error"
+    stopped_by: str  # "budget" | "time limit" | "signal SIGINT" (SIGTERM, SIGHUP) | "workers lost" | "error"
+    signal: int = 0  # the stop signal's number, 0 if none came
 
 
 def pick_device(name: str) -> torch.device:
@@ -127,98 +128,32 @@ def freeze_vision(model: AgentNet) -> None:
         p.requires_grad_(False)
 
 
-class _Episodes:
-    """Finished episodes with running means, per task and normalised where constants exist.
-
-    ``normalise(task_name, mean_return)`` gives the paper's normalised score
-    (Atari / DMLab human-normalised, ProcGen min-max) or None.
-    """
-
-    def __init__(self, task_names: tuple[str, ...], window: int = 100,
-                 normalise: Callable[[str, float], float | None] | None = None):
-        self.task_names = task_names
-        self.window = window
-        self.normalise = normalise
-        self.recent: deque[EpisodeRecord] = deque(maxlen=window)
-        self.by_task = {i: deque(maxlen=window) for i in range(len(task_names))}
-        self.count = 0
-
-    def add(self, record: EpisodeRecord) -> None:
-        self.recent.append(record)
-        self.by_task.setdefault(record.task, deque(maxlen=self.window)).append(record)
-        self.count += 1
-
-    def mean_return(self) -> float:
-        return _mean([r.episode_return for r in self.recent])
-
-    def mean_success(self) -> float:
-        return _mean([r.extra["success"] for r in self.recent if "success" in r.extra])
-
-    def per_task(self) -> dict[str, float]:
-        """``return/<task>`` for multi-task runs; ``normalised/<task>`` and their mean
-        ``normalised_return`` where the family has normalisation constants."""
-        row: dict[str, float] = {}
-        normalised = []
-        for t, records in self.by_task.items():
-            name = self.task_names[t]
-            mean = _mean([r.episode_return for r in records])
-            if len(self.task_names) > 1:
-                row[f"return/{name}"] = mean
-            score = self.normalise(name, mean) if self.normalise and records else None
-            if score is not None:
-                normalised.append(score)
-                if len(self.task_names) > 1:
-                    row[f"normalised/{name}"] = score
-        if self.normalise is not None:
-            row["normalised_return"] = _mean(normalised) if len(normalised) == len(self.task_names) else math.nan
-        return row
-
-
-def _normaliser(env: str) -> Callable[[str, float], float | None] | None:
-    """Per-task score normalisation for ``env``'s family (None where it has none)."""
-    from fwrl.envs.spec import parse_env_spec
-    from fwrl.launch.scores import normalisation_kind, normalise
-
-    spec = parse_env_spec(env)
-    if not normalisation_kind(spec.family):
-        return None
-    return lambda task, score: normalise(spec.family, task, score, spec.options)
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else math.nan
-
-
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None) -> TrainResult:
+    """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
+    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
-    import numpy as np
-    import random
-
-    np.random.seed(config.seed)
-    random.seed(config.seed)
+    _seed_everything(config.seed)
     torch.set_num_threads(learner_threads(config))
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
 
+    # ---------------------------------------------------------------- model, optimiser, counters
     model = build_model(config, info).to(device)
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
                                eps=config.rmsprop_eps, momentum=config.rmsprop_momentum)
-    steps_per_update = config.batch_size * config.unroll_length
-    scheduler = linear_decay_scheduler(optimizer, config.total_steps, steps_per_update)
-    agent_steps = updates = 0
+    scheduler = linear_decay_scheduler(optimizer, config.total_steps, config.batch_size * config.unroll_length)
+    counters = {"agent_steps": 0, "updates": 0, "elapsed_seconds": 0.0, "episodes": 0}
     if resume:
         payload = load_checkpoint(run_dir / "checkpoint.pt", map_location=device)
         load_model_weights(model, payload["model"], str(run_dir / "checkpoint.pt"))
         optimizer.load_state_dict(payload["optimizer"])
         scheduler.load_state_dict(payload["scheduler"])
-        scheduler.total_steps = config.total_steps  # a resumed run may get a larger budget
+        scheduler.rebudget(config.total_steps)  # a resumed run may get another budget: its LR from now on
         set_rng_state(payload["rng"])
-        agent_steps, updates = payload["agent_steps"], payload["updates"]
+        counters.update(agent_steps=payload["agent_steps"], updates=payload["updates"], **payload.get("progress", {}))
     elif config.load_vision_from:
         load_vision(model, config.load_vision_from)
     if config.freeze_vision:
@@ -228,9 +163,9 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         p.requires_grad_(False)
     save_config(config, run_dir / "config.yaml")
 
-    update_lock = threading.Lock()
+    # ---------------------------------------------------------------- the data path (agents/)
     streams = DeviceStreams(device)
-    weights = PolicyWeights(inference_model, streams, version=updates)
+    weights = PolicyWeights(inference_model, streams, version=counters["updates"])
     spec = RolloutSpec(config.unroll_length, config.envs_per_worker, info.obs_shape,
                        torch.uint8 if info.obs_dtype == "uint8" else torch.float32, info.num_actions,
                        extra_size=info.extra_size, action_dims=info.action_dims)
@@ -241,16 +176,22 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     actor_timer, learner_timer = StageTimer(device), StageTimer(device)
     learner = Learner(model, weights, optimizer, scheduler, config, store, learner_timer,
                       bootstrap_truncation=bootstraps_truncation(config))
-    learner.stats.agent_steps, learner.stats.updates = agent_steps, updates
+    learner.stats.agent_steps, learner.stats.updates = counters["agent_steps"], counters["updates"]
+    episodes = Episodes(info.task_names, normalise=normaliser(config.env), count=int(counters["episodes"]))
+    update_lock = threading.Lock()  # held by the learner for a whole update
     stop = threading.Event()
     errors: list[BaseException] = []
-    episodes = _Episodes(info.task_names, normalise=_normaliser(config.env))
+    clock = _Clock(counters["elapsed_seconds"])
 
-    def checkpoint(path: Path) -> None:
+    def snapshot() -> dict:
+        """A checkpoint's contents, copied between two updates (the actors go on)."""
         with update_lock:
-            save_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler,
-                            agent_steps=learner.stats.agent_steps, updates=learner.stats.updates,
-                            config=config.to_dict(), env_info=info.to_dict())
+            if streams.learner is not None:  # the last update's work must be done before it is copied
+                torch.cuda.current_stream(device).wait_stream(streams.learner)
+            return checkpoint_payload(
+                model=model, optimizer=optimizer, scheduler=scheduler, agent_steps=learner.stats.agent_steps,
+                updates=learner.stats.updates, config=config.to_dict(), env_info=info.to_dict(),
+                progress={"elapsed_seconds": clock.elapsed(), "episodes": episodes.count})
 
     def learner_loop() -> None:
         try:
@@ -267,112 +208,162 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         finally:
             stop.set()
 
-    stopped_by = ["budget"]
-
-    def on_signal(signum, frame):
-        stopped_by[0] = "signal"
-        stop.set()
-
-    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # ---------------------------------------------------------------- processes, threads, signals
+    stopper = _Stopper(stop)
     # The inference (main) and learner threads hand the GIL back and forth around
     # every torch call; a 1 ms switch interval (Python's default is 5 ms) keeps
     # the actors from waiting on the learner's Python code.
     old_switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.001)
-    metrics = MetricsCSV(run_dir / "metrics.csv")
-    writer = _tensorboard(run_dir)
+    progress = progress or Progress(config, run_dir)
+    sink = MetricsSink(run_dir, progress)
+    checkpoints = CheckpointWriter(snapshot)
     pool = make_pool(config.backend, config.env, config.num_workers, config.envs_per_worker,
-                     seed=config.seed + 7919 * updates, step_timeout=config.step_timeout,
+                     seed=config.seed + 7919 * counters["updates"], step_timeout=config.step_timeout,
                      env_wrappers=tuple(config.env_wrappers),
                      **({"address": config.ray_address} if config.backend == "ray" else {}))
-    progress = progress or Progress(config, run_dir)
     evaluator = None
-    queue_depth = _Mean()
+    queue_depth = Mean()
     previous_stream = streams.make_current(streams.inference)  # this thread acts on the inference stream
+    thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
     try:
+        progress.start()
         pool.start()
         inference = InferenceLoop(inference_model, pool, store, device, weights=weights, timer=actor_timer,
                                   graph=config.inference_graph)
-        thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
         thread.start()
-        start_time = last_log = last_ckpt = time.monotonic()
+        clock.start()
+        last_log = last_ckpt = time.monotonic()
         last_steps = first_steps = learner.stats.agent_steps
+        first_updates = learner.stats.updates
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
-        progress.start()
         if config.eval_every > 0:
             from fwrl.launch.evaluate import PeriodicEvaluator
 
-            evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, start_time)
+            evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, time.monotonic())
+
+        def row(sps: float) -> dict:
+            out = _metrics_row(learner, episodes, pool, store, sps, clock.elapsed(), inference.agent_steps)
+            out.update(pipeline_row(actor_timer, learner_timer, queue_depth, device))
+            return out
+
+        # ------------------------------------------------------------ the acting loop
         lost: WorkersLost | None = None
         while not stop.is_set():
             try:
                 inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=episodes.add)
             except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
-                stopped_by[0], lost = "workers lost", exc
+                stopper.reason, lost = "workers lost", exc
                 break
             queue_depth.add(rollouts.qsize())
             now = time.monotonic()
             if now - last_log >= config.log_interval:
-                sps = (learner.stats.agent_steps - last_steps) / (now - last_log)
-                row = _metrics_row(learner, episodes, pool, store, sps, now - start_time)
-                row.update(_pipeline_row(actor_timer, learner_timer, queue_depth, device))
-                metrics.write(row)
-                _write_tb(writer, row)
-                progress.update(row)
+                sink.write(row((learner.stats.agent_steps - last_steps) / (now - last_log)))
                 last_log, last_steps = now, learner.stats.agent_steps
             if evaluator is not None:
                 evaluator.maybe_start(learner.stats.agent_steps, inference_model, weights.lock)
                 for eval_row in evaluator.poll():
-                    metrics.write(eval_row)
-                    _write_tb(writer, eval_row)
-            if config.max_seconds > 0 and now - start_time >= config.max_seconds:
-                stopped_by[0] = "time limit"
+                    sink.write(eval_row, show=False)
+            if config.max_seconds > 0 and clock.session() >= config.max_seconds:
+                stopper.reason = "time limit"
                 break
-            if now - last_ckpt >= config.checkpoint_interval:
-                checkpoint(run_dir / "checkpoint.pt")
+            # the first checkpoint soon after the first update, then every interval
+            first_one = learner.stats.updates > first_updates and checkpoints.written == 0
+            if first_one or now - last_ckpt >= config.checkpoint_interval:
+                checkpoints.request(run_dir / "checkpoint.pt")
                 last_ckpt = now
             if next_milestone and learner.stats.agent_steps >= next_milestone:
-                checkpoint(run_dir / f"checkpoint-{learner.stats.agent_steps}.pt")
+                checkpoints.request(run_dir / f"checkpoint-{learner.stats.agent_steps}.pt")
                 next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         stop.set()
         thread.join()
         if errors:
-            stopped_by[0] = "error"
+            stopper.reason = "error"
+        checkpoints.request(run_dir / "checkpoint.pt")
+        checkpoints.flush()
+        if errors:
             raise errors[0]
-        checkpoint(run_dir / "checkpoint.pt")
-        elapsed = time.monotonic() - start_time
-        average_sps = (learner.stats.agent_steps - first_steps) / elapsed if elapsed > 0 else math.nan
-        row = _metrics_row(learner, episodes, pool, store, average_sps, elapsed)
-        row.update(_pipeline_row(actor_timer, learner_timer, queue_depth, device))
-        metrics.write(row)
-        _write_tb(writer, row)
-        progress.update(row)
+        session = clock.session()
+        sink.write(row((learner.stats.agent_steps - first_steps) / session if session > 0 else math.nan))
         if lost is not None:
             raise lost
     finally:
         stop.set()
+        if thread.is_alive():
+            thread.join()
         streams.make_current(previous_stream)
         if evaluator is not None:
             evaluator.close()
         pool.close()
         progress.stop()
-        if writer is not None:
-            writer.close()
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
+        sink.close()
+        checkpoints.close()
+        stopper.restore()
         sys.setswitchinterval(old_switch_interval)
     return TrainResult(learner.stats.agent_steps, learner.stats.updates, episodes.count,
-                       episodes.mean_return(), episodes.mean_success(), stopped_by[0])
+                       episodes.mean_return(), episodes.mean_success(), stopper.reason, stopper.signal)
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+class _Clock:
+    """Wall time of the run: ``elapsed()`` includes the sessions before a resume, ``session()``
+    only this one (``--max-seconds`` limits a session)."""
+
+    def __init__(self, before: float = 0.0):
+        self.before = float(before)
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def session(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+    def elapsed(self) -> float:
+        return self.before + self.session()
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Stopper:
+    """SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) stop the run cleanly: ``stop`` is set,
+    the loop ends, the final checkpoint is written. ``signal`` is the one that came (0: none)."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self.reason = "budget"
+        self.signal = 0
+        self._old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+
+    def _on_signal(self, signum, frame) -> None:
+        self.reason = f"signal {signal.Signals(signum).name}"
+        self.signal = signum
+        self.stop.set()
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
 
 
 def _next_multiple(steps: int, interval: int) -> int:
     return (steps // interval + 1) * interval if interval > 0 else 0
 
 
-def _metrics_row(learner, episodes, pool, store, sps, elapsed) -> dict:
+def _metrics_row(learner, episodes, pool, store, sps, elapsed, acted_steps) -> dict:
     row = {
         "time": round(elapsed, 2),
         "agent_steps": learner.stats.agent_steps,
+        "acted_steps": acted_steps,
         "updates": learner.stats.updates,
         "steps_per_second": round(sps, 1) if not math.isnan(sps) else "",
         "episodes": episodes.count,
@@ -384,70 +375,3 @@ def _metrics_row(learner, episodes, pool, store, sps, elapsed) -> dict:
     row.update({k: v for k, v in learner.stats.last.items()})
     row.update(episodes.per_task())
     return row
-
-
-class _Mean:
-    """Running mean of samples, reset when read."""
-
-    def __init__(self):
-        self.total, self.count = 0.0, 0
-
-    def add(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-
-    def take(self) -> float:
-        mean = self.total / self.count if self.count else 0.0
-        self.total, self.count = 0.0, 0
-        return mean
-
-
-# Stage shares of the two threads in metrics rows (fractions of wall time):
-# the acting thread's rest is bookkeeping outside the stages (logging,
-# checkpoints, callbacks); the learner's idle time is waiting for rollouts.
-ACTOR_SHARES = INFERENCE_STAGES
-LEARNER_SHARES = ("learner_idle",) + LEARNER_STAGES
-
-
-def _pipeline_row(actor_timer: StageTimer, learner_timer: StageTimer, queue_depth: _Mean,
-                  device: torch.device) -> dict:
-    """Where the time of the last interval went, the queue depth and the peak memory."""
-    actor, actor_wall = actor_timer.collect()
-    learner, learner_wall = learner_timer.collect()
-    row = shares(actor, actor_wall, ACTOR_SHARES, rest="actor_other")
-    row.update(shares(learner, learner_wall, LEARNER_SHARES))
-    row["rollout_queue"] = round(queue_depth.take(), 2)
-    row["peak_memory_mb"] = round(_peak_memory_mb(device), 1)
-    return row
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak memory allocated on ``device`` since the last call; CPU: the process's peak RSS."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return peak / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
-
-
-def _write_tb(writer, row: dict) -> None:
-    if writer is None:
-        return
-    step = row["agent_steps"]
-    for key, value in row.items():
-        if key in ("agent_steps", "time") or value == "" or value is None:
-            continue
-        if isinstance(value, float) and math.isnan(value):
-            continue
-        writer.add_scalar(key, value, step)
-    writer.flush()

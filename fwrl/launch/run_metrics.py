@@ -1,0 +1,170 @@
+"""What a training run reports: episode statistics, metrics rows, and where they go
+(``metrics.csv``, TensorBoard, the live panel).
+
+A metrics row (one per ``log_interval``) holds the counters (``time``,
+``agent_steps``, ``acted_steps``, ``updates``, ``episodes``), the last
+update's losses, episode means of the last 100 episodes (per task and
+normalised where the family has constants), and how the pipeline spent the
+interval: ``share/<stage>`` of each thread's wall time, ``policy_lag_*``,
+``rollout_queue`` and ``peak_memory_mb``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fwrl.agents.inference import INFERENCE_STAGES
+from fwrl.agents.learner import LEARNER_STAGES
+from fwrl.agents.stage_timer import StageTimer, shares
+from fwrl.envs.worker_pool import EpisodeRecord
+from fwrl.launch.rundir import MetricsCSV
+
+# Stage shares of the two threads in metrics rows (fractions of wall time):
+# the acting thread's rest is bookkeeping outside the stages (logging,
+# checkpoints, callbacks); the learner's idle time is waiting for rollouts.
+ACTOR_SHARES = INFERENCE_STAGES
+LEARNER_SHARES = ("learner_idle",) + LEARNER_STAGES
+
+
+class Episodes:
+    """Finished episodes with running means, per task and normalised where constants exist.
+
+    ``normalise(task_name, mean_return)`` gives the paper's normalised score
+    (Atari / DMLab human-normalised, ProcGen min-max) or None. ``count`` starts at
+    ``count`` (a resumed run continues its episode count).
+    """
+
+    def __init__(self, task_names: tuple[str, ...], window: int = 100,
+                 normalise: Callable[[str, float], float | None] | None = None, count: int = 0):
+        self.task_names = task_names
+        self.window = window
+        self.normalise = normalise
+        self.recent: deque[EpisodeRecord] = deque(maxlen=window)
+        self.by_task = {i: deque(maxlen=window) for i in range(len(task_names))}
+        self.count = count
+
+    def add(self, record: EpisodeRecord) -> None:
+        self.recent.append(record)
+        self.by_task.setdefault(record.task, deque(maxlen=self.window)).append(record)
+        self.count += 1
+
+    def mean_return(self) -> float:
+        return mean([r.episode_return for r in self.recent])
+
+    def mean_success(self) -> float:
+        return mean([r.extra["success"] for r in self.recent if "success" in r.extra])
+
+    def per_task(self) -> dict[str, float]:
+        """``return/<task>`` for multi-task runs; ``normalised/<task>`` and their mean
+        ``normalised_return`` where the family has normalisation constants."""
+        row: dict[str, float] = {}
+        normalised = []
+        for t, records in self.by_task.items():
+            name = self.task_names[t]
+            value = mean([r.episode_return for r in records])
+            if len(self.task_names) > 1:
+                row[f"return/{name}"] = value
+            score = self.normalise(name, value) if self.normalise and records else None
+            if score is not None:
+                normalised.append(score)
+                if len(self.task_names) > 1:
+                    row[f"normalised/{name}"] = score
+        if self.normalise is not None:
+            row["normalised_return"] = mean(normalised) if len(normalised) == len(self.task_names) else math.nan
+        return row
+
+
+def normaliser(env: str) -> Callable[[str, float], float | None] | None:
+    """Per-task score normalisation for ``env``'s family (None where it has none)."""
+    from fwrl.envs.spec import parse_env_spec
+    from fwrl.launch.scores import normalisation_kind, normalise
+
+    spec = parse_env_spec(env)
+    if not normalisation_kind(spec.family):
+        return None
+    return lambda task, score: normalise(spec.family, task, score, spec.options)
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+class Mean:
+    """Running mean of samples, reset when read."""
+
+    def __init__(self):
+        self.total, self.count = 0.0, 0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    def take(self) -> float:
+        value = self.total / self.count if self.count else 0.0
+        self.total, self.count = 0.0, 0
+        return value
+
+
+def pipeline_row(actor_timer: StageTimer, learner_timer: StageTimer, queue_depth: Mean,
+                 device: torch.device) -> dict[str, Any]:
+    """Where the time of the last interval went, the queue depth and the peak memory."""
+    actor, actor_wall = actor_timer.collect()
+    learner, learner_wall = learner_timer.collect()
+    row = shares(actor, actor_wall, ACTOR_SHARES, rest="actor_other")
+    row.update(shares(learner, learner_wall, LEARNER_SHARES))
+    row["rollout_queue"] = round(queue_depth.take(), 2)
+    row["peak_memory_mb"] = round(peak_memory_mb(device), 1)
+    return row
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak memory allocated on ``device`` since the last call; CPU: the process's peak RSS."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class MetricsSink:
+    """Writes each row to ``metrics.csv``, TensorBoard (where installed) and the live panel."""
+
+    def __init__(self, run_dir: Path, progress):
+        self.csv = MetricsCSV(Path(run_dir) / "metrics.csv")
+        self.progress = progress
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            self.tensorboard = None
+        else:
+            self.tensorboard = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def write(self, row: dict[str, Any], show: bool = True) -> None:
+        self.csv.write(row)
+        self._write_tensorboard(row)
+        if show:
+            self.progress.update(row)
+
+    def _write_tensorboard(self, row: dict[str, Any]) -> None:
+        if self.tensorboard is None:
+            return
+        step = row["agent_steps"]
+        for key, value in row.items():
+            if key in ("agent_steps", "time") or value == "" or value is None or isinstance(value, str):
+                continue
+            if isinstance(value, float) and math.isnan(value):
+                continue
+            self.tensorboard.add_scalar(key, value, step)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()

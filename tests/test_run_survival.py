@@ -1,0 +1,118 @@
+"""Runs that survive: every stop signal leaves a loadable checkpoint and the shell's exit status,
+even in the first seconds; a resumed run continues its time, episodes and learning-rate schedule;
+checkpoints are written in the background with the permissions of any new file."""
+
+import csv
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fwrl.launch.checkpointing import CheckpointWriter
+
+QUICK = ["--env", "memory:cue_delay?delay=2", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
+         "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "10", "--device", "cpu",
+         "--num-threads", "1", "--log-interval", "1"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_leave_a_checkpoint_and_the_shell_exit_status(tmp_path, signum):
+    cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", *QUICK, "--total-steps", "10000000",
+           "--runs-dir", str(tmp_path), "--name", "run"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "metrics.csv").exists():  # the run is going (well inside 10 s of acting)
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() else ""
+            time.sleep(0.2)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, out[-2000:]
+    assert f"stopped by signal {signal.Signals(signum).name}" in out
+    payload = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert payload["progress"]["elapsed_seconds"] < 10.0 and payload["agent_steps"] >= 0
+    for name in ("checkpoint.pt", "config.yaml", "metrics.csv"):
+        mode = stat.S_IMODE(os.stat(tmp_path / "run" / name).st_mode)
+        assert mode == 0o666 & ~_umask(), (name, oct(mode))
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_resume_continues_time_episodes_and_the_new_schedule(tmp_path):
+    from fwrl.launch.config import TrainConfig
+    from fwrl.launch.train import train
+
+    config = TrainConfig(env="memory:cue_delay?delay=2", core="lstm", core_options={"hidden_size": 16},
+                         num_workers=2, envs_per_worker=4, batch_size=4, unroll_length=10, total_steps=2000,
+                         learning_rate=1e-3, device="cpu", num_threads=1, log_interval=0.5)
+    first = train(config, tmp_path)
+    assert first.stopped_by == "budget"
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    end_time, end_episodes = float(rows[-1]["time"]), int(rows[-1]["episodes"])
+    assert float(rows[-1]["learning_rate"]) == 0.0  # the old budget ran out
+    config.total_steps = 4000
+    second = train(config, tmp_path, resume=True)
+    assert second.agent_steps >= 4000 and second.episodes > first.episodes
+    resumed = list(csv.DictReader((tmp_path / "metrics.csv").open()))[len(rows):]
+    assert float(resumed[0]["time"]) > end_time and int(resumed[0]["episodes"]) >= end_episodes
+    updated = [row for row in resumed if row["learning_rate"] != ""]  # rows after the first update
+    for row in updated:  # every update of the resumed run uses the schedule of the new budget
+        steps, lr = int(row["agent_steps"]), float(row["learning_rate"])
+        if steps < 4000:
+            assert lr == pytest.approx(1e-3 * (1 - steps / 4000), rel=1e-6), row
+    assert any(float(row["learning_rate"]) > 0 for row in updated)
+
+
+def test_checkpoint_writer_writes_in_the_background_and_reports_errors(tmp_path):
+    release = threading.Event()
+    written = []
+
+    def slow_write(path, payload):
+        release.wait(10)
+        if payload.get("fail"):
+            raise OSError("disk full")
+        written.append((path.name, payload["n"]))
+
+    snapshots = iter([{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4, "fail": True}, {"n": 5}])
+    writer = CheckpointWriter(lambda: next(snapshots), write=slow_write)
+    writer.request(tmp_path / "a.pt")  # taken by the thread, blocked in the write
+    time.sleep(0.2)
+    writer.request(tmp_path / "b.pt")
+    writer.request(tmp_path / "b.pt")  # replaces the snapshot still waiting for b
+    assert written == []  # request() did not wait for the disk
+    release.set()
+    writer.flush()
+    assert written == [("a.pt", 1), ("b.pt", 3)]
+    writer.request(tmp_path / "c.pt")
+    with pytest.raises(OSError, match="disk full"):
+        writer.flush()
+    writer.request(tmp_path / "d.pt")
+    writer.close()
+    assert written[-1] == ("d.pt", 5) and writer.written == 3
+
+
+def test_atomic_write_replaces_whole_files_with_open_permissions(tmp_path):
+    from fwrl.launch.rundir import atomic_write
+
+    path = tmp_path / "f.bin"
+    atomic_write(path, lambda f: f.write(b"one"))
+    with pytest.raises(RuntimeError):
+        atomic_write(path, lambda f: (f.write(b"half"), (_ for _ in ()).throw(RuntimeError("crash"))))
+    assert path.read_bytes() == b"one" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()
+    assert Path(path).exists()
