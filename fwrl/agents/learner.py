@@ -18,14 +18,15 @@ from typing import Sequence
 
 from torch import nn
 
+from fwrl.agents.distributed import LearnerGroup
 from fwrl.agents.losses import impala_loss
 from fwrl.agents.optim import clip_grad_norm
 from fwrl.agents.policy_weights import PolicyWeights
-from fwrl.agents.rollouts import RolloutPiece, RolloutStore
+from fwrl.agents.rollouts import Batch, RolloutPiece, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
 
-LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "learner_optimiser",
-                  "learner_publish")
+LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
+                  "learner_optimiser", "learner_publish")
 
 
 @dataclass
@@ -37,27 +38,39 @@ class LearnerStats:
 
 
 class Learner:
+    """``update(pieces)``: gather B columns from the store, then ``update_batch``. With a
+    :class:`~fwrl.agents.distributed.LearnerGroup` the gradients of all learner ranks are summed
+    before the optimiser step (``learner_allreduce``), so every rank steps alike; agent steps
+    count all ranks' columns."""
+
     def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, config,
-                 store: RolloutStore, timer: StageTimer | None = None, bootstrap_truncation: bool = True):
+                 store: RolloutStore | None, timer: StageTimer | None = None, bootstrap_truncation: bool = True,
+                 group: LearnerGroup | None = None):
         self.model = model
         self.weights = weights
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.config = config
         self.store = store
-        self.device = store.device
+        self.device = next(model.parameters()).device
         self.timer = timer if timer is not None else StageTimer(self.device)
         self.stats = LearnerStats()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.action_dims = getattr(model, "action_dims", None)
         self.bootstrap_truncation = bootstrap_truncation
+        self.group = group
+        self.world_size = group.ranks.world_size if group is not None else 1
 
-    def update(self, pieces: Sequence[RolloutPiece]) -> dict[str, float]:
-        """One optimiser step on the B columns of ``pieces``."""
+    def update(self, pieces: Sequence[RolloutPiece]) -> dict[str, float] | None:
+        """One optimiser step on the B columns of ``pieces`` (None: a rank voted to stop, no step)."""
+        with self.timer.stage("learner_gather", device_work=True):
+            batch = self.store.gather(pieces)
+        return self.update_batch(batch)
+
+    def update_batch(self, batch: Batch) -> dict[str, float] | None:
+        """One optimiser step on a gathered batch (None: a rank voted to stop, no step)."""
         start = time.perf_counter()
         timer, c = self.timer, self.config
-        with timer.stage("learner_gather", device_work=True):
-            batch = self.store.gather(pieces)
         lag_mean, lag_max = batch.policy_lag(self.weights.version)
         with timer.stage("learner_forward", device_work=True):
             outputs, _ = self.model(batch.tensors, batch.initial_state)
@@ -69,6 +82,11 @@ class Learner:
         with timer.stage("learner_backward", device_work=True):
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+        if self.group is not None:
+            with timer.stage("learner_allreduce", device_work=True):
+                if self.group.sum_gradients(self.params):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return None
         with timer.stage("learner_optimiser", device_work=True):
             grad_norm = clip_grad_norm(self.params, c.grad_norm_clip)
             self.optimizer.step()
@@ -81,7 +99,13 @@ class Learner:
         stats["policy_lag_max"] = lag_max
         T, B = batch.tensors["reward"].shape[0] - 1, batch.tensors["reward"].shape[1]
         self.stats.updates += 1
-        self.stats.agent_steps += T * B
+        self.stats.agent_steps += T * B * self.world_size
         self.stats.last = stats
         self.stats.update_seconds = time.perf_counter() - start
         return stats
+
+    def vote_stop(self) -> None:
+        """Tell the other learner ranks to stop after the update they are in (no step is taken)."""
+        if self.group is not None:
+            with self.timer.stage("learner_allreduce"):
+                self.group.vote_stop(self.params)
