@@ -29,6 +29,7 @@ setup(
         "numpy",
         "gymnasium>=1.0",
         "pyyaml",
+        "pydantic>=2.6",
         "rich",
         "tensorboard",
         "matplotlib",
