@@ -1,44 +1,22 @@
 """Run directories: ``runs/<name>/`` with config, checkpoints and metrics.
 
-Every file is written atomically (a temporary file in the same folder, then
-``os.replace``), so a crash never leaves a half-written file behind.
+Every file is written atomically (``fwrl.utils.files.atomic_write``), so a
+crash never leaves a half-written file behind.
 """
 
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fwrl.errors import FwrlError
+from fwrl.utils.files import atomic_write, atomic_write_text, check_writable_folder  # noqa: F401  (re-exported)
 
 
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write ``path`` through ``write(file)`` into a temporary file, then replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text), mode="w")
-
-
-def prepare_run_dir(path: Path, resume: bool) -> Path:
-    """Create (or, on resume, check) the run folder and that it is writable."""
+def check_run_dir(path: Path, resume: bool) -> Path:
+    """Check the run folder without creating anything: on resume it holds a run, else no
+    checkpoint; its files can be written."""
     path = Path(path)
     if resume:
         if not (path / "config.yaml").exists():
@@ -47,11 +25,15 @@ def prepare_run_dir(path: Path, resume: bool) -> Path:
         raise FwrlError(
             f"run folder {path} already holds a run. Pass --resume to continue it, or choose another --name."
         )
+    check_writable_folder(path, "run folder", "Choose another --runs-dir.")
+    return path
+
+
+def prepare_run_dir(path: Path, resume: bool) -> Path:
+    """Create (or, on resume, check) the run folder and that it is writable."""
+    path = check_run_dir(path, resume)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
     except OSError as exc:
         raise FwrlError(f"run folder {path} is not writable ({exc.strerror}). Choose another --runs-dir.") from None
     return path
