@@ -286,7 +286,7 @@ def test_worker_that_never_starts_is_an_error(tmp_path, backend):
 
 
 def test_pool_options_are_checked():
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     with pytest.raises(FwrlError, match=r"local worker backend takes no options \['address'\]"):
         make_pool("local", "memory:cue_delay", 1, K, address="auto")

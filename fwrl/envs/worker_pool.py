@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fwrl.errors import FwrlError, unknown_choice
+from fwrl.errors import FwrlError
 
 
 @dataclass
@@ -197,35 +197,3 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def make_pool(
-    backend: str,
-    env: str,
-    num_workers: int,
-    envs_per_worker: int,
-    seed: int = 0,
-    mode: str = "train",
-    step_timeout: float = 60.0,
-    max_start_failures: int = 5,
-    **backend_options,
-) -> WorkerPool:
-    """Create a pool of the ``local`` (processes) or ``ray`` (Ray actors) backend;
-    ``backend_options`` go to :class:`~fwrl.envs.ray_workers.RayWorkerPool`."""
-
-    if backend == "local":
-        from fwrl.envs.local_workers import LocalWorkerPool
-
-        if backend_options:
-            raise FwrlError(f"the local worker backend takes no options {sorted(backend_options)}; they are "
-                            "for the ray backend.")
-        return LocalWorkerPool(env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
-                               max_start_failures=max_start_failures)
-    if backend == "ray":
-        from fwrl.envs.ray_workers import RayWorkerPool
-
-        return RayWorkerPool(
-            env, num_workers, envs_per_worker, seed=seed, mode=mode, step_timeout=step_timeout,
-            max_start_failures=max_start_failures, **backend_options
-        )
-    raise unknown_choice("worker backend", backend, ("local", "ray"))

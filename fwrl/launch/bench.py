@@ -58,7 +58,7 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     inference and learning.
     """
     from fwrl.envs.registry import describe_env
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     _check_window(seconds, warmup)
     info = describe_env(env)

@@ -41,7 +41,8 @@ from torch import nn
 
 from fwrl.agents.inference import InferenceLoop
 from fwrl.envs.spec import EnvSpec, parse_env_spec
-from fwrl.envs.worker_pool import StepResult, WorkerPool, make_pool
+from fwrl.envs.backends import make_pool
+from fwrl.envs.worker_pool import StepResult, WorkerPool
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.launch import scores
 

@@ -29,7 +29,8 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.rollouts import RolloutAssembler, RolloutQueue, RolloutSpec
 from fwrl.envs.registry import EnvInfo, describe_env
-from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost, make_pool
+from fwrl.envs.backends import make_pool
+from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost
 from fwrl.errors import FwrlError
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
