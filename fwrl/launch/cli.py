@@ -286,15 +286,17 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from fwrl.launch import evaluate as ev
-    from fwrl.launch.train import pick_device
+    from fwrl.launch.agent import load_agent, pick_device
+    from fwrl.launch.eval_protocols import default_num_workers
+    from fwrl.launch.eval_report import print_table, write_result
 
     device = pick_device(args.device)
-    model, payload, path = ev.load_agent(Path(args.source), device)
+    model, payload, path = load_agent(Path(args.source), device)
     config = payload["config"]
     env = args.env or config["env"]
     if args.env:
         ev.check_env_fits(env, model)
-    num_workers = args.num_workers or ev.default_num_workers(env)
+    num_workers = args.num_workers or default_num_workers(env)
     if num_workers < 1 or args.envs_per_worker < 1:
         raise FwrlError(f"--num-workers and --envs-per-worker must be at least 1, got {num_workers} "
                         f"and {args.envs_per_worker}.")
@@ -311,8 +313,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         out = Path(args.out)
     else:
         out = Path(args.source) / "evaluation.json" if Path(args.source).is_dir() else path.with_suffix(".eval.json")
-    ev.print_table(result)
-    md = ev.write_result(result, out)
+    print_table(result)
+    md = write_result(result, out)
     print(f"wrote {out} and {md}")
     return 0
 

@@ -28,10 +28,10 @@ from fwrl.agents.learner import Learner
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.rollouts import RolloutAssembler, RolloutQueue, RolloutSpec
-from fwrl.envs.registry import EnvInfo, describe_env
+from fwrl.envs.registry import describe_env
 from fwrl.envs.backends import make_pool
 from fwrl.envs.worker_pool import EpisodeRecord, WorkersLost
-from fwrl.errors import FwrlError
+from fwrl.launch.agent import build_model, pick_device
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
 from fwrl.launch.rundir import MetricsCSV
@@ -45,18 +45,6 @@ class TrainResult:
     mean_return: float
     mean_success: float
     stopped_by: str  # "budget" | "signal" | "error"
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise FwrlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise FwrlError(f"device {name!r} was asked for, but torch sees no CUDA GPU here; use --device cpu.")
-    return device
 
 
 def allowed_cores() -> int:
@@ -81,11 +69,6 @@ def learner_threads(config: TrainConfig) -> int:
     cores = allowed_cores()
     reserved = min(config.num_workers, cores // 2) if config.backend == "local" else 0
     return max(1, cores - reserved)
-
-
-def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
-    stem = None if config.stem == "auto" else config.stem
-    return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem)
 
 
 def load_vision(model: AgentNet, path: str) -> None:
