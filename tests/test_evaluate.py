@@ -309,3 +309,33 @@ def test_periodic_evaluator_writes_eval_metrics_rows():
     assert row["eval/test/success"] == row["eval/test/mean_return"]
     assert evaluator.next_at == 200
 
+
+def test_cli_evaluate_checks_where_it_writes_before_playing(tmp_path, monkeypatch, capsys, read_only):
+    """An output that cannot be written is refused before any episode (a read-only run folder)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_checkpoint(run / "checkpoint.pt", first_action_model(), "lstm", tiny_options("lstm"))
+    played = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: played.append(1) or pytest.fail("played episodes"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["evaluate", str(run), "--out", str(blocker / "eval.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwrl: error: evaluation JSON") and "not writable" in err and "--out" in err
+    assert main(["evaluate", str(run), "--out", str(run)]) == 2  # a folder is not a file
+    assert "it is a folder" in capsys.readouterr().err
+    read_only(run)
+    assert main(["evaluate", str(run)]) == 2
+    assert f"{run / 'evaluation.json'} is not writable (Permission denied)" in capsys.readouterr().err
+    assert not played
+
+
+
+def test_cli_evaluate_writes_elsewhere_with_out(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_checkpoint(run / "checkpoint.pt", first_action_model(), "lstm", tiny_options("lstm"))
+    out = tmp_path / "elsewhere" / "eval.json"
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["runs"][0]["episodes"] == 2 and out.with_suffix(".md").is_file()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]

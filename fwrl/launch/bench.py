@@ -1,7 +1,8 @@
 """``fwrl bench ...``: benchmarks, not tests.
 
-Each ``bench_<name>(args)`` is the body of ``fwrl bench <name>`` (see
-``fwrl.launch.cli``) and returns the exit status.
+Each ``bench_<name>`` is the body of ``fwrl bench <name>`` (see
+``fwrl.launch.cli``) and returns the exit status; ``bench_throughput`` takes
+the TrainConfig the CLI resolved exactly as for ``fwrl train``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwrl.errors import FwrlError
+from fwrl.launch.config import TrainConfig
 
 
 # ----------------------------------------------------------------------------- bench envs
@@ -183,22 +185,17 @@ def measure_throughput(config, seconds: float, warmup: float) -> ThroughputResul
                             int(last["updates"]) - int(first["updates"]))
 
 
-def bench_throughput(args: argparse.Namespace) -> int:
+def bench_throughput(config: TrainConfig, seconds: float, warmup: float) -> int:
+    """``fwrl bench throughput``: agent steps/s of training with ``config`` (resolved and checked
+    by the CLI like ``fwrl train``'s) over ``seconds`` after ``warmup`` seconds."""
     from rich.console import Console
     from rich.table import Table
 
-    from fwrl.launch.cli import _validate
-    from fwrl.launch.config import TrainConfig
-
-    config = TrainConfig(env=args.env, core=args.core, stem=args.stem, num_workers=args.num_workers,
-                         envs_per_worker=args.envs_per_worker, batch_size=args.batch_size,
-                         unroll_length=args.unroll_length, num_threads=args.num_threads)
-    _validate(config)
-    result = measure_throughput(config, args.seconds, args.warmup)
+    result = measure_throughput(config, seconds, warmup)
     table = Table("env", "core", "stem", "workers x envs", "batch x unroll", "updates", "agent steps/s",
                   title="fwrl bench throughput")
-    table.add_row(args.env, args.core, args.stem, f"{args.num_workers} x {args.envs_per_worker}",
-                  f"{args.batch_size} x {args.unroll_length}", str(result.updates),
+    table.add_row(config.env, config.core, config.stem, f"{config.num_workers} x {config.envs_per_worker}",
+                  f"{config.batch_size} x {config.unroll_length}", str(result.updates),
                   f"{result.steps_per_second:,.0f}")
     Console().print(table)
     return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fwrl.errors import FwrlError
-from fwrl.utils.files import atomic_write, atomic_write_text, check_writable_folder  # noqa: F401  (re-exported)
+from fwrl.utils.files import atomic_write, check_writable_folder
 
 
 def check_run_dir(path: Path, resume: bool) -> Path:
