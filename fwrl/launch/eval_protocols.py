@@ -21,7 +21,6 @@ from typing import Sequence
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import unknown_choice
 
-POLICIES = ("greedy", "sample")
 PROCGEN_TEST_STARTS = (1000, 1200, 1400)
 PROCGEN_SPLIT_LEVELS = 200
 PROCGEN_TRAIN_LEVELS = {"easy": 200, "hard": 500, "memory": 500}

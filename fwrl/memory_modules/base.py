@@ -36,10 +36,6 @@ class CoreConfig(Settings):
     """
 
     @classmethod
-    def option_names(cls) -> list[str]:
-        return list(cls.model_fields)
-
-    @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None, core: str = "") -> "CoreConfig":
         return cls.parse(options, what="core option", source=f"of core {core}" if core else "")
 
@@ -135,6 +131,5 @@ def build_core(
     entry = _entry(name)
     config = options if isinstance(options, CoreConfig) else entry.config_class.from_options(options, core=name)
     core = entry.factory(input_size, config)
-    core.core_name = name
     core.config = config
     return core

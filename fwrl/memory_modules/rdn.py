@@ -41,8 +41,6 @@ from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransfo
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
 from fwrl.utils.settings import redefault
 
-LARGE_ATARI_OPTIONS = {"num_layers": 4, "hidden_size": 256, "num_heads": 8, "head_dim": 32}
-
 class RDNConfig(FWPConfig):
     """FWPConfig with softmax features by default (REFERENCE §2)."""
 
