@@ -212,3 +212,24 @@ def test_bench_throughput_builds_its_config_like_train(monkeypatch, capsys):
             seconds, warmup) == ("lstm", 4, 1, 8, 80, 60.0, 15.0)
     assert main(["bench", "throughput", "--preset", "quickstart", "--seconds", "1"]) == 0
     assert seen.pop()[0] == build_config("quickstart", {})
+
+
+def test_preflight_refuses_before_the_run_folder_exists(tmp_path, read_only, capsys):
+    from fwrl.launch.preflight import check_runnable
+
+    runs = tmp_path / "runs"
+    base = ["train", "--env", "memory:cue_delay", "--runs-dir", str(runs), "--name", "r"]
+    for extra, pattern in [(["--stem", "nature"], "stem 'nature' needs image observations"),
+                           (["--load-vision-from", str(tmp_path / "none.pt")], "load_vision_from"),
+                           (["--device", "cuda:7"], "cuda:7")]:
+        assert main([*base, *extra]) == 2
+        assert pattern in capsys.readouterr().err
+    assert not runs.exists()
+    # a resumed run does not read load_vision_from again: a moved checkpoint is no error then
+    config = build_config(None, {"env": "memory:cue_delay", "load_vision_from": str(tmp_path / "none.pt")})
+    check_runnable(config, resume=True)
+    tmp_path.joinpath("ro").mkdir()
+    read_only(tmp_path / "ro")
+    assert main([*base[:3], "--runs-dir", str(tmp_path / "ro")]) == 2
+    assert "not writable (Permission denied)" in capsys.readouterr().err
+    assert list((tmp_path / "ro").iterdir()) == []

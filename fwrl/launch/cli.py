@@ -89,7 +89,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(config_yaml(config), end="")
         return 0
     check_run_dir(run_dir, resume=args.resume)
-    check_runnable(config)
+    check_runnable(config, resume=args.resume)
     prepare_run_dir(run_dir, resume=args.resume)
 
     from fwrl.launch.train import train

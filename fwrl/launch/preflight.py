@@ -15,13 +15,14 @@ from fwrl.launch.agent import build_model, pick_device
 from fwrl.launch.config import TrainConfig
 
 
-def check_runnable(config: TrainConfig) -> EnvInfo:
+def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
     """Raise FwrlError for anything that would stop ``config`` from training here; return the env's info.
 
     Checks the env (family, games, options, its optional dependency), the
     device, that the stem suits the observations and the core builds for
     them (on the meta device: nothing is allocated), the worker count of a
-    multi-task env, ``load_vision_from`` and the Ray backend's dependency.
+    multi-task env, ``load_vision_from`` (read only by a new run, not on
+    ``resume``) and the Ray backend's dependency.
     """
     info = describe_env(config.env)
     pick_device(config.device)
@@ -31,7 +32,7 @@ def check_runnable(config: TrainConfig) -> EnvInfo:
     if config.num_workers < games:
         raise FwrlError(f"env {config.env!r} has {games} games and worker i runs game i mod {games}, so "
                         f"num_workers must be at least {games}; got num_workers={config.num_workers}.")
-    if config.load_vision_from and not Path(config.load_vision_from).is_file():
+    if config.load_vision_from and not resume and not Path(config.load_vision_from).is_file():
         raise FwrlError(f"setting load_vision_from={config.load_vision_from!r}: no such checkpoint file.")
     if config.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise missing_dependency("ray", "ray", "--backend ray")
