@@ -5,8 +5,8 @@ spec options) are pydantic models deriving from :class:`Settings`, or single
 values checked by :func:`parse_value`. The command line, presets, YAML files
 and ``--resume`` all go through them, and a bad value becomes one
 :class:`~fwrl.errors.FwrlError` that names the setting, the value and what is
-valid, e.g. ``setting discount=1.5 is out of range: valid is a number with
-0 <= x <= 1.``
+valid, e.g. ``setting discount=1.5 is not valid: input should be less than or
+equal to 1; valid: a number with 0 <= x <= 1. discount: discount factor gamma.``
 
 Input rules (the same for command-line strings and YAML values):
 
