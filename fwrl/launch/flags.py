@@ -15,6 +15,7 @@ one set of rules. Flags that are not given are absent from the namespace:
 from __future__ import annotations
 
 import argparse
+import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -54,7 +55,7 @@ def add_setting_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     for name in names if names is not None else model.model_fields:
         info = model.model_fields[name]
         kind = base_type(info.annotation)
-        if kind is dict or getattr(kind, "__origin__", None) is dict:
+        if dict in (kind, typing.get_origin(kind)):
             continue
         default = defaults[name] if name in defaults else info.get_default(call_default_factory=True)
         help_text = setting_help(model, name, default)
