@@ -11,7 +11,7 @@ EXTRAS = {
     "envpool": ["envpool>=1.2"],
     "ray": ["ray[default]>=2.9"],
     "kernels": ["triton>=3.2"],
-    "test": ["pytest>=8", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9",
+    "test": ["pytest>=8", "hypothesis>=6", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9",
              "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
@@ -29,6 +29,7 @@ setup(
         "numpy",
         "gymnasium>=1.0",
         "pyyaml",
+        "pydantic>=2.6",
         "rich",
         "tensorboard",
         "matplotlib",

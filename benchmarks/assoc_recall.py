@@ -65,7 +65,8 @@ from fwrl.envs.registry import describe_env
 from fwrl.errors import FwrlError, run_main
 from fwrl.launch.config import TrainConfig, build_config
 from fwrl.launch.progress import Progress
-from fwrl.launch.train import build_model, train
+from fwrl.launch.agent import build_model
+from fwrl.launch.train import train
 
 CORES = ("linear_transformer", "delta_net")
 MODES = ("supervised", "rl")

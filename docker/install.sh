@@ -3,12 +3,15 @@
 # path of every image under docker/ and of CI (tests/test_docker_recipes.py runs
 # it in a fresh virtualenv), so the recipes cannot drift from the package.
 #
-# Usage: docker/install.sh [--torch cpu|cu118|cu121|cu124|cu126|cu128|existing]
+# Usage: docker/install.sh [--torch cpu|cu118|cu121|cu124|cu126|cu128|X.Y.Z|existing]
 #                          [--extras ray,atari] [--python PYTHON] [--pip-arg ARG]...
 #
-#   --torch     which torch wheel to install from download.pytorch.org: "cpu" (default),
-#               a CUDA tag such as "cu126", or "existing" to keep the torch that
-#               the Python already imports (fails if there is none).
+#   --torch     which torch wheel to install: "cpu" (default) or a CUDA tag such as
+#               "cu126" from download.pytorch.org; a version "X.Y.Z" as
+#               `pip install torch==X.Y.Z` from pip's configured indexes (what
+#               README.md's commands do; a local wheel on the CPU machines); or
+#               "existing" to keep the torch that the Python already imports
+#               (fails if there is none).
 #   --extras    comma-separated fwrl extras (setup.py): ray, atari, procgen, envpool,
 #               kernels, test, all; "" for none. Default: ray,atari.
 #   --python    the interpreter to install into (default: python3, or $PYTHON).
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
         --python=*) PY="${1#*=}"; shift ;;
         --pip-arg) PIP_ARGS+=("$2"); shift 2 ;;
         --pip-arg=*) PIP_ARGS+=("${1#*=}"); shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "install.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -49,7 +52,12 @@ case "$TORCH" in
             || { echo "install.sh: --torch existing, but $PY cannot import torch" >&2; exit 2; } ;;
     cpu|cu[0-9][0-9]*)
         "$PY" -m pip install --index-url "https://download.pytorch.org/whl/$TORCH" torch ;;
-    *) echo "install.sh: --torch must be cpu, a CUDA tag like cu126, or existing; got '$TORCH'" >&2; exit 2 ;;
+    [0-9]*.[0-9]*)
+        case "$TORCH" in
+            *[!0-9.]*) echo "install.sh: --torch version must be digits and dots, like 2.13.0; got '$TORCH'" >&2; exit 2 ;;
+        esac
+        "$PY" -m pip install "torch==$TORCH" ;;
+    *) echo "install.sh: --torch must be cpu, a CUDA tag like cu126, a version like 2.13.0, or existing; got '$TORCH'" >&2; exit 2 ;;
 esac
 
 case "$EXTRAS" in

@@ -41,3 +41,22 @@ def backend(request):
     if request.param == "ray":
         return Backend("ray", request.getfixturevalue("ray_cluster").address)
     return Backend("local")
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: new files in ``folder`` fail with EACCES, as on a read-only mount
+    (chmod does not stop root, who runs the tests in containers)."""
+    import tempfile
+
+    real = tempfile.mkstemp
+
+    def make(folder) -> None:
+        def mkstemp(*args, dir=None, **kwargs):
+            if dir is not None and os.path.samefile(dir, folder):
+                raise PermissionError(13, "Permission denied")
+            return real(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+    return make

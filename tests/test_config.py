@@ -1,10 +1,13 @@
-"""Config, presets and resume rules."""
+"""Config, presets and resume rules; the command line and files go through the settings models."""
 
 import pytest
+import yaml
 
 from fwrl.errors import FwrlError
-from fwrl.launch.cli import _validate
-from fwrl.launch.config import TrainConfig, build_config, check_resume, load_preset, preset_names
+from fwrl.launch.cli import main
+from fwrl.launch.config import (TrainConfig, build_config, check_resume, load_preset, preset_names, read_config,
+                                save_config)
+from fwrl.launch.preflight import check_runnable
 
 
 def test_every_preset_builds_a_valid_config():
@@ -16,7 +19,9 @@ def test_every_preset_builds_a_valid_config():
             continue  # needs the deepmind_lab engine (docker/Dockerfile.dmlab) to describe
         if config.env.startswith("procgen:"):
             pytest.importorskip("procgen")
-        _validate(config)
+        if config.env.startswith("atari:"):
+            pytest.importorskip("ale_py")
+        check_runnable(config)
 
 
 def test_rfwp_atari_preset_matches_reference_section_4():
@@ -30,11 +35,11 @@ def test_overrides_are_typed_and_core_change_drops_preset_core_options():
     c = build_config("r2ac-atari", {"total_steps": "1000", "core": "lstm"})
     assert c.total_steps == 1000 and c.core == "lstm" and c.core_options == {}
     c = build_config("r2ac-atari", {"core_options": {"hidden_size": "64"}})
-    assert c.core_options == {"hidden_size": "64", "grad": "rtrl"}
+    assert c.core_options == {"hidden_size": 64, "grad": "rtrl"}  # typed by the core's settings
     c = build_config("quickstart", {"core_options": {"hidden_size": 32}})
     assert c.core_options == {"forget_bias": 1.0, "hidden_size": 32}
     assert build_config("quickstart", {"core": "feedforward"}).core_options == {}
-    with pytest.raises(FwrlError, match="needs a int"):
+    with pytest.raises(FwrlError, match="batch_size=many .*an integer"):
         build_config(None, {"batch_size": "many"})
     with pytest.raises(FwrlError, match="quickstart"):
         load_preset("quikstart")
@@ -47,3 +52,189 @@ def test_resume_allows_budget_changes_only():
         check_resume(saved, {"learning_rate": "0.1"})
     with pytest.raises(FwrlError, match="core_options"):
         check_resume(saved, {"core_options": {"hidden_size": "3"}})
+
+
+# ------------------------------------------------------------------------ one source of truth
+
+SPECIAL_FLAGS = {"core_options": "--core-opt", "env_wrappers": "--env-wrapper"}  # repeatable KEY=VALUE / MODULE:CALLABLE
+
+
+def test_every_setting_has_a_flag_with_its_default_and_range_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in TrainConfig.model_fields:
+        assert SPECIAL_FLAGS.get(name, "--" + name.replace("_", "-")) in text, name
+    assert "--discount FLOAT discount factor gamma (default 0.99; 0 <= x <= 1)" in text
+    assert "--num-workers INT env worker processes or Ray actors (default 4; x >= 1)" in text
+
+
+def test_every_setting_is_reachable_from_the_command_line(capsys):
+    """A valid non-default value for each setting, given as a flag, lands in the printed config."""
+    values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
+              "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
+              "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True,
+              "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}
+    argv = ["train", "--print-config"]
+    for wrapper in values["env_wrappers"]:
+        argv += ["--env-wrapper", wrapper]
+    for name, info in TrainConfig.model_fields.items():
+        if name in SPECIAL_FLAGS:
+            continue
+        if name not in values:
+            default = info.default
+            values[name] = default + 1 if isinstance(default, int) else round(min(default + 0.25, 0.5), 3)
+        value = values[name]
+        if isinstance(value, bool):
+            argv.append("--" + name.replace("_", "-"))
+        else:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    argv += ["--core-opt", "num_heads=2", "--core-opt", "head_dim=8"]
+    assert main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    expected = {**values, "env": "atari:Breakout?sticky=true&full_action_space=true",
+                "core_options": {"num_heads": 2, "head_dim": 8}}
+    assert printed == expected
+    assert TrainConfig.from_dict(printed).to_dict() == printed
+
+
+def test_stem_choices_are_the_models_stems():
+    from fwrl.agents.model import STEMS
+    from fwrl.launch.config import STEM_CHOICES
+
+    assert set(STEM_CHOICES) == {*STEMS, "auto"}
+
+
+def test_num_threads_help_says_what_learner_threads_does():
+    from fwrl.launch.train import allowed_cores, learner_threads
+
+    help_text = TrainConfig.model_fields["num_threads"].description
+    assert "minus one per local env worker" in help_text and "at most half" in help_text
+    cores = allowed_cores()
+    config = TrainConfig(num_workers=1, num_threads=0)
+    assert learner_threads(config) == max(1, cores - min(1, cores // 2))
+    assert learner_threads(TrainConfig(num_threads=3)) == 3
+
+
+def test_yaml_config_file_and_preset_file_with_flags_on_top(tmp_path, capsys):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("env: memory:cue_delay?delay=3\ncore: elstm\ncore_options:\n  hidden_size: 16\n"
+                    "batch_size: 4\ndiscount: 0.9\n")
+    over = tmp_path / "over.yaml"
+    over.write_text("batch_size: 6\ncore_options:\n  grad: rtrl\n")
+    assert main(["train", "--preset", str(mine), "--config", str(over), "--discount", "0.5", "--print-config"]) == 0
+    c = TrainConfig.from_dict(yaml.safe_load(capsys.readouterr().out))
+    assert (c.env, c.core, c.batch_size, c.discount) == ("memory:cue_delay?delay=3", "elstm", 6, 0.5)
+    assert c.core_options == {"hidden_size": 16, "grad": "rtrl"}
+    assert build_config(str(mine), {"core": "lstm"}).core_options == {}  # another core drops them
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("bach_size: 4\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwrl: error: unknown setting 'bach_size' in config file") and "batch_size" in err
+
+
+def test_old_run_config_still_loads(tmp_path):
+    """A config.yaml as fwrl wrote it before settings were typed (no Atari flags, string options)."""
+    old = tmp_path / "config.yaml"
+    fields = dict(env="atari:Pong?sticky=true", core="rdn", core_options={"num_layers": "4", "hidden_size": 256},
+                  stem="auto", backend="local", ray_address="auto", num_workers=4, envs_per_worker=2,
+                  step_timeout=60.0, batch_size=32, unroll_length=50, total_steps=50000000, max_seconds=0.0,
+                  learning_rate=0.0006, rmsprop_alpha=0.99, rmsprop_eps=0.01, rmsprop_momentum=0.0,
+                  grad_norm_clip=40.0, entropy_cost=0.01, baseline_cost=0.5, discount=0.99, reward_clip=1.0,
+                  device="auto", num_threads=0, load_vision_from="", freeze_vision=False, seed=1,
+                  checkpoint_interval=600.0, milestone_interval=0, log_interval=5.0, eval_every=0,
+                  eval_episodes=10)
+    old.write_text(yaml.safe_dump(fields, sort_keys=False))
+    config = read_config(old)
+    assert config.core_options == {"num_layers": 4, "hidden_size": 256}
+    assert config.sticky_actions and not config.full_action_space and config.env == "atari:Pong?sticky=true"
+    save_config(config, tmp_path / "again.yaml")
+    assert read_config(tmp_path / "again.yaml") == config
+
+
+def test_atari_flags_are_settings_that_survive_resume():
+    c = build_config(None, {"env": "atari:Pong", "sticky_actions": True})
+    assert c.env == "atari:Pong?sticky=true" and c.sticky_actions
+    assert check_resume(c, {"sticky_actions": True, "total_steps": "5"}).sticky_actions
+    assert check_resume(c, {}).env == "atari:Pong?sticky=true"
+    plain = build_config(None, {"env": "atari:Pong"})
+    with pytest.raises(FwrlError, match="sticky_actions \\(run has False\\)"):
+        check_resume(plain, {"sticky_actions": True})
+    with pytest.raises(FwrlError, match="full_action_space=true contradicts"):
+        build_config(None, {"env": "atari:Pong?full_action_space=false", "full_action_space": True})
+    with pytest.raises(FwrlError, match="atari envs only"):
+        build_config(None, {"env": "memory:cue_delay", "sticky_actions": True})
+
+
+def test_resume_compares_core_options_by_value():
+    saved = build_config(None, {"env": "memory:cue_delay", "core_options": {"hidden_size": "256"}})
+    assert check_resume(saved, {"core_options": {"hidden_size": "256"}}).core_options == {"hidden_size": 256}
+    assert check_resume(build_config(None, {"env": "memory:cue_delay"}), {"core_options": {"num_layers": 1}})
+
+
+def test_core_options_are_typed_with_ranges_and_name_the_valid_ones():
+    from fwrl.memory_modules import build_core
+
+    with pytest.raises(FwrlError, match="unknown core option 'hidden' of core rdn; valid choices: dropout, "):
+        build_core("rdn", 9, {"hidden": 3})
+    for options, pattern in [({"head_dim": "-1"}, "head_dim=-1 .*x >= 1"), ({"dropout": "1"}, "dropout=1 .*0 <= x < 1"),
+                             ({"num_layers": "0"}, "num_layers=0"), ({"hidden_size": "2.5"}, "hidden_size=2.5 .*whole"),
+                             ({"feature_map": "relu"}, "'relu' .*elu1_sumnorm, softmax, dpfp-1")]:
+        with pytest.raises(FwrlError, match=pattern):
+            build_core("rdn", 9, options)
+
+
+def test_env_options_use_the_same_rules():
+    from fwrl.envs.registry import resolve
+
+    spec, family = resolve("memory:cue_delay?delay=1e1")
+    assert family.validate(spec)["delay"] == 10
+    for text, pattern in [("memory:cue_delay?delay=2.5", "delay=2.5 .*whole number"),
+                          ("memory:assoc_recall?replacement=maybe", "replacement=maybe .*true or false"),
+                          ("memory:cue_delay?delay=nan", "delay=nan")]:
+        with pytest.raises(FwrlError, match=pattern):
+            resolve(text)
+
+
+def test_bench_throughput_builds_its_config_like_train(monkeypatch, capsys):
+    import fwrl.launch.bench as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "bench_throughput", lambda config, seconds, warmup, **window: seen.append(
+        (config, seconds, warmup)) or 0)
+    flags = ["--env", "memory:cue_delay", "--stem", "mlp", "--core", "rdn", "--core-opt", "num_layers=1",
+             "--device", "cpu", "--batch-size", "4", "--seed", "3"]
+    assert main(["bench", "throughput", *flags, "--seconds", "2", "--warmup", "1"]) == 0
+    config, seconds, warmup = seen.pop()
+    assert (seconds, warmup) == (2.0, 1.0)
+    assert main(["train", *flags, "--num-workers", "4", "--envs-per-worker", "1", "--unroll-length", "80",
+                 "--print-config"]) == 0
+    assert config == TrainConfig.from_dict(yaml.safe_load(capsys.readouterr().out))
+    assert main(["bench", "throughput", "--env", "memory:cue_delay", "--stem", "mlp"]) == 0
+    config, seconds, warmup = seen.pop()
+    assert (config.core, config.num_workers, config.envs_per_worker, config.batch_size, config.unroll_length,
+            seconds, warmup) == ("lstm", 4, 1, 8, 80, 60.0, 15.0)
+    assert main(["bench", "throughput", "--preset", "quickstart", "--seconds", "1"]) == 0
+    assert seen.pop()[0] == build_config("quickstart", {})
+
+
+def test_preflight_refuses_before_the_run_folder_exists(tmp_path, read_only, capsys):
+    from fwrl.launch.preflight import check_runnable
+
+    runs = tmp_path / "runs"
+    base = ["train", "--env", "memory:cue_delay", "--runs-dir", str(runs), "--name", "r"]
+    for extra, pattern in [(["--stem", "nature"], "stem 'nature' needs image observations"),
+                           (["--load-vision-from", str(tmp_path / "none.pt")], "load_vision_from"),
+                           (["--device", "cuda:7"], "cuda:7")]:
+        assert main([*base, *extra]) == 2
+        assert pattern in capsys.readouterr().err
+    assert not runs.exists()
+    # a resumed run does not read load_vision_from again: a moved checkpoint is no error then
+    config = build_config(None, {"env": "memory:cue_delay", "load_vision_from": str(tmp_path / "none.pt")})
+    check_runnable(config, resume=True)
+    tmp_path.joinpath("ro").mkdir()
+    read_only(tmp_path / "ro")
+    assert main([*base[:3], "--runs-dir", str(tmp_path / "ro")]) == 2
+    assert "not writable (Permission denied)" in capsys.readouterr().err
+    assert list((tmp_path / "ro").iterdir()) == []

@@ -1,8 +1,8 @@
 """The container and cluster recipes under docker/ stay runnable.
 
 - docker/install.sh (the one install path of every image) installs fwrl into a
-  fresh virtualenv and its smoke test passes (the venv reuses the installed torch
-  through --system-site-packages and ``--torch existing``);
+  fresh virtualenv without system site packages, torch by ``--torch <version>``
+  as README's commands install it, and its smoke test passes;
 - the YAML manifests parse, and every ``fwrl ...`` command in the manifests and
   the SLURM script parses with the real CLI parser;
 - every file a Dockerfile copies exists, and every Dockerfile installs through
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -119,7 +120,15 @@ def test_dockerfiles_copy_existing_files_and_use_install_sh(path):
 
 
 def test_install_script_installs_fwrl_into_a_fresh_virtualenv(tmp_path):
-    """docker/install.sh on a copy of the sources, into a new venv (system torch reused)."""
+    """docker/install.sh on a copy of the sources, into a new virtualenv without system site packages.
+
+    The venv is made by this interpreter's ``venv`` module, which bases it on the real
+    interpreter even when the tests themselves run in a virtualenv; torch is installed the
+    way README.md's commands do, ``pip install torch==<this torch's version>`` from pip's
+    configured indexes (a local wheel on the CPU machines).
+    """
+    import torch
+
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
     shutil.copytree(ROOT / "fwrl", src / "fwrl", ignore=ignore)
@@ -127,18 +136,27 @@ def test_install_script_installs_fwrl_into_a_fresh_virtualenv(tmp_path):
     for name in ("setup.py", "pyproject.toml"):
         shutil.copy(ROOT / name, src / name)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # only the new venv
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    isolated = subprocess.run([str(python), "-c", "import sys; print(sys.prefix != sys.base_prefix)"],
+                              capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert isolated == "True"
+    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True, env=env).returncode != 0, \
+        "the fresh virtualenv sees a torch it did not install"
+    version = torch.__version__.split("+")[0]
     extras = "ray" if shutil.which("ray") or _importable("ray") else ""
-    done = subprocess.run([str(src / "docker" / "install.sh"), "--python", str(python), "--torch", "existing",
-                           "--extras", extras], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    done = subprocess.run([str(src / "docker" / "install.sh"), "--python", str(python), "--torch", version,
+                           "--extras", extras], capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "install.sh: done" in done.stdout
+    assert "install.sh: done" in done.stdout and f"torch {version}" in done.stdout
     where = subprocess.run([str(python), "-c", "import fwrl; print(fwrl.__file__)"], capture_output=True,
-                           text=True, cwd="/", check=True).stdout.strip()
+                           text=True, cwd="/", check=True, env=env).stdout.strip()
     assert where.startswith(str(venv)), f"fwrl imported from {where}, not from the new virtualenv"
-    bad = subprocess.run([str(src / "docker" / "install.sh"), "--torch", "cu"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--torch must be" in bad.stderr
+    for bad_torch in ("cu", "2.x1"):
+        bad = subprocess.run([str(src / "docker" / "install.sh"), "--torch", bad_torch], capture_output=True,
+                             text=True, env=env)
+        assert bad.returncode == 2 and "--torch" in bad.stderr
 
 
 def _importable(name: str) -> bool:

@@ -19,7 +19,6 @@ import pytest
 
 from fwrl.envs import describe_env, make_env
 from fwrl.envs.env_group import worker_seed
-from fwrl.envs.worker_pool import make_pool
 from fwrl.errors import FwrlError
 
 PKG = "fwrl_pkgtest_envs"

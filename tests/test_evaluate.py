@@ -19,6 +19,10 @@ from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
 from fwrl.errors import FwrlError
 from fwrl.launch import evaluate as ev
 from fwrl.launch import scores
+from fwrl.launch.agent import load_agent
+from fwrl.launch.eval_episodes import collect_episodes, slots_per_task
+from fwrl.launch.eval_protocols import default_protocol, select_splits
+from fwrl.launch.eval_report import aggregate
 from fwrl.launch.cli import main
 from fwrl.launch.config import TrainConfig
 from fwrl.memory_modules import core_names
@@ -119,7 +123,7 @@ def test_aggregates_average_normalised_scores_over_games_and_test_splits():
 
     runs = [run("bigfish", "test_1000", 20.5), run("bigfish", "test_1200", 40.0),
             run("maze", "test_1000", 5.0), run("maze", "test_1200", 7.5)]
-    rows = {(r["task"], r["split"]): r for r in ev.aggregate(runs, "procgen", {"distribution": "easy"})}
+    rows = {(r["task"], r["split"]): r for r in aggregate(runs, "procgen", {"distribution": "easy"})}
     assert rows[("bigfish", "test_1000")]["normalised"] == pytest.approx(0.5)
     assert rows[("bigfish", "test_1000")]["std"] == pytest.approx(1.0)
     assert rows[("bigfish", "test")]["normalised"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2
@@ -145,24 +149,24 @@ def test_published_figures_match_their_setting():
 # ----------------------------------------------------------------------------- protocols
 
 def test_default_protocols_per_family():
-    p = ev.default_protocol("procgen:bigfish+maze?num_levels=200")
+    p = default_protocol("procgen:bigfish+maze?num_levels=200")
     assert (p.episodes, p.repeats) == (200, 1)
     assert [s.name for s in p.splits] == ["train", "test_1000", "test_1200", "test_1400"]
     assert "start_level=0" in p.splits[0].env and "num_levels=200" in p.splits[0].env
     assert "start_level=1200" in p.splits[2].env and "num_levels=200" in p.splits[2].env
-    memory = ev.default_protocol("procgen:heist?distribution=memory")
+    memory = default_protocol("procgen:heist?distribution=memory")
     assert "num_levels=500" in memory.splits[0].env
-    assert (ev.default_protocol("atari:Pong").episodes, ev.default_protocol("atari:Pong").repeats) == (30, 5)
-    assert ev.default_protocol("dmlab:rooms_watermaze").repeats == 3
-    assert [s.name for s in ev.default_protocol(ENV).splits] == ["test"]
+    assert (default_protocol("atari:Pong").episodes, default_protocol("atari:Pong").repeats) == (30, 5)
+    assert default_protocol("dmlab:rooms_watermaze").repeats == 3
+    assert [s.name for s in default_protocol(ENV).splits] == ["test"]
     with pytest.raises(FwrlError, match="test_1000"):
-        ev.select_splits(p.splits, ["test_1600"])
+        select_splits(p.splits, ["test_1600"])
 
 
 def test_multi_task_evaluation_needs_a_worker_per_game():
-    assert ev.slots_per_task(2, 4, 3) == {0: 6, 1: 6}
+    assert slots_per_task(2, 4, 3) == {0: 6, 1: 6}
     with pytest.raises(FwrlError, match="at least 3 workers"):
-        ev.slots_per_task(3, 2, 1)
+        slots_per_task(3, 2, 1)
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -170,7 +174,7 @@ def test_multi_task_evaluation_needs_a_worker_per_game():
 def test_greedy_takes_argmax_and_keeps_first_episodes_per_slot_in_order():
     model, seed, n = first_action_model(), 5, 10
     pool = InlinePool(ENV, 2, 2, seed)
-    (eps,) = ev.collect_episodes(model, pool, ENV, episodes=n, greedy=True, seed=seed).values()
+    (eps,) = collect_episodes(model, pool, ENV, episodes=n, greedy=True, seed=seed).values()
     assert pool.closed and len(eps) == n
     quota = math.ceil(n / 4)
     assert [(e.index, e.worker, e.slot) for e in eps] == sorted((i, w, j) for i in range(quota) for w in (0, 1)
@@ -183,9 +187,9 @@ def test_greedy_takes_argmax_and_keeps_first_episodes_per_slot_in_order():
 
 def test_sampling_differs_from_greedy_and_is_seeded():
     model, seed, n = first_action_model(), 3, 48
-    greedy = ev.collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=True, seed=seed)[0]
-    sample = ev.collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=False, seed=seed)[0]
-    again = ev.collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=False, seed=seed)[0]
+    greedy = collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=True, seed=seed)[0]
+    sample = collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=False, seed=seed)[0]
+    again = collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=False, seed=seed)[0]
     g = [e.episode_return for e in greedy]
     s = [e.episode_return for e in sample]
     assert s == [e.episode_return for e in again]
@@ -240,10 +244,10 @@ def test_every_core_evaluates_from_a_checkpoint_with_state_through_episodes(core
     torch.manual_seed(1)
     model = AgentNet((CUES + 1,), CUES, core, tiny_options(core), None)
     write_checkpoint(tmp_path / "checkpoint.pt", model, core, tiny_options(core))
-    loaded, payload, path = ev.load_agent(tmp_path)
+    loaded, payload, path = load_agent(tmp_path)
     assert path == tmp_path / "checkpoint.pt" and payload["agent_steps"] == 1234
     seed, recorder = 11, Recorder(loaded)
-    got = ev.collect_episodes(recorder, InlinePool(ENV, 2, 2, seed), ENV, episodes=8, greedy=True, seed=seed)[0]
+    got = collect_episodes(recorder, InlinePool(ENV, 2, 2, seed), ENV, episodes=8, greedy=True, seed=seed)[0]
     expected = {(w, j): replay(model, w, j, seed, 2) for w in (0, 1) for j in (0, 1)}
     assert [e.episode_return for e in got] == [expected[(e.worker, e.slot)][0][e.index] for e in got]
     # every step of every slot: the same logits as the one-slot replay, so the core state was carried
@@ -300,3 +304,34 @@ def test_periodic_evaluator_writes_eval_metrics_rows():
     assert 0.0 <= row["eval/test/mean_return"] <= 1.0
     assert row["eval/test/success"] == row["eval/test/mean_return"]
     assert evaluator.next_at == 200
+
+
+def test_cli_evaluate_checks_where_it_writes_before_playing(tmp_path, monkeypatch, capsys, read_only):
+    """An output that cannot be written is refused before any episode (a read-only run folder)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_checkpoint(run / "checkpoint.pt", first_action_model(), "lstm", tiny_options("lstm"))
+    played = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: played.append(1) or pytest.fail("played episodes"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["evaluate", str(run), "--out", str(blocker / "eval.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwrl: error: evaluation JSON") and "not writable" in err and "--out" in err
+    assert main(["evaluate", str(run), "--out", str(run)]) == 2  # a folder is not a file
+    assert "it is a folder" in capsys.readouterr().err
+    read_only(run)
+    assert main(["evaluate", str(run)]) == 2
+    assert f"{run / 'evaluation.json'} is not writable (Permission denied)" in capsys.readouterr().err
+    assert not played
+
+
+
+def test_cli_evaluate_writes_elsewhere_with_out(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_checkpoint(run / "checkpoint.pt", first_action_model(), "lstm", tiny_options("lstm"))
+    out = tmp_path / "elsewhere" / "eval.json"
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["runs"][0]["episodes"] == 2 and out.with_suffix(".md").is_file()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]

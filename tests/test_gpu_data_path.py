@@ -4,7 +4,6 @@ The sampler test runs everywhere; the rest needs a CUDA GPU (the GPU suite,
 ``benchmarks/gpu/run.sh``, runs them) and skips without one.
 """
 
-import threading
 
 import pytest
 import torch

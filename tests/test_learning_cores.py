@@ -20,7 +20,8 @@ import torch
 from fwrl.agents.checkpoint import load_model_weights
 from fwrl.envs.registry import describe_env
 from fwrl.launch.config import TrainConfig, build_config
-from fwrl.launch.train import build_model, train
+from fwrl.launch.agent import build_model
+from fwrl.launch.train import train
 from fwrl.memory_modules import core_names
 
 NOT_RECURRENT = {"feedforward", "fake_sr"}

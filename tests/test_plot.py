@@ -82,3 +82,17 @@ def test_cli_plot(runs, tmp_path, capsys):
     assert "return/<task>" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "missing")]) == 2
     assert main(["plot", str(runs[0]), "--size", "big"]) == 2
+
+
+def test_cli_plot_checks_where_it_writes_before_drawing(runs, tmp_path, monkeypatch, capsys, read_only):
+    import fwrl.launch.plot as plot
+
+    monkeypatch.setattr(plot, "plot_runs", lambda *a, **k: pytest.fail("drew although the PNG cannot be written"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["plot", str(runs[0]), "--out", str(blocker / "curves.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fwrl: error: plot") and "not writable" in err and "--out" in err
+    read_only(runs[0])
+    assert main(["plot", str(runs[0])]) == 2
+    assert "mean_return.png is not writable (Permission denied)" in capsys.readouterr().err

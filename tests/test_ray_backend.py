@@ -60,7 +60,7 @@ def _drive(pool, rounds: int, seed: int = 0) -> dict[int, list]:
 # --------------------------------------------------------------------------- pool behaviour
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(FwrlError, match=r"pip install 'fwrl\[ray\]'"):
@@ -70,7 +70,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 @needs_ray
 def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
     """Same seeds and actions -> the same observations, rewards and episodes as the local backend."""
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     rounds = 25
     with make_pool("ray", ENV, 2, 3, seed=5, address=cluster.address, verbose=False) as pool:
@@ -95,7 +95,7 @@ def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
 def test_killed_actor_is_replaced_with_a_restarted_result(cluster):
     import ray
 
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     with make_pool("ray", ENV, 2, 2, seed=1, address=cluster.address, verbose=False) as pool:
         _drive(pool, 3)

@@ -107,7 +107,7 @@ def test_checkpoint_writer_writes_in_the_background_and_reports_errors(tmp_path)
 
 
 def test_atomic_write_replaces_whole_files_with_open_permissions(tmp_path):
-    from fwrl.launch.rundir import atomic_write
+    from fwrl.utils.files import atomic_write
 
     path = tmp_path / "f.bin"
     atomic_write(path, lambda f: f.write(b"one"))

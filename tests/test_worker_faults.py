@@ -85,7 +85,7 @@ def test_chaos_spec_validation():
         describe_env("chaos:cue_delay?n=3")
     with pytest.raises(FwrlError, match="must be >= 0"):
         describe_env("chaos:copy?hang_every=-2")
-    with pytest.raises(FwrlError, match="not a valid int"):
+    with pytest.raises(FwrlError, match="exit_every=often .*valid: an integer"):
         describe_env("chaos:copy?exit_every=often")
     with pytest.raises(FwrlError, match="assoc_recall, copy, cue_delay"):
         describe_env("chaos:pong")
@@ -286,7 +286,7 @@ def test_worker_that_never_starts_is_an_error(tmp_path, backend):
 
 
 def test_pool_options_are_checked():
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     with pytest.raises(FwrlError, match=r"local worker backend takes no options \['address'\]"):
         make_pool("local", "memory:cue_delay", 1, K, address="auto")

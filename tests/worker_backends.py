@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fwrl.envs.worker_pool import WorkerPool, make_pool
+from fwrl.envs.backends import make_pool
+from fwrl.envs.worker_pool import WorkerPool
 
 
 @dataclasses.dataclass

@@ -284,7 +284,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         ceiling_seconds = (1 if part.dry else 10) if ceiling is None else 0
         try:
             part.run(fwrl("bench", "throughput", *common, "--core", core, *extra,
-                          "--ceiling-seconds", ceiling_seconds, "--json", path), timeout=150 if part.dry else 150)
+                          "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150 if part.dry else 150)
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
             part.log(f"{core}: {exc}")
             rows.append({"core": core, "note": str(exc)[:120]})

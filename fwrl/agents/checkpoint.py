@@ -17,7 +17,7 @@ import torch
 
 from fwrl import __version__
 from fwrl.errors import FwrlError
-from fwrl.launch.rundir import atomic_write
+from fwrl.utils.files import atomic_write
 
 FORMAT = "fwrl-checkpoint-v1"
 

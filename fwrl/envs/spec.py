@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from fwrl.errors import FwrlError, unknown_choice
+from fwrl.utils.settings import parse_value, show
 
 
 @dataclass(frozen=True)
@@ -67,21 +68,17 @@ def parse_env_spec(text: str) -> EnvSpec:
 
 @dataclass(frozen=True)
 class Option:
-    """One option of an env family: its type, default, help and allowed values."""
+    """One option of an env family: its type, default, help and allowed values.
+
+    ``type`` is int, float, bool or str (read by :func:`fwrl.utils.settings.parse_value`,
+    the rules of every fwrl setting) or a function of the option's text that
+    raises ValueError for a bad one (e.g. ``parse_size``).
+    """
 
     type: Callable[[str], Any]
     default: Any
     help: str = ""
     choices: Sequence[Any] | None = None
-
-
-def _to_bool(raw: str) -> bool:
-    low = str(raw).lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
 
 
 def parse_options(spec: EnvSpec, schema: Mapping[str, Option]) -> dict[str, Any]:
@@ -91,14 +88,15 @@ def parse_options(spec: EnvSpec, schema: Mapping[str, Option]) -> dict[str, Any]
         if key not in schema:
             raise unknown_choice(f"option for {spec.family} envs", key, schema)
         opt = schema[key]
-        convert = _to_bool if opt.type is bool else opt.type
-        try:
-            value = convert(raw)
-        except (TypeError, ValueError):
-            type_name = getattr(opt.type, "__name__", str(opt.type))
-            raise FwrlError(
-                f"env option {key}={raw!r} in {spec.text!r} is not a valid {type_name}."
-            ) from None
+        label = f"env option {key}={show(raw)} in {spec.text!r}"
+        if opt.type in (int, float, bool, str):
+            value = parse_value(opt.type, raw, label)
+        else:
+            try:
+                value = opt.type(raw)
+            except (TypeError, ValueError):
+                type_name = getattr(opt.type, "__name__", str(opt.type))
+                raise FwrlError(f"{label} is not valid; valid: a {type_name}. {key}: {opt.help}.") from None
         if opt.choices is not None and value not in opt.choices:
             raise unknown_choice(f"value for env option {key}", value, opt.choices)
         out[key] = value

@@ -1,7 +1,8 @@
 """``fwrl bench ...``: benchmarks, not tests.
 
-Each ``bench_<name>(args)`` is the body of ``fwrl bench <name>`` (see
-``fwrl.launch.cli``) and returns the exit status.
+Each ``bench_<name>`` is the body of ``fwrl bench <name>`` (see
+``fwrl.launch.cli``) and returns the exit status; ``bench_throughput`` takes
+the TrainConfig the CLI resolved exactly as for ``fwrl train``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fwrl.errors import FwrlError
+from fwrl.launch.config import TrainConfig
 
 
 # ----------------------------------------------------------------------------- bench envs
@@ -59,7 +61,7 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     inference and learning.
     """
     from fwrl.envs.registry import describe_env
-    from fwrl.envs.worker_pool import make_pool
+    from fwrl.envs.backends import make_pool
 
     _check_window(seconds, warmup)
     info = describe_env(env)
@@ -212,7 +214,7 @@ class _BenchProgress:
             self.status = None
 
 
-def measure_throughput(config, seconds: float, warmup: float, progress=None) -> ThroughputResult:
+def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progress=None) -> ThroughputResult:
     """Train with ``config`` for ``warmup + seconds`` (no checkpoints but the last, in a temporary
     folder) and summarise the metrics rows logged after the warm-up.
 
@@ -220,15 +222,13 @@ def measure_throughput(config, seconds: float, warmup: float, progress=None) -> 
     second, so the figure is what training really consumes.
     """
     import csv
-    import dataclasses
     import tempfile
-    from pathlib import Path
 
     from fwrl.launch.train import train
 
     _check_window(seconds, warmup)
-    config = dataclasses.replace(config, max_seconds=warmup + seconds, total_steps=10**12, log_interval=1.0,
-                                 checkpoint_interval=1e9, milestone_interval=0, eval_every=0)
+    config = config.model_copy(update=dict(max_seconds=warmup + seconds, total_steps=10**12, log_interval=1.0,
+                                           checkpoint_interval=1e9, milestone_interval=0, eval_every=0))
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
         if progress is None:
@@ -242,7 +242,7 @@ def measure_throughput(config, seconds: float, warmup: float, progress=None) -> 
     return _window_summary(rows, warmup)
 
 
-def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
+def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
                      json_path: str | None = None) -> int:
     """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
     ceiling of the same workers measured in the same run, their ratio, and where the time goes;
@@ -289,7 +289,7 @@ def bench_throughput(config, seconds: float = 60.0, warmup: float = 15.0, ceilin
     if json_path:
         import json
 
-        from fwrl.launch.rundir import atomic_write_text
+        from fwrl.utils.files import atomic_write_text
 
         record = {"config": config.to_dict(), "seconds": result.seconds, "agent_steps": result.agent_steps,
                   "updates": result.updates, "steps_per_second": result.steps_per_second,

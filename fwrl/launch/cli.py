@@ -1,19 +1,54 @@
-"""The ``fwrl`` command line: train, info, bench (and evaluate, plot where installed).
+"""The ``fwrl`` command line: train, evaluate, plot, info, bench.
 
-User errors (:class:`fwrl.errors.FwrlError`) print one paragraph and exit 2.
+Flags are generated from the settings models of ``fwrl.launch.config``
+(``fwrl.launch.flags``), so each setting has one type, default, range and
+help. Every command checks all of its input before it starts a process or
+writes a file. User errors (:class:`fwrl.errors.FwrlError`, and argparse's
+own) print ``fwrl: error: ...`` (one paragraph) and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
+from fwrl.launch.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
+from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
-# command name -> (module, function adding the subparser)
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
+
+# fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
+BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "stem": "nature", "num_workers": 4,
+                             "envs_per_worker": 1, "batch_size": 8, "unroll_length": 80}
+# settings bench throughput sets itself (a measuring window, no checkpoints)
+BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "checkpoint_interval")
+BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker": 1}
+
+
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
+class UsageError(FwrlError):
+    """A command line argparse cannot read (unknown flag, missing value)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as FwrlError: ``fwrl: error: ...``, exit status 2, from ``main``.
+
+    A value that looks like a negative number (``-1e-3``, ``-inf``) is a value, not a flag,
+    so the setting's own check can say what is wrong with it.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def command(func: Callable[[argparse._SubParsersAction], None]):
@@ -21,124 +56,47 @@ def command(func: Callable[[argparse._SubParsersAction], None]):
     return func
 
 
-def parse_key_values(items: Sequence[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise FwrlError(f"{what} {item!r} is not KEY=VALUE.")
-        out[key] = value
-    return out
-
-
 # ----------------------------------------------------------------------------- train
-
-_TRAIN_FLAGS = {
-    # flag: (config key, type, help)
-    "--env": ("env", str, "env spec, e.g. atari:Pong, memory:cue_delay?delay=10"),
-    "--core": ("core", str, "memory core (fwrl info --cores lists them)"),
-    "--stem": ("stem", str, "vision stem: impala, nature, mlp or auto"),
-    "--backend": ("backend", str, "env worker backend: local (default) or ray"),
-    "--ray-address": ("ray_address", str, "Ray cluster address (auto or HOST:PORT)"),
-    "--num-workers": ("num_workers", int, "env worker processes (actors)"),
-    "--envs-per-worker": ("envs_per_worker", int, "envs stepped by each worker"),
-    "--batch-size": ("batch_size", int, "rollouts per learner update"),
-    "--unroll-length": ("unroll_length", int, "steps per rollout (T)"),
-    "--total-steps": ("total_steps", int, "agent steps to train for"),
-    "--max-seconds": ("max_seconds", float, "stop after this many seconds (0: no limit)"),
-    "--learning-rate": ("learning_rate", float, "RMSProp learning rate (decays linearly to 0)"),
-    "--entropy-cost": ("entropy_cost", float, "entropy regularisation weight"),
-    "--discount": ("discount", float, "discount factor gamma"),
-    "--truncation": ("truncation", str, "time-limit ends: bootstrap, terminate or auto (terminate on atari)"),
-    "--device": ("device", str, "auto, cpu, cuda or cuda:N"),
-    "--num-threads": ("num_threads", int, "torch threads (0: all cores)"),
-    "--seed": ("seed", int, "random seed"),
-    "--checkpoint-interval": ("checkpoint_interval", float, "seconds between checkpoint writes"),
-    "--milestone-interval": ("milestone_interval", int, "agent steps between kept checkpoints"),
-    "--log-interval": ("log_interval", float, "seconds between metrics rows"),
-    "--load-vision-from": ("load_vision_from", str, "checkpoint whose vision stem to load (R2AC)"),
-    "--eval-every": ("eval_every", int, "agent steps between evaluations written to metrics.csv (0: none)"),
-    "--eval-episodes": ("eval_episodes", int, "episodes per task and split of each --eval-every evaluation"),
-}
-
 
 @command
 def add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an agent", description="Train an IMPALA agent.")
-    p.add_argument("--preset", help="start from a preset (fwrl info --presets lists them)")
-    p.add_argument("--name", help="run name (default: derived from env and core)")
-    p.add_argument("--runs-dir", default="runs", help="folder holding runs (default: runs)")
+    p = sub.add_parser("train", help="train an agent", description="Train an IMPALA agent. Settings come "
+                       "from the defaults, then --preset, then --config, then flags.")
+    p.add_argument("--name", help="run name (default: from env and core, with -2, -3, ... if that run exists)")
+    p.add_argument("--runs-dir", default="runs", help="folder holding runs (default runs)")
     p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
-    for flag, (key, typ, help_text) in _TRAIN_FLAGS.items():
-        p.add_argument(flag, dest=key, type=str, default=None, help=help_text)
-    p.add_argument("--env-wrapper", action="append", default=[], metavar="MODULE:CALLABLE",
-                   help="wrap each env in every worker with this callable (repeatable, applied in order)")
-    p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="core option, repeatable (e.g. --core-opt num_layers=4)")
-    p.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
-    p.add_argument("--freeze-vision", action="store_true", default=None, help="do not train the vision stem")
-    p.add_argument("--inference-graph", action="store_true", default=None,
-                   help="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
-    p.add_argument("--sticky-actions", action="store_true", help="Atari: repeat_action_probability 0.25")
-    p.add_argument("--full-action-space", action="store_true", help="Atari: all 18 actions")
+    add_train_config_flags(p)
     p.set_defaults(run=run_train)
 
 
-def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides: dict[str, Any] = {key: getattr(args, key) for key, _, _ in _TRAIN_FLAGS.values()
-                                 if getattr(args, key) is not None}
-    if args.env_wrapper:
-        overrides["env_wrappers"] = list(args.env_wrapper)
-    core_options: dict[str, Any] = parse_key_values(args.core_opt, "--core-opt")
-    if args.elstm_grad:
-        core_options["grad"] = args.elstm_grad
-    if core_options:
-        overrides["core_options"] = core_options
-    if args.freeze_vision:
-        overrides["freeze_vision"] = True
-    if args.inference_graph:
-        overrides["inference_graph"] = True
-    atari_opts = {}
-    if args.sticky_actions:
-        atari_opts["sticky"] = "true"
-    if args.full_action_space:
-        atari_opts["full_action_space"] = "true"
-    if atari_opts:
-        overrides["_atari_opts"] = atari_opts
-    return overrides
-
-
-def _apply_atari_flags(config, atari_opts: dict[str, str]):
-    from fwrl.envs.spec import parse_env_spec
-
-    spec = parse_env_spec(config.env)
-    if spec.family != "atari":
-        raise FwrlError(f"--sticky-actions and --full-action-space apply to atari envs, not {config.env!r}.")
-    config.env = spec.with_options(**atari_opts).text
-    return config
-
-
 def run_train(args: argparse.Namespace) -> int:
-    from fwrl.launch.config import build_config, check_resume, read_config
-    from fwrl.launch.rundir import prepare_run_dir
-    from fwrl.launch.train import train
+    from fwrl.launch.config import check_resume, config_yaml, read_config
+    from fwrl.launch.flags import train_config_from_args, train_overrides
+    from fwrl.launch.preflight import check_runnable
+    from fwrl.launch.rundir import check_run_dir, prepare_run_dir
 
-    overrides = _train_overrides(args)
-    atari_opts = overrides.pop("_atari_opts", None)
     if args.resume:
         if not args.name:
             raise FwrlError("--resume needs --name of the run to continue.")
-        run_dir = prepare_run_dir(Path(args.runs_dir) / args.name, resume=True)
-        if args.preset:
-            raise FwrlError("--resume continues a run with its saved config; do not pass --preset.")
-        config = check_resume(read_config(run_dir / "config.yaml"), overrides)
+        if args.preset or args.config:
+            raise FwrlError("--resume continues a run with its saved config; do not pass --preset or --config.")
+        run_dir = check_run_dir(Path(args.runs_dir) / _run_name(args.name), resume=True)
+        config = check_resume(read_config(run_dir / "config.yaml"), train_overrides(args))
     else:
-        config = build_config(args.preset, overrides)
-        if atari_opts:
-            config = _apply_atari_flags(config, atari_opts)
-        name = args.name or _default_name(config)
-        run_dir = prepare_run_dir(Path(args.runs_dir) / name, resume=False)
-    _validate(config)
+        config = train_config_from_args(args)
+        if args.name:
+            run_dir = Path(args.runs_dir) / _run_name(args.name)
+        else:  # a name of its own: the same command twice makes two runs
+            run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
+    check_run_dir(run_dir, resume=args.resume)
+    check_runnable(config, resume=args.resume)
+    prepare_run_dir(run_dir, resume=args.resume)
+
+    from fwrl.launch.train import train
+
     result = train(config, run_dir, resume=args.resume)
     print(
         f"run {run_dir}: {result.agent_steps:,} agent steps, {result.updates} updates, "
@@ -151,46 +109,38 @@ def run_train(args: argparse.Namespace) -> int:
     return 0 if result.stopped_by != "error" else 1
 
 
-def _default_name(config) -> str:
-    import re
+def _unused_run_dir(runs_dir: Path, name: str) -> Path:
+    """``runs_dir/name``, or ``name-2``, ``name-3``, ... where that folder already holds a run."""
+    candidate, n = runs_dir / name, 1
+    while (candidate / "config.yaml").exists() or (candidate / "checkpoint.pt").exists():
+        n += 1
+        candidate = runs_dir / f"{name}-{n}"
+    return candidate
 
+
+def _run_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise FwrlError(f"--name {name!r} is not a folder name (no slashes; --runs-dir picks the parent folder).")
+    return name
+
+
+def _default_name(config: TrainConfig) -> str:
     env = re.sub(r"[^A-Za-z0-9]+", "-", config.env.split("?")[0]).strip("-")
     return f"{env}-{config.core}"
-
-
-def _validate(config) -> None:
-    """Check env, core, stem and options before any process starts."""
-    from fwrl.agents.model import STEMS
-    from fwrl.envs.registry import resolve
-    from fwrl.errors import unknown_choice
-    from fwrl.memory_modules import build_core
-
-    resolve(config.env)
-    build_core(config.core, 257, config.core_options)
-    if config.stem not in (*STEMS, "auto"):
-        raise unknown_choice("vision stem", config.stem, (*STEMS, "auto"))
-    for key in ("num_workers", "envs_per_worker", "batch_size", "unroll_length", "total_steps"):
-        if getattr(config, key) < 1:
-            raise FwrlError(f"{key} must be at least 1, got {getattr(config, key)}.")
-    if config.inference_graph:
-        from fwrl.launch.train import pick_device
-
-        if pick_device(config.device).type != "cuda":
-            raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; device "
-                            f"{config.device!r} is not one here.")
 
 
 # ----------------------------------------------------------------------------- info
 
 @command
 def add_info(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="cores, presets, envs, and a model's parameter table")
-    p.add_argument("--env", help="env spec whose model to describe")
-    p.add_argument("--core", default="lstm")
-    p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--stem", default="auto")
-    p.add_argument("--cores", action="store_true", help="list the memory cores")
+    p = sub.add_parser("info", help="cores, presets, and a model's parameter table",
+                       description="List the memory cores (and their options) or the presets, or describe "
+                                   "the model for --env: parameters per module.")
+    p.add_argument("--cores", action="store_true", help="list the memory cores and their options (the default)")
     p.add_argument("--presets", action="store_true", help="list the presets")
+    add_setting_flags(p, TrainConfig, ("env", "core", "stem"), {"env": None})
+    p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="core option, repeatable (e.g. --core-opt num_layers=4)")
     p.set_defaults(run=run_info)
 
 
@@ -198,15 +148,25 @@ def run_info(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    settings = given_settings(args, TrainConfig)
+    settings["core_options"] = parse_key_values(args.core_opt, "--core-opt")
+    config = TrainConfig.from_dict(settings, source="on the command line")  # checks core, options, stem, env
+    describe = "env" in settings
     console = Console()
-    if args.cores or (not args.env and not args.presets):
+    if args.cores or (not describe and not args.presets):
         from fwrl.memory_modules import core_names
         from fwrl.memory_modules.base import core_config_class, core_summary
+        from fwrl.utils.settings import valid_text
 
-        table = Table("core", "options", "summary", title="memory cores")
         for name in core_names():
-            table.add_row(name, ", ".join(core_config_class(name).option_names()), core_summary(name))
-        console.print(table)
+            cls = core_config_class(name)
+            table = Table("option", "default", "valid", "meaning", title=f"{name}: {core_summary(name)}",
+                          title_justify="left")
+            for option, info in cls.model_fields.items():
+                table.add_row(option, str(info.default), valid_text(info), info.description or "")
+            if not cls.model_fields:
+                table.add_row("(none)", "", "", "")
+            console.print(table)
     if args.presets:
         from fwrl.launch.config import load_preset, preset_names
 
@@ -215,15 +175,14 @@ def run_info(args: argparse.Namespace) -> int:
             data = load_preset(name)
             table.add_row(name, str(data.get("env", "")), str(data.get("core", "")))
         console.print(table)
-    if args.env:
-        from fwrl.agents.model import AgentNet, count_parameters, layer_table
+    if describe:
+        from fwrl.agents.model import count_parameters, layer_table
         from fwrl.envs.registry import describe_env
+        from fwrl.launch.agent import build_model
 
-        info = describe_env(args.env)
-        model = AgentNet(info.obs_shape, info.num_actions, args.core,
-                         parse_key_values(args.core_opt, "--core-opt"),
-                         None if args.stem == "auto" else args.stem)
-        table = Table("module", "parameters", title=f"{args.env} / {args.core} / {model.stem_name} stem")
+        info = describe_env(config.env)
+        model = build_model(config, info)
+        table = Table("module", "parameters", title=f"{config.env} / {config.core} / {model.stem_name} stem")
         for name, n in layer_table(model):
             table.add_row(name, f"{n:,}")
         table.add_row("total", f"{count_parameters(model):,}", style="bold")
@@ -238,69 +197,58 @@ def run_info(args: argparse.Namespace) -> int:
 @command
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: throughput, envs, kernels")
-    bsub = p.add_subparsers(dest="bench", required=True)
-    t = bsub.add_parser("throughput", help="agent steps/s of a short training run, its env ceiling and "
-                        "where the time goes; takes every model and env flag of fwrl train")
-    t.add_argument("--preset", help="start from a preset (fwrl info --presets lists them)")
-    for flag, (key, typ, help_text) in _TRAIN_FLAGS.items():
-        t.add_argument(flag, dest=key, type=str, default=None, help=help_text)
-    t.add_argument("--env-wrapper", action="append", default=[], metavar="MODULE:CALLABLE",
-                   help="wrap each env in every worker with this callable (repeatable, applied in order)")
-    t.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE", help="core option, repeatable")
-    t.add_argument("--elstm-grad", choices=("bptt", "rtrl"), help="eLSTM training: truncated BPTT or exact RTRL")
-    t.add_argument("--freeze-vision", action="store_true", default=None, help="do not train the vision stem")
-    t.add_argument("--inference-graph", action="store_true", default=None,
-                   help="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
-    t.add_argument("--sticky-actions", action="store_true", help="Atari: repeat_action_probability 0.25")
-    t.add_argument("--full-action-space", action="store_true", help="Atari: all 18 actions")
-    t.add_argument("--seconds", type=float, default=60.0, help="measured time after warm-up (60)")
-    t.add_argument("--warmup", type=float, default=15.0, help="seconds of training before measuring (15)")
-    t.add_argument("--ceiling-seconds", type=float, default=10.0,
-                   help="seconds of random-action env stepping on the same workers, the ceiling (10; 0: skip)")
-    t.add_argument("--json", metavar="PATH", help="also write the results and the config as JSON")
+    bsub = p.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    t = bsub.add_parser("throughput", help="agent steps/s of a short training run",
+                        description="Agent steps/s of real training (env workers, inference, learner) after a "
+                                    "warm-up. Takes the settings of fwrl train; without --preset or --config its "
+                                    "own defaults are " + ", ".join(f"{k} {v}" for k, v in BENCH_THROUGHPUT_DEFAULTS.items())
+                                    + ".")
+    add_setting_flags(t, BenchConfig)
+    add_train_config_flags(t, BENCH_THROUGHPUT_DEFAULTS, exclude=BENCH_THROUGHPUT_FIXED)
     t.set_defaults(run=run_bench_throughput)
     e = bsub.add_parser("envs", help="raw env steps/s through the worker layer")
-    e.add_argument("--env", default="atari:Pong")
-    e.add_argument("--num-workers", type=int, default=2)
-    e.add_argument("--envs-per-worker", type=int, default=1)
-    e.add_argument("--seconds", type=float, default=20.0)
-    e.add_argument("--backend", default="local", choices=("local", "ray"), help="env worker backend: local (default) or ray")
-    e.add_argument("--ray-address", default="auto",
-                   help="with --backend ray: auto (running cluster), HOST:PORT, or local (private Ray)")
-    e.set_defaults(run=_bench("envs"))
+    add_setting_flags(e, TrainConfig, ("env", "num_workers", "envs_per_worker", "backend", "ray_address"),
+                      {**BENCH_ENVS_DEFAULTS, "ray_address": "auto"})
+    add_setting_flags(e, BenchConfig, ("seconds",), {"seconds": 20.0})
+    e.set_defaults(run=run_bench_envs)
     k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU); --help lists its options",
                         add_help=False)
     # its options belong to fwrl.kernels.benchmark, which parses them (see main)
-    k.set_defaults(run=_bench("kernels"), passes_unknown_args=True)
-
-
-# Defaults of ``fwrl bench throughput`` without --preset (flags override them).
-BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "stem": "nature", "num_workers": 4,
-                             "envs_per_worker": 1, "batch_size": 8, "unroll_length": 80}
+    k.set_defaults(run=run_bench_kernels, passes_unknown_args=True)
 
 
 def run_bench_throughput(args: argparse.Namespace) -> int:
     from fwrl.launch.bench import bench_throughput
+    from fwrl.launch.config import config_yaml
+    from fwrl.launch.flags import train_config_from_args
+    from fwrl.launch.preflight import check_runnable
+
+    window = BenchConfig.parse(given_settings(args, BenchConfig))
+    own = args.preset is None and args.config is None  # a preset or config file replaces the bench's defaults
+    config = train_config_from_args(args, base=BENCH_THROUGHPUT_DEFAULTS if own else None)
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
+    check_runnable(config)
+    return bench_throughput(config, seconds=window.seconds, warmup=window.warmup,
+                            ceiling_seconds=window.ceiling_seconds, json_path=window.json_path)
+
+
+def run_bench_envs(args: argparse.Namespace) -> int:
+    from fwrl.launch.bench import bench_envs
     from fwrl.launch.config import build_config
 
-    overrides = _train_overrides(args)
-    atari_opts = overrides.pop("_atari_opts", None)
-    base = {} if args.preset else dict(BENCH_THROUGHPUT_DEFAULTS)  # a preset brings its own settings
-    config = build_config(args.preset, {**base, **overrides})
-    if atari_opts:
-        config = _apply_atari_flags(config, atari_opts)
-    _validate(config)
-    return bench_throughput(config, seconds=args.seconds, warmup=args.warmup, ceiling_seconds=args.ceiling_seconds,
-                            json_path=args.json)
+    window = BenchConfig.parse({"seconds": 20.0, **given_settings(args, BenchConfig)})
+    config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
+    return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
+                                         envs_per_worker=config.envs_per_worker, backend=config.backend,
+                                         ray_address=config.ray_address, seconds=window.seconds))
 
 
-def _bench(name: str):
-    def run(args: argparse.Namespace) -> int:
-        from fwrl.launch import bench
+def run_bench_kernels(args: argparse.Namespace) -> int:
+    from fwrl.launch.bench import bench_kernels
 
-        return getattr(bench, f"bench_{name}")(args)
-
-    return run
+    return bench_kernels(args)
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -311,53 +259,47 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
                        description="Evaluate a run (its checkpoint.pt) or a checkpoint file with the "
                                    "protocol of its env family (REFERENCE.md section 5).")
     p.add_argument("source", help="run folder or checkpoint file")
-    p.add_argument("--env", help="env spec to evaluate on (default: the run's env)")
-    p.add_argument("--episodes", type=int, help="episodes per task, split and repeat "
-                   "(default: atari 30, procgen 200, dmlab 100, others 100)")
-    p.add_argument("--repeats", type=int, help="repeats (default: atari 5, dmlab 3, others 1)")
-    p.add_argument("--policy", choices=("greedy", "sample"), default="greedy", help="argmax or sampled actions")
-    p.add_argument("--splits", help="comma-separated splits to run (procgen: train,test_1000,test_1200,test_1400)")
-    p.add_argument("--num-workers", type=int, help="env worker processes (default: CPU cores, at most 8)")
-    p.add_argument("--envs-per-worker", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu (default), auto, cuda or cuda:N")
-    p.add_argument("--backend", default="local", help="env worker backend: local or ray")
-    p.add_argument("--ray-address", default="auto")
-    p.add_argument("--step-timeout", type=float, default=60.0)
-    p.add_argument("--out", help="JSON path (default: <run>/evaluation.json or <checkpoint>.eval.json); "
-                   "the markdown table goes beside it")
+    add_setting_flags(p, EvaluateConfig)
     p.set_defaults(run=run_evaluate)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from fwrl.launch import evaluate as ev
-    from fwrl.launch.train import pick_device
+    from fwrl.launch.agent import load_agent, pick_device
+    from fwrl.launch.eval_protocols import default_num_workers, default_protocol, select_splits
+    from fwrl.launch.eval_report import print_table, write_result
+    from fwrl.utils.files import check_writable
 
-    device = pick_device(args.device)
-    model, payload, path = ev.load_agent(Path(args.source), device)
+    opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
+    source = Path(args.source)
+    if not source.exists():
+        raise FwrlError(f"{source} does not exist; pass a run folder of fwrl train or a checkpoint file.")
+    device = pick_device(opts.device)
+    model, payload, path = load_agent(source, device)
     config = payload["config"]
-    env = args.env or config["env"]
-    if args.env:
-        ev.check_env_fits(env, model)
-    num_workers = args.num_workers or ev.default_num_workers(env)
-    if num_workers < 1 or args.envs_per_worker < 1:
-        raise FwrlError(f"--num-workers and --envs-per-worker must be at least 1, got {num_workers} "
-                        f"and {args.envs_per_worker}.")
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
+    env = opts.env or config["env"]
+    if opts.env:
+        ev.check_env_fits(env, model, tuple(config.get("env_wrappers", ())))
+    splits = [s.strip() for s in opts.splits.split(",") if s.strip()] if opts.splits else None
+    select_splits(default_protocol(env).splits, splits)
+    if opts.out:
+        out = Path(opts.out)
+    else:
+        out = source / "evaluation.json" if source.is_dir() else path.with_suffix(".eval.json")
+    check_writable(out, "evaluation JSON", "Pass --out PATH to write it elsewhere.")
+    check_writable(out.with_suffix(".md"), "evaluation table", "Pass --out PATH to write it elsewhere.")
+    num_workers = opts.num_workers or default_num_workers(env)
     result = ev.evaluate(
-        model, env, episodes=args.episodes, repeats=args.repeats, greedy=args.policy == "greedy", splits=splits,
-        num_workers=num_workers, envs_per_worker=args.envs_per_worker, seed=args.seed, device=device,
-        backend=args.backend, step_timeout=args.step_timeout, core=config["core"],
+        model, env, episodes=opts.episodes, repeats=opts.repeats, greedy=opts.policy == "greedy", splits=splits,
+        num_workers=num_workers, envs_per_worker=opts.envs_per_worker, seed=opts.seed, device=device,
+        backend=opts.backend, step_timeout=opts.step_timeout, core=config["core"],
         core_options=config.get("core_options", {}), unroll_length=config.get("unroll_length"),
-        backend_options={"address": args.ray_address} if args.backend == "ray" else None,
+        backend_options={"address": opts.ray_address} if opts.backend == "ray" else None,
+        env_wrappers=tuple(config.get("env_wrappers", ())),
     )
     result = {"checkpoint": str(path), "agent_steps": int(payload.get("agent_steps", 0)), **result}
-    if args.out:
-        out = Path(args.out)
-    else:
-        out = Path(args.source) / "evaluation.json" if Path(args.source).is_dir() else path.with_suffix(".eval.json")
-    ev.print_table(result)
-    md = ev.write_result(result, out)
+    print_table(result)
+    md = write_result(result, out)
     print(f"wrote {out} and {md}")
     return 0
 
@@ -369,23 +311,24 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="learning curves of runs to a PNG",
                        description="Plot a metric of metrics.csv against agent steps, runs overlaid.")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.csv files)")
-    p.add_argument("--metric", default="mean_return", help="metrics.csv column (default: mean_return)")
-    p.add_argument("--by", choices=("run", "task"), default="run",
-                   help="task: one panel per task of multi-task runs (columns return/<task>)")
-    p.add_argument("--smooth", type=int, default=1, help="moving average over K points")
-    p.add_argument("--out", help="PNG path (default: <run>/<metric>.png for one run, ./<metric>.png for several)")
-    p.add_argument("--size", default="1200x800", help="WIDTHxHEIGHT in pixels")
+    add_setting_flags(p, PlotConfig)
     p.set_defaults(run=run_plot)
 
 
 def run_plot(args: argparse.Namespace) -> int:
+    from fwrl.launch.plot import default_out, parse_size, plot_runs, read_metrics
+    from fwrl.utils.files import check_writable
+
+    opts = PlotConfig.parse(given_settings(args, PlotConfig))
+    runs = [Path(r) for r in args.runs]
+    for run in runs:
+        read_metrics(run)  # each run has a readable metrics.csv
+    out = Path(opts.out) if opts.out else default_out(runs, opts.metric)
+    check_writable(out, "plot", "Pass --out PATH to write it elsewhere.")
+
     import matplotlib.pyplot as plt
 
-    from fwrl.launch.plot import default_out, parse_size, plot_runs
-
-    runs = [Path(r) for r in args.runs]
-    out = Path(args.out) if args.out else default_out(runs, args.metric)
-    fig = plot_runs(runs, args.metric, args.by, args.smooth, out, parse_size(args.size))
+    fig = plot_runs(runs, opts.metric, opts.by, opts.smooth, out, parse_size(opts.size))
     plt.close(fig)
     print(f"wrote {out}")
     return 0
@@ -394,8 +337,8 @@ def run_plot(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fwrl", description="IMPALA agents with fast-weight memories.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="fwrl", description="IMPALA agents with fast-weight memories.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in _COMMANDS.values():
         add(sub)
     return parser
@@ -405,13 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fwrl.envs.quiet import silence_env_noise
 
     silence_env_noise()
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if getattr(args, "passes_unknown_args", False):
-        args.rest = unknown
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if getattr(args, "passes_unknown_args", False):
+            args.rest = unknown
+        elif unknown:
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see fwrl {args.command} --help)")
         return args.run(args)
     except FwrlError as exc:
         print(f"fwrl: error: {exc}", file=sys.stderr)

@@ -1,83 +1,187 @@
-"""Training configuration: one dataclass, YAML presets, command-line overrides.
+"""Training configuration: one settings model, presets and YAML files, command-line overrides.
 
-A run's ``config.yaml`` is this dataclass as a mapping. ``--resume`` reloads
-it; only the keys in ``RESUMABLE_CHANGES`` may differ on the command line
-(more steps, other worker counts, logging), everything that shapes the model
-or the learning problem must stay the same.
+:class:`TrainConfig` defines every training setting once (type, default,
+valid range, help); ``fwrl train`` generates its flags from it
+(``fwrl.launch.flags``). A config is built from layers, later ones winning:
+defaults, a preset (a packaged name or a YAML file), ``--config FILE``, then
+flags. A layer that picks another ``core`` drops the core options gathered
+so far (they belong to the old core).
+
+A run's ``config.yaml`` is this model as a mapping. ``--resume`` reloads it;
+only the keys in ``RESUMABLE_CHANGES`` may differ on the command line (more
+steps, other worker counts, logging), everything that shapes the model or the
+learning problem must stay the same.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
+from pydantic import Field, field_validator, model_validator
 
+from fwrl.envs.backends import BACKENDS
+from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, unknown_choice
+from fwrl.utils.files import atomic_write_text
+from fwrl.utils.settings import Settings, parse_value, redefault, show
+
+STEM_CHOICES = ("impala", "nature", "mlp", "auto")  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?|mps")
+THREADS_HELP = ("torch threads of the learner; 0: the allowed cores minus one per local env worker "
+                "(at most half of the cores)")
 
 
-@dataclass
-class TrainConfig:
-    # what to learn
-    env: str = "atari:Pong"
-    core: str = "lstm"
-    core_options: dict[str, Any] = field(default_factory=dict)
-    stem: str = "auto"  # impala | nature | mlp | auto (impala for frames, mlp for vectors)
-    env_wrappers: list[str] = field(default_factory=list)  # module:callable, applied in each worker
-    # actors
-    backend: str = "local"  # local | ray
-    ray_address: str = "auto"
-    num_workers: int = 4
-    envs_per_worker: int = 2
-    step_timeout: float = 60.0
-    # learner (REFERENCE §4)
-    batch_size: int = 32
-    unroll_length: int = 50
-    total_steps: int = 50_000_000
-    max_seconds: float = 0.0  # stop (with a checkpoint) after this wall time; 0 = no limit
-    learning_rate: float = 6e-4
-    rmsprop_alpha: float = 0.99
-    rmsprop_eps: float = 0.01
-    rmsprop_momentum: float = 0.0
-    grad_norm_clip: float = 40.0
-    entropy_cost: float = 0.01
-    baseline_cost: float = 0.5
-    discount: float = 0.99
-    reward_clip: float = 1.0
-    truncation: str = "auto"  # time-limit ends: bootstrap | terminate | auto (terminate for atari, else bootstrap)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int = 0  # torch threads for the learner; 0 = allowed cores minus a share for local env workers
-    inference_graph: bool = False  # replay the acting forward as CUDA graphs (CUDA only)
-    # vision (R2AC protocol)
-    load_vision_from: str = ""
-    freeze_vision: bool = False
-    # bookkeeping
-    seed: int = 1
-    checkpoint_interval: float = 600.0  # seconds between checkpoint.pt writes
-    milestone_interval: int = 0  # agent steps between kept milestone checkpoints; 0 = none
-    log_interval: float = 5.0  # seconds between metrics rows
-    eval_every: int = 0  # agent steps between evaluations during training; 0 = none
-    eval_episodes: int = 10
+def check_device(name: str) -> str:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; other names raise ValueError."""
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ValueError("a device is auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+class TrainConfig(Settings):
+    """Every setting of a training run (REFERENCE §4 defaults). One field per line."""
+
+    env: str = Field("atari:Pong", min_length=1, description="env spec, e.g. atari:Pong or memory:cue_delay?delay=10")
+    core: str = Field("lstm", min_length=1, description="memory core, one of those fwrl info --cores lists")
+    core_options: dict[str, Any] = Field(default_factory=dict, description="options of the core, given as --core-opt KEY=VALUE")
+    stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, mlp for vectors")
+    env_wrappers: list[str] = Field(default_factory=list, description="module:callable wrapping every env in every worker, applied in order")
+    sticky_actions: bool = Field(False, description="Atari: sticky actions, repeat_action_probability 0.25; the env option sticky=true")
+    full_action_space: bool = Field(False, description="Atari: all 18 actions; the env option full_action_space=true")
+    backend: Literal[BACKENDS] = Field("local", description="env worker backend: local processes or Ray actors")
+    ray_address: str = Field("auto", min_length=1, description="with --backend ray: auto (running cluster), HOST:PORT or local")
+    num_workers: int = Field(4, ge=1, description="env worker processes or Ray actors")
+    envs_per_worker: int = Field(2, ge=1, description="envs stepped by each worker")
+    step_timeout: float = Field(60.0, gt=0, description="seconds an env worker may take per step before it is restarted")
+    batch_size: int = Field(32, ge=1, description="rollouts per learner update, B")
+    unroll_length: int = Field(50, ge=1, description="agent steps per rollout, T")
+    total_steps: int = Field(50_000_000, ge=1, description="agent-step budget; the learning rate decays linearly to 0 over it")
+    max_seconds: float = Field(0.0, ge=0, description="stop with a checkpoint after this many seconds; 0: no limit")
+    learning_rate: float = Field(6e-4, gt=0, description="RMSProp learning rate")
+    rmsprop_alpha: float = Field(0.99, ge=0, lt=1, description="RMSProp smoothing constant")
+    rmsprop_eps: float = Field(0.01, gt=0, description="RMSProp epsilon, added outside the square root")
+    rmsprop_momentum: float = Field(0.0, ge=0, lt=1, description="RMSProp momentum")
+    grad_norm_clip: float = Field(40.0, gt=0, description="clip the global gradient norm to this")
+    entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy regulariser")
+    baseline_cost: float = Field(0.5, ge=0, description="weight of the baseline loss")
+    discount: float = Field(0.99, ge=0, le=1, description="discount factor gamma")
+    reward_clip: float = Field(1.0, gt=0, description="rewards are clipped to [-x, x] in the loss")
+    truncation: Literal["auto", "bootstrap", "terminate"] = Field("auto", description="episodes cut by a time limit: bootstrap from the final observation's value, or end the return there; auto: terminate on atari (the torchbeast protocol), else bootstrap")
+    device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
+    num_threads: int = Field(0, ge=0, description=THREADS_HELP)
+    inference_graph: bool = Field(False, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
+    load_vision_from: str = Field("", description="checkpoint whose vision stem to load, R2AC protocol")
+    freeze_vision: bool = Field(False, description="do not train the vision stem")
+    seed: int = Field(1, ge=0, lt=2**32, description="random seed")
+    checkpoint_interval: float = Field(600.0, gt=0, description="seconds between checkpoint.pt writes")
+    milestone_interval: int = Field(0, ge=0, description="agent steps between kept checkpoint-<steps>.pt; 0: none")
+    log_interval: float = Field(5.0, gt=0, description="seconds between metrics rows")
+    eval_every: int = Field(0, ge=0, description="agent steps between evaluations written to metrics.csv; 0: none")
+    eval_episodes: int = Field(10, ge=0, description="episodes per task and split of each --eval-every evaluation")
 
     @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> "TrainConfig":
+        """Validate a mapping of settings (strings or typed values); ``source`` names where it came from."""
+        return cls.parse(data, what="setting", source=f"in {source}" if source else "")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
+    @field_validator("device")
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "TrainConfig":
-        valid = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for key, value in data.items():
-            if key not in valid:
-                raise unknown_choice(f"key in {source}", key, valid)
-            kwargs[key] = coerce(key, value)
-        return cls(**kwargs)
+    def _device(cls, name: str) -> str:
+        return check_device(name)
+
+    @model_validator(mode="after")
+    def _across_settings(self) -> "TrainConfig":
+        self._check_core()
+        self._fold_atari_flags()
+        if self.eval_every > 0 and self.eval_episodes < 1:
+            raise FwrlError(f"setting eval_episodes={self.eval_episodes} is not valid with eval_every="
+                            f"{self.eval_every}: each evaluation needs at least 1 episode (or eval_every 0: none).")
+        return self
+
+    def _check_core(self) -> None:
+        """The core exists; its options are valid for it (kept as given, typed)."""
+        from fwrl.memory_modules import core_config_class, core_names
+
+        if self.core not in core_names():
+            raise unknown_choice("core", self.core, core_names())
+        options = core_config_class(self.core).from_options(self.core_options, core=self.core)
+        self.core_options = {key: getattr(options, key) for key in self.core_options}
+
+    def _fold_atari_flags(self) -> None:
+        """``sticky_actions`` / ``full_action_space`` and the env spec's options say the same."""
+        spec = parse_env_spec(self.env)
+        flags = {"sticky": "sticky_actions", "full_action_space": "full_action_space"}
+        if spec.family != "atari":
+            given = [name for name in flags.values() if getattr(self, name)]
+            if given:
+                raise FwrlError(f"setting {given[0]}=true applies to atari envs only, not env={self.env!r}.")
+            return
+        add = {}
+        for option, name in flags.items():
+            if option in spec.options:
+                in_spec = parse_value(bool, spec.options[option], f"env option {option}={show(spec.options[option])}")
+                if getattr(self, name) and not in_spec:
+                    raise FwrlError(f"setting {name}=true contradicts {option}={spec.options[option]} in "
+                                    f"env={self.env!r}.")
+                setattr(self, name, in_spec)
+            elif getattr(self, name):
+                add[option] = "true"
+        if add:
+            self.env = spec.with_options(**add).text
+
+
+class EvaluateConfig(Settings):
+    """Settings of ``fwrl evaluate`` (the run's own config comes from its checkpoint)."""
+
+    env: str | None = Field(None, min_length=1, description="env spec to evaluate on; default: the run's env")
+    episodes: int | None = Field(None, ge=1, description="episodes per task, split and repeat; default: atari 30, procgen 200, others 100")
+    repeats: int | None = Field(None, ge=1, description="repeats; default: atari 5, dmlab 3, others 1")
+    policy: Literal["greedy", "sample"] = Field("greedy", description="argmax or sampled actions")
+    splits: str | None = Field(None, min_length=1, description="comma-separated splits; procgen: train,test_1000,test_1200,test_1400")
+    num_workers: int | None = Field(None, ge=1, description="env worker processes; default: the CPU cores, at most 8")
+    envs_per_worker: int = redefault(TrainConfig, "envs_per_worker", 1)
+    seed: int = redefault(TrainConfig, "seed", 0)
+    device: str = redefault(TrainConfig, "device", "cpu")
+    backend: Literal[BACKENDS] = redefault(TrainConfig, "backend", "local")
+    ray_address: str = redefault(TrainConfig, "ray_address", "auto")
+    step_timeout: float = redefault(TrainConfig, "step_timeout", 60.0)
+    out: str | None = Field(None, min_length=1, description="JSON path, the markdown table beside it; default: <run>/evaluation.json or <checkpoint>.eval.json")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return check_device(name)
+
+
+class PlotConfig(Settings):
+    """Settings of ``fwrl plot``."""
+
+    metric: str = Field("mean_return", min_length=1, description="metrics.csv column")
+    by: Literal["run", "task"] = Field("run", description="task: one panel per task of multi-task runs, from the columns return/<task>")
+    smooth: int = Field(1, ge=1, description="moving average over K points")
+    out: str | None = Field(None, min_length=1, description="PNG path; default: <run>/<metric>.png for one run, ./<metric>.png for several")
+    size: str = Field("1200x800", description="WIDTHxHEIGHT in pixels, each at least 100")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, text: str) -> str:
+        from fwrl.launch.plot import parse_size
+
+        parse_size(text)
+        return text
+
+
+class BenchConfig(Settings):
+    """The measuring window of ``fwrl bench throughput`` and ``fwrl bench envs``."""
+
+    seconds: float = Field(60.0, gt=0, description="measured seconds after the warm-up")
+    warmup: float = Field(15.0, ge=0, description="seconds run before the measurement starts")
+    ceiling_seconds: float = Field(10.0, ge=0, description="throughput: seconds of random-action stepping on the same workers first, the env ceiling; 0: skip it")
+    json_path: str | None = Field(None, min_length=1, description="throughput: also write the results and the config to this JSON file")
 
 
 RESUMABLE_CHANGES = {
@@ -86,93 +190,110 @@ RESUMABLE_CHANGES = {
     "eval_every", "eval_episodes", "inference_graph",
 }
 
-_DEFAULTS = TrainConfig()
 
-
-def coerce(key: str, value: Any) -> Any:
-    """Convert a command-line string to the type of the field ``key``."""
-    default = getattr(_DEFAULTS, key)
-    if isinstance(default, dict):
-        if not isinstance(value, Mapping):
-            raise FwrlError(f"config key {key!r} must be a mapping, got {value!r}.")
-        return dict(value)
-    if isinstance(value, str) and not isinstance(default, str):
-        try:
-            if isinstance(default, bool):
-                low = value.lower()
-                if low not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return low in ("true", "1", "yes")
-            return type(default)(float(value)) if isinstance(default, int) else type(default)(value)
-        except ValueError:
-            raise FwrlError(f"config key {key!r} needs a {type(default).__name__}, got {value!r}.") from None
-    if isinstance(default, float) and isinstance(value, int):
-        return float(value)
-    return value
-
-
-# ----------------------------------------------------------------------- presets
+# ----------------------------------------------------------------------- presets and YAML files
 
 def preset_names() -> list[str]:
     folder = resources.files("fwrl.launch") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def read_settings_file(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The settings of a YAML file (a mapping of TrainConfig keys); unknown keys are errors."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise FwrlError(f"cannot read {what} {path}: {reason}.") from None
+    return _settings_mapping(data, f"{what} {path}")
+
+
+def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise FwrlError(f"{source} is not a mapping of settings (KEY: VALUE lines), got {type(data).__name__}.")
+    for key in data:
+        if key not in TrainConfig.model_fields:
+            valid = ", ".join(TrainConfig.model_fields)
+            raise FwrlError(f"unknown setting {key!r} in {source}; valid choices: {valid}.")
+    return dict(data)
+
+
 def load_preset(name: str) -> dict[str, Any]:
-    if name not in preset_names():
-        raise unknown_choice("preset", name, preset_names())
-    text = (resources.files("fwrl.launch") / "presets" / f"{name}.yaml").read_text()
-    data = yaml.safe_load(text) or {}
-    TrainConfig.from_dict(data, source=f"preset {name}")  # validate keys early
+    """A packaged preset by name, or a YAML file of one's own by path."""
+    if name in preset_names():
+        text = (resources.files("fwrl.launch") / "presets" / f"{name}.yaml").read_text()
+        return _settings_mapping(yaml.safe_load(text), f"preset {name}")
+    if name.endswith((".yaml", ".yml")) or "/" in name or Path(name).is_file():
+        return read_settings_file(Path(name), "preset file")
+    raise unknown_choice("preset (or a path to a YAML file)", name, preset_names())
+
+
+def merge_settings(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Later layers win; a layer that picks another core drops the core options gathered so far."""
+    data: dict[str, Any] = {}
+    for layer in layers:
+        layer = dict(layer)
+        options = layer.pop("core_options", None)
+        if options is not None and not isinstance(options, Mapping):
+            raise FwrlError(f"setting core_options={show(options)} is not valid: a mapping of core options "
+                            "(KEY: VALUE) is needed.")
+        if "core" in layer and layer["core"] != data.get("core", TrainConfig.model_fields["core"].default):
+            data.pop("core_options", None)
+        data.update(layer)
+        if options:
+            data["core_options"] = {**data.get("core_options", {}), **options}
     return data
 
 
-def build_config(preset: str | None, overrides: Mapping[str, Any]) -> TrainConfig:
-    data: dict[str, Any] = {}
+def build_config(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
+                 base: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The config of ``base`` < ``preset`` < ``config_file`` < ``overrides`` (see the module docstring)."""
+    layers = [dict(base or {})]
     if preset:
-        data.update(load_preset(preset))
-    core_options = dict(data.get("core_options", {}))
-    if "core" in overrides and overrides["core"] != data.get("core", _DEFAULTS.core):
-        core_options = {}  # a preset's core options belong to its core
-    core_options.update(overrides.get("core_options", {}))
-    data.update({k: v for k, v in overrides.items() if k != "core_options"})
-    data["core_options"] = core_options
-    return TrainConfig.from_dict(data)
+        layers.append(load_preset(preset))
+    if config_file is not None:
+        layers.append(read_settings_file(config_file))
+    layers.append(dict(overrides))
+    return TrainConfig.from_dict(merge_settings(layers))
 
 
 def check_resume(saved: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
     """The saved config with the allowed overrides; other differences are an error."""
-    data = saved.to_dict()
-    bad = []
-    for key, value in overrides.items():
-        if key == "core_options":
-            merged = {**data["core_options"], **value}
-            if merged != data["core_options"]:
-                bad.append(key)
-            continue
-        value = coerce(key, value)
-        if value != data[key]:
-            if key in RESUMABLE_CHANGES:
-                data[key] = value
-            else:
-                bad.append(key)
+    new = TrainConfig.from_dict(merge_settings([saved.to_dict(), overrides]))
+    bad = [key for key in TrainConfig.model_fields
+           if key not in RESUMABLE_CHANGES and key != "core_options" and getattr(new, key) != getattr(saved, key)]
+    if new.core == saved.core and _core_settings(new) != _core_settings(saved):
+        bad.append("core_options")
     if bad:
-        details = ", ".join(f"{k} (run has {data[k]!r})" for k in bad)
+        details = ", ".join(f"{k} (run has {getattr(saved, k)!r})" for k in bad)
         raise FwrlError(
             f"cannot resume with a different {details}: these settings define the model or the "
             f"learning problem. Settings that may change on resume: {', '.join(sorted(RESUMABLE_CHANGES))}. "
             "Start a new run (another --name) to change the others."
         )
-    return TrainConfig.from_dict(data)
+    return new
+
+
+def _core_settings(config: TrainConfig) -> dict[str, Any]:
+    from fwrl.memory_modules import core_config_class
+
+    return core_config_class(config.core).from_options(config.core_options).to_dict()
+
+
+def config_yaml(config: TrainConfig) -> str:
+    """The config as the YAML of a run's config.yaml."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def save_config(config: TrainConfig, path: Path) -> None:
-    from fwrl.launch.rundir import atomic_write_text
-
-    atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    atomic_write_text(path, config_yaml(config))
 
 
 def read_config(path: Path) -> TrainConfig:
+    """A run's config.yaml (also one written by older fwrl versions)."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:

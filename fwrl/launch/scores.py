@@ -198,9 +198,3 @@ def published_for(
         if _setting_matches(p, core_options or {}, unroll_length):
             out.append(p)
     return out
-
-
-def format_published(rows: list[Published]) -> str:
-    """A short cell text, e.g. ``21 (50M steps)``."""
-    return "; ".join(f"{p.value:g} ({p.note})" if p.note else f"{p.value:g}" for p in rows)
-

@@ -37,9 +37,11 @@ from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
 from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
 from fwrl.agents.stage_timer import StageTimer
-from fwrl.envs.registry import EnvInfo, describe_env
-from fwrl.envs.worker_pool import WorkersLost, make_pool
+from fwrl.envs.backends import make_pool
+from fwrl.envs.registry import describe_env
+from fwrl.envs.worker_pool import WorkersLost
 from fwrl.errors import FwrlError
+from fwrl.launch.agent import build_model, pick_device
 from fwrl.launch.checkpointing import CheckpointWriter
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
@@ -55,18 +57,6 @@ class TrainResult:
     mean_success: float
     stopped_by: str  # "budget" | "time limit" | "signal SIGINT" (SIGTERM, SIGHUP) | "workers lost" | "error"
     signal: int = 0  # the stop signal's number, 0 if none came
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise FwrlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise FwrlError(f"device {name!r} was asked for, but torch sees no CUDA GPU here; use --device cpu.")
-    return device
 
 
 def allowed_cores() -> int:
@@ -93,26 +83,15 @@ def learner_threads(config: TrainConfig) -> int:
     return max(1, cores - reserved)
 
 
-TRUNCATION = ("auto", "bootstrap", "terminate")
-
-
 def bootstraps_truncation(config: TrainConfig) -> bool:
     """Whether V-trace bootstraps where a time limit cut an episode (``truncation``): ``auto``
     keeps the torchbeast protocol on Atari (the 108k-frame cap ends the episode) and
     bootstraps everywhere else."""
-    if config.truncation not in TRUNCATION:
-        raise FwrlError(f"truncation {config.truncation!r} is not one of {', '.join(TRUNCATION)}.")
     if config.truncation == "auto":
         from fwrl.envs.spec import parse_env_spec
 
         return parse_env_spec(config.env).family != "atari"
     return config.truncation == "bootstrap"
-
-
-def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
-    stem = None if config.stem == "auto" else config.stem
-    return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem,
-                    extra_size=info.extra_size, action_dims=info.action_dims)
 
 
 def load_vision(model: AgentNet, path: str) -> None:

@@ -1,6 +1,7 @@
 """Memory cores behind one interface (see ``base.Core``) and a registry by name.
 
-Importing this package registers every built-in core.
+Importing this package registers every built-in core: each core module calls
+``register_core`` when it is imported below.
 """
 
 from fwrl.memory_modules.base import (  # noqa: F401
@@ -11,5 +12,14 @@ from fwrl.memory_modules.base import (  # noqa: F401
     core_names,
     register_core,
 )
-from fwrl.memory_modules import feedforward, lstm  # noqa: F401  (registration)
-from fwrl.memory_modules import _optional_cores  # noqa: F401  (registration)
+from fwrl.memory_modules import (  # noqa: F401  (registration)
+    delta_lstm,
+    delta_net,
+    delta_rnn,
+    elstm,
+    feedforward,
+    linear_transformer,
+    lstm,
+    rdn,
+    srwm,
+)

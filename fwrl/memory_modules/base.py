@@ -14,76 +14,30 @@ step t, the rows with ``done[t]`` are reset to ``initial_state``.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from fwrl.errors import FwrlError, unknown_choice
+from fwrl.errors import unknown_choice
+from fwrl.utils.settings import Settings
 
 State = dict[str, Tensor]
 
 
-@dataclass
-class CoreConfig:
-    """Base of every core's configuration dataclass.
+class CoreConfig(Settings):
+    """Base of every core's configuration (a pydantic model, ``fwrl.utils.settings``).
 
-    Subclasses add their own fields with defaults; ``from_options`` turns the
-    strings of ``--core-opt key=value`` (or a YAML mapping) into a typed config
-    and refuses unknown keys with the list of valid ones.
+    Subclasses define each option once: ``name: type = Field(default, ge=..., description=...)``
+    (choices as ``Literal[...]``). ``from_options`` reads ``--core-opt key=value``
+    strings or a YAML mapping; an unknown key or a bad value is a FwrlError
+    naming the option, the value and what is valid.
     """
 
     @classmethod
-    def option_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None = None) -> "CoreConfig":
-        options = dict(options or {})
-        valid = {f.name: f for f in fields(cls)}
-        hints = typing.get_type_hints(cls)
-        kwargs = {}
-        for key, raw in options.items():
-            if key not in valid:
-                raise unknown_choice(f"option for core config {cls.__name__}", key, valid)
-            kwargs[key] = _coerce(key, raw, hints[key], valid[key])
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _coerce(key: str, raw: Any, hint: Any, field: dataclasses.Field) -> Any:
-    """Convert ``raw`` (often a string from the command line) to the field's type."""
-    origin = typing.get_origin(hint)
-    choices = field.metadata.get("choices")
-    try:
-        if hint is bool:
-            if isinstance(raw, bool):
-                value = raw
-            elif str(raw).lower() in ("1", "true", "yes", "on"):
-                value = True
-            elif str(raw).lower() in ("0", "false", "no", "off"):
-                value = False
-            else:
-                raise ValueError(raw)
-        elif hint in (int, float, str):
-            value = hint(raw)
-        elif origin is typing.Literal:
-            choices = typing.get_args(hint)
-            value = str(raw)
-        else:
-            value = raw
-    except (TypeError, ValueError):
-        raise FwrlError(
-            f"core option {key}={raw!r} is not a valid {getattr(hint, '__name__', hint)}."
-        ) from None
-    if choices is not None and value not in choices:
-        raise unknown_choice(f"value for core option {key}", value, choices)
-    return value
+    def from_options(cls, options: Mapping[str, Any] | None = None, core: str = "") -> "CoreConfig":
+        return cls.parse(options, what="core option", source=f"of core {core}" if core else "")
 
 
 class Core(nn.Module):
@@ -175,8 +129,7 @@ def build_core(
     ``options`` is a typed config or a mapping of option strings (``--core-opt``).
     """
     entry = _entry(name)
-    config = options if isinstance(options, CoreConfig) else entry.config_class.from_options(options)
+    config = options if isinstance(options, CoreConfig) else entry.config_class.from_options(options, core=name)
     core = entry.factory(input_size, config)
-    core.core_name = name
     core.config = config
     return core

@@ -18,7 +18,7 @@ this core; with the Atari defaults the agent has about 1.85 M parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -27,13 +27,13 @@ from fwrl.kernels import dispatch
 from fwrl.kernels.reference.delta_lstm import MATRICES
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+from fwrl.utils.settings import redefault
 
 
-@dataclass
 class DeltaLSTMConfig(FWPConfig):
     """FWPConfig with softmax queries and keys (the only choice)."""
 
-    feature_map: str = field(default="softmax", metadata={"choices": ("softmax",)})
+    feature_map: Literal["softmax"] = redefault(FWPConfig, "feature_map", "softmax")
 
 
 class DeltaLSTMLayer(FastWeightLayer):

@@ -14,14 +14,11 @@ Eq. 29; ``softmax``; ``dpfp-1/2/3``, Eq. 37). Atari agent: 1.5 M parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fwrl.memory_modules.base import Core, register_core
 from fwrl.memory_modules.fwp_block import FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import LinearTransformerConfig, SlowNetFastWeightLayer
 
 
-@dataclass
 class DeltaNetConfig(LinearTransformerConfig):
     """Same options as the Linear Transformer (feature map default elu1_sumnorm)."""
 

@@ -14,7 +14,7 @@ default (REFERENCE §2). The recurrence runs in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -24,13 +24,13 @@ from fwrl.kernels.reference.feature_maps import feature_dim
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
+from fwrl.utils.settings import redefault
 
 
-@dataclass
 class DeltaRNNConfig(FWPConfig):
     """FWPConfig with softmax features by default; phi applies to q and k of W only."""
 
-    feature_map: str = field(default="softmax", metadata={"choices": FEATURE_MAP_CHOICES})
+    feature_map: Literal[FEATURE_MAP_CHOICES] = redefault(FWPConfig, "feature_map", "softmax")
 
 
 class DeltaRNNLayer(FastWeightLayer):

@@ -33,13 +33,13 @@ the memory open at the start of training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fwrl.errors import FwrlError
 from fwrl.kernels.reference.elstm_rtrl import (
     PARAM_KEYS,
     SENSITIVITY_KEYS,
@@ -53,26 +53,12 @@ GRAD_MODES = ("bptt", "rtrl")
 INIT_STD = 0.1
 
 
-@dataclass
 class ELSTMConfig(CoreConfig):
-    hidden_size: int = 256
-    num_layers: int = 1
-    grad: str = field(default="bptt", metadata={"choices": GRAD_MODES})
-    forget_bias: float = 0.0  # mean of the b_f init (std stays INIT_STD)
-
-    def __post_init__(self) -> None:
-        if self.grad not in GRAD_MODES:
-            raise FwrlError(
-                f"unknown eLSTM gradient mode {self.grad!r}; valid choices: {', '.join(GRAD_MODES)}."
-            )
-        if self.num_layers != 1:
-            raise FwrlError(
-                f"eLSTM num_layers={self.num_layers} is not supported; valid choices: 1. "
-                "Exact RTRL is tractable only for a single element-wise recurrent layer "
-                "(Paper 004, Sec. 5)."
-            )
-        if self.hidden_size < 1:
-            raise FwrlError(f"eLSTM hidden_size must be a positive integer, got {self.hidden_size}.")
+    hidden_size: int = Field(256, ge=1, description="eLSTM cells")
+    num_layers: int = Field(1, ge=1, le=1, description="recurrent layers; exact RTRL is tractable for one "
+                            "element-wise recurrent layer only (Paper 004, Sec. 5)")
+    grad: Literal[GRAD_MODES] = Field("bptt", description="truncated BPTT or exact RTRL, R2AC")
+    forget_bias: float = Field(0.0, description="mean of the forget-gate bias init; its std stays 0.1")
 
 
 class ELSTMCore(Core):

@@ -6,14 +6,11 @@ input (the 256-d stem features and the clipped reward) directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor
 
 from fwrl.memory_modules.base import Core, CoreConfig, State, register_core
 
 
-@dataclass
 class FeedforwardConfig(CoreConfig):
     """The feedforward core has no options."""
 

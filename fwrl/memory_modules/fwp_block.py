@@ -14,31 +14,35 @@ its state lives in the core state under ``"l{i}.{name}"``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
+from pydantic import Field
 from torch import Tensor, nn
 
+from fwrl.kernels.reference.feature_maps import FEATURE_MAPS
 from fwrl.memory_modules.base import Core, CoreConfig, State
 
 GRAD_MODES = ("full", "step")
 
 
-@dataclass
 class FWPConfig(CoreConfig):
-    """Options common to the fast-weight cores (Atari defaults of the RFWP paper)."""
+    """Options common to the fast-weight cores (Atari defaults of the RFWP paper).
 
-    num_layers: int = 2
-    hidden_size: int = 128
-    num_heads: int = 4
-    head_dim: int = 32
-    ff_dim: int = 512
-    dropout: float = 0.0
-    feature_map: str = "elu1_sumnorm"
-    grad_mode: str = field(default="full", metadata={"choices": GRAD_MODES})
+    Each core narrows ``feature_map`` to the maps it supports (``identity`` is for tests).
+    """
+
+    num_layers: int = Field(2, ge=1, description="blocks of a fast-weight layer and a feed-forward layer")
+    hidden_size: int = Field(128, ge=1, description="width of the residual stream")
+    num_heads: int = Field(4, ge=1, description="fast-weight heads per layer")
+    head_dim: int = Field(32, ge=1, description="size of each head's query, key and value")
+    ff_dim: int = Field(512, ge=1, description="hidden units of the feed-forward sub-layer")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout probability in the block")
+    feature_map: Literal[FEATURE_MAPS] = Field("elu1_sumnorm", description="phi applied to queries and keys")
+    grad_mode: Literal[GRAD_MODES] = Field("full", description="full: BPTT through carried fast weights; "
+                                           "step: gradient cut at every step")
     # LayerNorm before the fast-weight layer; the SRWM cores feed the raw
     # residual stream instead (REFERENCE §2).
-    pre_norm: bool = True
+    pre_norm: bool = Field(True, description="LayerNorm before the fast-weight layer")
 
 
 class FastWeightLayer(nn.Module):

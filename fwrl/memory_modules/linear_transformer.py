@@ -20,7 +20,7 @@ the whole agent has 1.5 M parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -29,16 +29,16 @@ from fwrl.kernels import dispatch
 from fwrl.kernels.reference.feature_maps import feature_dim
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+from fwrl.utils.settings import redefault
 
 # The feature maps a user can pick for LT / Delta Net (``identity`` is for tests).
 FEATURE_MAP_CHOICES = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3")
 
 
-@dataclass
 class LinearTransformerConfig(FWPConfig):
     """FWPConfig with the feature maps of paper 001 (Sec. 5) as choices."""
 
-    feature_map: str = field(default="elu1_sumnorm", metadata={"choices": FEATURE_MAP_CHOICES})
+    feature_map: Literal[FEATURE_MAP_CHOICES] = redefault(FWPConfig, "feature_map", "elu1_sumnorm")
 
 
 class SlowNetFastWeightLayer(FastWeightLayer):

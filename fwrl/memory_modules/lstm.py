@@ -13,19 +13,17 @@ bias (Gers et al. 2000; Jozefowicz et al. 2015 recommend 1) lets it through.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, zero_rows
 
 
-@dataclass
 class LSTMConfig(CoreConfig):
-    hidden_size: int = 256
-    num_layers: int = 1
-    forget_bias: float = 0.0  # added to the forget gate's input bias (gate order i, f, g, o)
+    hidden_size: int = Field(256, ge=1, description="LSTM units")
+    num_layers: int = Field(1, ge=1, description="stacked LSTM layers")
+    forget_bias: float = Field(0.0, description="added to the forget gate's input bias; 0: PyTorch's init")
 
 
 class LSTMCore(Core):

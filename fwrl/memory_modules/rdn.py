@@ -29,7 +29,7 @@ paper (3.4 M parameters) is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -39,15 +39,12 @@ from fwrl.kernels.reference.feature_maps import feature_dim
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
+from fwrl.utils.settings import redefault
 
-LARGE_ATARI_OPTIONS = {"num_layers": 4, "hidden_size": 256, "num_heads": 8, "head_dim": 32}
-
-
-@dataclass
 class RDNConfig(FWPConfig):
     """FWPConfig with softmax features by default (REFERENCE §2)."""
 
-    feature_map: str = field(default="softmax", metadata={"choices": FEATURE_MAP_CHOICES})
+    feature_map: Literal[FEATURE_MAP_CHOICES] = redefault(FWPConfig, "feature_map", "softmax")
 
 
 class RDNLayer(FastWeightLayer):

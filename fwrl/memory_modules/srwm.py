@@ -37,9 +37,10 @@ Initialisation: W_y, W_q, W_k, w_b ~ N(0, std 1/sqrt(d)) (REFERENCE §2).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fwrl.errors import FwrlError
@@ -48,37 +49,37 @@ from fwrl.kernels.reference.srwm import INPUT_MAPS, NUM_RATES
 from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.memory_modules.base import State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
+from fwrl.utils.settings import redefault
 
 OFFSET_KEYS = ("Wy", "Wq", "Wk", "wb")
 
 
-@dataclass
 class SRWMConfig(FWPConfig):
-    """Options of the SRWM cores; defaults are paper 002's ProcGen settings (Sec. 4.3)."""
+    """Options of the SRWM cores; defaults are paper 002's ProcGen settings (Sec. 4.3).
 
-    num_heads: int = 8
-    head_dim: int = 16
+    The layer splits the residual stream into heads: hidden_size = num_heads * head_dim.
+    """
+
+    num_heads: int = redefault(FWPConfig, "num_heads", 8)
+    head_dim: int = redefault(FWPConfig, "head_dim", 16)
     # phi for the generated query/key (Eq. 6-8) and for the Delta Net's q, k
     # in sr_delta_net: a softmax, as in the authors' RL runs (REFERENCE §2).
-    feature_map: str = field(default="softmax", metadata={"choices": ("softmax",)})
-    pre_norm: bool = False
+    feature_map: Literal["softmax"] = redefault(FWPConfig, "feature_map", "softmax")
+    pre_norm: bool = redefault(FWPConfig, "pre_norm", False)
     # phi applied to the layer input in Eq. 5: softmax in RL, identity in the
     # supervised experiments (App. B). The authors' RL code fed Fake SR the
     # raw residual stream (identity); fwrl follows the paper by default.
-    input_map: str = field(default="softmax", metadata={"choices": INPUT_MAPS})
+    input_map: Literal[INPUT_MAPS] = Field("softmax", description="phi applied to the layer input, Eq. 5")
 
-
-def _check_config(name: str, config: SRWMConfig) -> SRWMConfig:
-    for key in ("num_heads", "head_dim", "num_layers"):
-        if getattr(config, key) < 1:
-            raise FwrlError(f"core {name!r} option {key} must be at least 1, got {getattr(config, key)}.")
-    if config.num_heads * config.head_dim != config.hidden_size:
-        raise FwrlError(
-            f"core {name!r} splits the hidden vector into heads, so hidden_size must equal "
-            f"num_heads * head_dim; got hidden_size={config.hidden_size}, num_heads="
-            f"{config.num_heads}, head_dim={config.head_dim}."
-        )
-    return config
+    @model_validator(mode="after")
+    def _heads_split_hidden(self) -> "SRWMConfig":
+        if self.num_heads * self.head_dim != self.hidden_size:
+            raise FwrlError(
+                "the SRWM cores split the hidden vector into heads, so hidden_size must equal "
+                f"num_heads * head_dim; got hidden_size={self.hidden_size}, num_heads="
+                f"{self.num_heads}, head_dim={self.head_dim}."
+            )
+        return self
 
 
 def _normal_(param: Tensor, head_dim: int) -> Tensor:
@@ -206,17 +207,14 @@ class FakeSRLayer(FastWeightLayer):
 
 @register_core("srwm", SRWMConfig, "self-referential weight matrix, four learning rates (paper 002)")
 def _build_srwm(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
-    config = _check_config("srwm", config)
     return FWPTransformerCore(input_size, config, lambda c, i: SRWMLayer(c))
 
 
 @register_core("fake_sr", SRWMConfig, "SRWM without self-modification: y = W_y phi(x) (paper 002)")
 def _build_fake_sr(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
-    config = _check_config("fake_sr", config)
     return FWPTransformerCore(input_size, config, lambda c, i: FakeSRLayer(c))
 
 
 @register_core("sr_delta_net", SRWMConfig, "Delta Net whose slow projection is an SRWM (paper 002 App. C.1)")
 def _build_sr_delta_net(input_size: int, config: SRWMConfig) -> FWPTransformerCore:
-    config = _check_config("sr_delta_net", config)
     return FWPTransformerCore(input_size, config, lambda c, i: SRDeltaNetLayer(c))

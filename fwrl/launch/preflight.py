@@ -1,0 +1,43 @@
+"""Checks of a training config that need the env, the model or the machine, made before
+any process starts or any file is written (``fwrl train``, ``fwrl bench throughput``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from fwrl.envs.registry import EnvInfo, describe_env
+from fwrl.envs.spec import parse_env_spec
+from fwrl.errors import FwrlError, missing_dependency
+from fwrl.launch.agent import build_model, pick_device
+from fwrl.launch.config import TrainConfig
+
+
+def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
+    """Raise FwrlError for anything that would stop ``config`` from training here; return the env's info.
+
+    Checks the env (family, games, options, its optional dependency), the
+    device, that the stem suits the observations and the core builds for
+    them (on the meta device: nothing is allocated), the worker count of a
+    multi-task env, ``load_vision_from`` (read only by a new run, not on
+    ``resume``), the Ray backend's dependency, user env wrappers (importable, callable) and that
+    ``inference_graph`` has a CUDA device.
+    """
+    info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+    device = pick_device(config.device)
+    if config.inference_graph and device.type != "cuda":
+        raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "
+                        f"{config.device!r} is {device} here.")
+    with torch.device("meta"):
+        build_model(config, info)
+    games = parse_env_spec(config.env).num_tasks
+    if config.num_workers < games:
+        raise FwrlError(f"env {config.env!r} has {games} games and worker i runs game i mod {games}, so "
+                        f"num_workers must be at least {games}; got num_workers={config.num_workers}.")
+    if config.load_vision_from and not resume and not Path(config.load_vision_from).is_file():
+        raise FwrlError(f"setting load_vision_from={config.load_vision_from!r}: no such checkpoint file.")
+    if config.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise missing_dependency("ray", "ray", "--backend ray")
+    return info

@@ -1,0 +1,125 @@
+"""The package's import graph: layers in one direction, no cycles (imports read with ``ast``).
+
+Layers, lowest first: ``fwrl`` itself, ``fwrl.errors`` and ``fwrl.utils`` <
+``envs`` < ``kernels`` < ``memory_modules`` < ``agents`` < ``launch``. Data flows
+one way (envs -> agents -> launch): a module may import its own layer and
+lower ones, never a higher one, and no set of modules imports each other in
+a circle (imports inside functions count too: they are cycles all the same).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fwrl"
+LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch")
+RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str) -> set[str]:
+    """The fwrl modules ``name`` imports (``from fwrl.x import y`` counts y when y is a module)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_has_a_layer():
+    assert set(RANK) == set(LAYERS)
+    unknown = sorted(name for name in MODULES if layer(name) not in RANK)
+    assert not unknown, f"modules outside the known layers: {unknown}"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import of a higher layer."""
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                  if RANK[layer(target)] > RANK[layer(name)])
+
+
+def test_no_module_imports_a_higher_layer():
+    violations = upward_imports(GRAPH)
+    assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+def test_the_checks_catch_cycles_and_upward_imports():
+    """The checks themselves, on graphs with the faults this package had (and on the real one)."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.launch.rundir", "fwrl.utils.files"}}) == [
+        "fwrl.agents.checkpoint -> fwrl.launch.rundir"]
+    assert {"fwrl.launch.run_metrics", "fwrl.launch.agent"} <= GRAPH["fwrl.launch.train"]
+    assert "fwrl.utils.files" in GRAPH["fwrl.agents.checkpoint"]  # relative and from-imports resolve
+    assert "fwrl.envs.backends" in GRAPH["fwrl.launch.eval_episodes"]

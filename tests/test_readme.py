@@ -1,0 +1,73 @@
+"""README.md says what the CLI does: its commands parse, its option lists are the real ones,
+and CI runs its test command."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from fwrl.launch.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def readme_commands() -> list[list[str]]:
+    """Every ``fwrl <command> ...`` line of README's bash blocks, as argv (comments cut)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith("fwrl "):
+                commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def parser_options(*command: str) -> set[str]:
+    parser = build_parser()
+    for name in command:
+        parser = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+    return {s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help")}
+
+
+def test_readme_commands_parse():
+    from fwrl.kernels.benchmark import CORES
+
+    commands = readme_commands()
+    assert len(commands) > 15
+    for argv in commands:
+        args, unknown = build_parser().parse_known_args(argv)
+        if argv[:2] == ["bench", "kernels"]:  # its options belong to fwrl.kernels.benchmark
+            if "--core" in unknown:
+                assert unknown[unknown.index("--core") + 1] in CORES, argv
+        else:
+            assert not unknown, argv
+
+
+def test_readme_lists_the_real_options_of_info_evaluate_and_plot():
+    for command, heading in [("info", "### `fwrl info`"), ("evaluate", "### `fwrl evaluate`"),
+                             ("plot", "### `fwrl plot`")]:
+        section = README.split(heading, 1)[1].split("\n### ", 1)[0]
+        listed = set(re.findall(r"`(--[a-z-]+)", section.split("Options: ", 1)[1].split(".", 1)[0]))
+        assert listed == parser_options(command), command
+
+
+def test_readme_flag_table_names_real_train_flags():
+    section = README.split("### `fwrl train`", 1)[1].split("\n### ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("| `--"))
+    listed = set(re.findall(r"`(--[a-z-]+)", table))
+    real = parser_options("train")
+    assert listed <= real, listed - real
+    assert real - listed <= {f"--no-{flag[2:]}" for flag in listed}, real - listed
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_virtualenv():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "-m venv" in script and "/bin/activate" in script
+    extract = next(line for line in script.splitlines() if line.startswith("COMMAND="))
+    found = subprocess.run(["bash", "-c", f'{extract}; printf %s "$COMMAND"'], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    block = README.split("**Run the tests on a fresh machine**", 1)[1].split("```bash\n", 1)[1].split("\n```")[0]
+    assert found == block.strip() and found.endswith("python -m pytest")
