@@ -101,14 +101,8 @@ def _warn_fallback(layer: str, kernel: str, reason: str) -> None:
 
 def _kernel_module(kernel: str) -> tuple[Any, str | None]:
     """(``fwrl.kernels.triton.<kernel>``, None), or (None, why it cannot be imported)."""
-    name = f"fwrl.kernels.triton.{kernel}"
     try:
-        return importlib.import_module(name), None
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None, "there is no fused Triton kernel for it yet"
-        return None, (f"Triton is not importable ({exc}; install it with "
-                      "pip install 'fwrl[kernels]')")
+        return importlib.import_module(f"fwrl.kernels.triton.{kernel}"), None
     except ImportError as exc:
         return None, (f"Triton is not importable ({exc}; install it with "
                       "pip install 'fwrl[kernels]')")
