@@ -122,6 +122,43 @@ def test_odd_head_dims_and_row_blocks(rule):
         _assert_matches(ref, got, label=f"{feature_map} split={split}")
 
 
+@pytest.mark.parametrize("dim,split", [(64, 4), (32, 8)])
+def test_rows_split_over_programs(dim, split):
+    """W's rows over ``split`` programs per (batch, head) (16 and 4 rows each), the dq / dk
+    partials added afterwards: the same values and gradients, with resets."""
+    T = 3
+    inputs = _inputs(T, 1, 1, dim, seed=dim)
+    reset = torch.tensor([[False], [True], [False]])
+    g = torch.Generator().manual_seed(dim)
+    grads = (torch.randn(T, 1, 1, dim, generator=g, dtype=torch.float64),
+             torch.randn(1, 1, dim, dim, generator=g, dtype=torch.float64))
+    kwargs = dict(rule="delta", feature_map="softmax", grad_mode="full")
+    assert K._block_sizes(dim, dim, split)[1] == dim // split
+    ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+    got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32, split=split,
+               **kwargs)
+    _assert_matches(ref, got, label=f"dim={dim} split={split}")
+
+
+def test_auto_split_fills_the_sms(monkeypatch):
+    """auto: the fewest programs per (batch, head) that give one per SM (132 on an H100),
+    keeping at least 16 rows each; 1 off CUDA."""
+
+    class H100:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: H100)
+    cuda = torch.device("cuda")
+    assert K.choose_split("auto", 32 * 4, 32, cuda) == 2  # 128 programs < 132
+    assert K.choose_split("auto", 32 * 8, 32, cuda) == 1  # 256 already
+    assert K.choose_split("auto", 8 * 2, 64, cuda) == 4  # 16 -> 64 programs, 16 rows each
+    assert K.choose_split("auto", 32 * 4, 16, cuda) == 1  # 8 rows would be too few
+    assert K.choose_split("auto", 32 * 4, 32, torch.device("cpu")) == 1
+    assert K.choose_split(4, 32 * 8, 32, cuda) == 4
+    with pytest.raises(Exception, match="split"):
+        K.choose_split(3, 1, 32, cuda)
+
+
 def test_dpfp_applied_outside_the_kernel():
     T = 3
     q, k, v, beta, _ = _inputs(T, 1, 1, 8, 16, seed=2)

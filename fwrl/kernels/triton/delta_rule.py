@@ -374,7 +374,7 @@ def delta_rule_triton(
     rule: str = "delta",
     feature_map: str = "elu1_sumnorm",
     grad_mode: str = "full",
-    split: int | str = "auto",
+    split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
     """Fused sum / delta rule (paper 001 Eq. 20-25); returns (y [T,B,H,Dv] in v's
     dtype, W_T [B,H,Dv,Dk] fp32).
@@ -382,7 +382,9 @@ def delta_rule_triton(
     Same arguments as ``delta_rule_reference``; the state is always fp32.
     ``split`` (1, 2, 4, 8 or "auto"): programs per (batch, head), each owning a
     block of W's rows (see the module docstring); results do not depend on it
-    beyond the order of the dq / dk additions.
+    beyond the order of the dq / dk additions. The default, 1, is what training
+    runs until GPU timings (``fwrl bench kernels --split 1 2 4 auto``) show
+    another to be faster.
     """
     if rule not in RULES:
         raise unknown_choice("fast-weight rule", rule, RULES)
