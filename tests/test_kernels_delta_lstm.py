@@ -86,8 +86,8 @@ def test_odd_and_largest_head_dims_and_partial_losses(d):
 
 def test_split_sequence_equals_one_call():
     T, T1 = 6, 3
-    inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
-    reset = resets(T, 2, "mid")
+    inputs = [t.float() for t in _inputs(T, 1, 2, 16, seed=8)]
+    reset = resets(T, 1, "mid")
     grads = [g.float() for g in _grads(inputs, 3)]
 
     def loss_of(outs):

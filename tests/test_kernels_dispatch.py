@@ -163,3 +163,52 @@ def test_cores_name_their_layers(core_name, caplog):
     expected = 4 if core_name == "sr_delta_net" else 2  # SR-DeltaNet: SRWM + delta rule
     assert len(logs) == expected and len(layers) == 2, logs
     assert all("Layer@0x" in m for m in logs)
+
+
+# --------------------------------------------------------------------------- GPU only
+
+
+def _kernel_and_args(core):
+    """The compiled ``<core>_triton`` with flat outputs, and its inputs at a small shape."""
+    from fwrl.kernels import benchmark
+
+    fn = getattr(load_kernel_module(core, interpret=False), f"{core}_triton")
+    if core == "srwm":
+        fn = benchmark._flat_srwm(fn)
+    *tensors, reset = benchmark._inputs(core, (4, 9, 2, 16), torch.float32, "cuda", seed=3)
+    reset[0, 0] = reset[4, 1] = reset[5, 1] = True  # episode ends inside: replays in backward
+    return fn, tensors, reset
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("core", ["delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"])
+def test_cuda_call_has_no_host_sync_and_is_graph_capturable(core):
+    """Forward and backward of a whole call, with resets inside: no device-to-host copy
+    (sync debug mode "error"), and the same gradients when captured in a CUDA graph."""
+    fn, tensors, reset = _kernel_and_args(core)
+    leaves = [t.clone().requires_grad_() for t in tensors]
+
+    def step():
+        outs = fn(*leaves, reset)
+        loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs))
+        return torch.autograd.grad(loss, leaves)
+
+    eager = step()  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):  # cuBLAS (dR, dS GEMMs) may pick another algorithm
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)

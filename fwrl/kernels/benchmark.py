@@ -401,7 +401,7 @@ def _cores(args) -> list[str]:
     return list(CORES) if "all" in args.core else list(dict.fromkeys(args.core))
 
 
-def run(args) -> list[dict]:
+def run(args: argparse.Namespace) -> list[dict]:
     """Time every selected core, shape, dtype and implementation; one dict per row."""
     if args.dry_run:
         device = torch.device("cpu")
