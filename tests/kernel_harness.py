@@ -159,10 +159,16 @@ def compile_sm90(
     constants, those in ``ints`` are i32, the rest pointers (``pointer_types`` or ``*fp32``).
 
     Pointers are marked 16-byte aligned, as Triton's launcher specialises them for
-    tensors whose address is (the wrappers pass only such tensors: ``common.aligned``).
+    tensors whose address is (the wrappers pass only such tensors: ``common.aligned``);
+    the options are those of every launch (``common.launch_options`` of the kernel's
+    own package copy: importing ``fwrl.kernels.triton`` here, under the tests'
+    TRITON_INTERPRET=1, would build the package GPU code imports for the interpreter).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    package = kernel.fn.__module__.rpartition(".")[0]
+    launch_options = sys.modules[f"{package}.common"].launch_options
 
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
@@ -175,7 +181,7 @@ def compile_sm90(
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options={"num_warps": num_warps, "enable_fp_fusion": True})
+                          options=launch_options(num_warps))
 
 
 def stack_and_local_bytes(compiled) -> tuple[int, int]:

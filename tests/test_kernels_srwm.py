@@ -261,9 +261,11 @@ def test_cuda_matches_reference(d, dy, monkeypatch):
 
 
 # Shipped configurations: SRWM and SR-DeltaNet at the preset head dim 16, both at
-# d = 32 (SR-DeltaNet's Dy = 3d + 1 = 97), and the SRWM at its largest head dim, 64.
+# d = 32 (SR-DeltaNet's Dy = 3d + 1 = 97), SR-DeltaNet at d = 20 (the one block
+# shape, 32 x 64, that needs fewer forward warps) and the SRWM at its largest head
+# dim, 64.
 COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16"), (32, 97, "bf16"),
-                 (32, 97, "fp32"), (64, 64, "bf16")]
+                 (32, 97, "fp32"), (20, 61, "bf16"), (64, 64, "bf16")]
 # The integer arguments of this module's kernels are i32 (D, DY, NREC are constants).
 _compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
 

@@ -223,6 +223,19 @@ def aligned(x: Tensor) -> Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+def launch_options(num_warps: int) -> dict:
+    """Options of every kernel launch (and of the sm_90 spill checks).
+
+    ``maxnreg``: as many registers per thread as a block of ``num_warps`` can have
+    (255 up to 8 warps). Left to itself, ptxas sometimes caps a kernel at 64 or
+    128 registers to fit more blocks per SM and spills a few bytes; these kernels
+    keep their state in registers and run one or two programs per SM, so they
+    take the registers instead.
+    """
+    return dict(num_warps=num_warps, maxnreg=min(255, 65536 // (32 * num_warps)),
+                enable_fp_fusion=True)
+
+
 def warps_for(elements: int, per_warp: int, low: int = 1, high: int = 8) -> int:
     """A power of two of warps, ``elements / per_warp`` clamped to [low, high]."""
     return min(high, max(low, triton.next_power_of_2(max(1, elements // per_warp))))

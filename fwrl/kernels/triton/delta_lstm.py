@@ -58,7 +58,7 @@ from fwrl.kernels.reference.delta_rnn import RECURRENT_SOFTMAX_EPS
 
 from .common import (
     _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _softmax,
-    _softmax_backward, _sum, _vecmat, aligned, replay_starts, tensor_reasons,
+    _softmax_backward, _sum, _vecmat, aligned, launch_options, replay_starts, tensor_reasons,
 )
 
 NUM_MATRICES = len(MATRICES)  # 6
@@ -338,7 +338,7 @@ def _forward(q, k, v, beta, W0, c0, y0, reset, *, store: bool):
     rec = torch.empty(T, B, H, 11 * D, device=dev, dtype=torch.float32) if store else WT
     _forward_kernel[(B * H,)](
         q, k, v, beta, W0, c0, y0, reset8, y, WT, cT, yT, rec, T, B, H, D,
-        BD=bd, STORE=store, REPS=RECURRENT_SOFTMAX_EPS, num_warps=warps, enable_fp_fusion=True,
+        BD=bd, STORE=store, REPS=RECURRENT_SOFTMAX_EPS, **launch_options(warps),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, cT, yT, (reset8, starts, rec)
@@ -358,7 +358,7 @@ def _backward(q, k, v, beta, W0, records, WT, dy, dWT, dcT, dyT, *, full: bool,
         q, k, beta, W0, reset8, starts, rec, WT, aligned(dy), aligned(dWT), aligned(dcT),
         aligned(dyT), dq, dk, dv, dbeta, dW0, dc0, dy0, rebuilt, T, B, H, D,
         BD=bd, FULL=full, WRITE_REBUILT=rebuild, REPS=RECURRENT_SOFTMAX_EPS,
-        num_warps=warps, enable_fp_fusion=True,
+        **launch_options(warps),
     )
     grads = (dq, dk, dv, dbeta, dW0, dc0, dy0)
     return grads + (rebuilt,) if rebuild else grads

@@ -47,7 +47,8 @@ from fwrl.kernels.reference.feature_maps import (
 
 from .common import (
     FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _recurrent_softmax,
-    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, replay_starts, tensor_reasons,
+    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, replay_starts,
+    tensor_reasons,
 )
 
 # Largest head dim (and key feature size) the kernels run without spilling
@@ -241,7 +242,7 @@ def _forward(q, k, v, beta, kr, vr, betar, W0, R0, h0, reset, *, fmap: int, stor
         q, k, v, beta, kr, vr, betar, W0, R0, h0, reset8,
         y, WT, RT, hT, rec, T, B, H, D, DK,
         BD=bd, BK=bk, FMAP=fmap, STORE=store, EPS=SUM_NORM_EPS, REPS=RECURRENT_SOFTMAX_EPS,
-        num_warps=warps, enable_fp_fusion=True,
+        **launch_options(warps),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, RT, hT, (reset8, starts, rec)
@@ -261,7 +262,7 @@ def _backward(q, k, v, beta, kr, vr, betar, W0, R0, records, WT, RT, dy, dWT, dR
         aligned(dy), aligned(dWT), aligned(dRT), aligned(dhT),
         *grads, dW0, dR0, dh0, *rebuilt, T, B, H, D, DK,
         BD=bd, BK=bk, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS,
-        REPS=RECURRENT_SOFTMAX_EPS, num_warps=warps, enable_fp_fusion=True,
+        REPS=RECURRENT_SOFTMAX_EPS, **launch_options(warps),
     )
     out = (*grads, dW0, dR0, dh0)
     return out + rebuilt if rebuild else out

@@ -54,7 +54,7 @@ from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS, apply_feature_map,
 
 from .common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat,
-    aligned, replay_starts, tensor_reasons, warps_for,
+    aligned, launch_options, replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
@@ -267,7 +267,7 @@ def _forward(q, k, v, beta, W0, reset, *, delta, fmap, store, split=1):
         y, WT, rec,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, STORE=store, EPS=SUM_NORM_EPS,
-        num_warps=num_warps, enable_fp_fusion=True,
+        **launch_options(num_warps),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, (reset8, starts, rec)
@@ -296,7 +296,7 @@ def _backward(q, k, v, beta, W0, records, WT, dy, dWT, *, delta, fmap, full,
         dq, dk, dv, dbeta if delta else dW0, dW0, rebuilt,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, FULL=full, FUSE_FMAP=fuse,
-        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, num_warps=num_warps, enable_fp_fusion=True,
+        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps),
     )
     if not fuse:
         dq = _feature_map_backward(q, dq, fmap)
@@ -313,8 +313,7 @@ def _feature_map_backward(x: Tensor, dphi_parts: Tensor, fmap: int) -> Tensor:
     n = T * B * H
     _feature_map_backward_kernel[(n,)](
         x, dphi_parts, dx, n, nv, D,
-        BD=max(16, triton.next_power_of_2(D)), FMAP=fmap, EPS=SUM_NORM_EPS, num_warps=1,
-        enable_fp_fusion=True,
+        BD=max(16, triton.next_power_of_2(D)), FMAP=fmap, EPS=SUM_NORM_EPS, **launch_options(1),
     )
     return dx
 

@@ -47,7 +47,7 @@ from fwrl.kernels.reference.rdn import GRAD_MODES
 
 from .common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
-    aligned, replay_starts, tensor_reasons,
+    aligned, launch_options, replay_starts, tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
@@ -217,7 +217,7 @@ def _forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, *, fmap: int, store:
         xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset8,
         y, WT, hT, rec, T, B, H, D,
         BD=bd, FMAP=fmap, STORE=store, EPS=SUM_NORM_EPS,
-        num_warps=warps, enable_fp_fusion=True,
+        **launch_options(warps),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, hT, (reset8, starts, rec)
@@ -237,7 +237,7 @@ def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, records, WT, dy, dWT, dhT, *, 
         Rq, Rk, Rv, rb, W0, reset8, starts, rec, WT, aligned(dy), aligned(dWT),
         aligned(dhT), dxq, dxk, dxv, dxb, dW0, dh0, rebuilt, T, B, H, D,
         BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
-        EPS=SUM_NORM_EPS, num_warps=warps, enable_fp_fusion=True,
+        EPS=SUM_NORM_EPS, **launch_options(warps),
     )
     # dR = sum over (t, b) of dz s^T: one batched GEMM per matrix over the records.
     s = rec[..., 3 * D : 4 * D]

@@ -40,7 +40,7 @@ The kernel writes g and dz per step (fp32); dS, a sum of outer products over
 (t, b), is two batched GEMMs over those records in PyTorch afterwards:
 deterministic, no atomics, and no [R, D] accumulator in registers (which is
 what lets d = 64 and SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without
-spilling).
+spilling; ``WARPS`` lists the block shapes the kernels take).
 """
 
 from __future__ import annotations
@@ -55,19 +55,23 @@ from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.srwm import GRAD_MODES, INPUT_MAPS, NUM_RATES
 
 from .common import (
-    _matvec, _sigmoid, _softmax, _softmax_backward, _sum, _vecmat, aligned, replay_starts,
-    tensor_reasons, warps_for,
+    _matvec, _sigmoid, _softmax, _softmax_backward, _sum, _vecmat, aligned, launch_options,
+    replay_starts, tensor_reasons,
 )
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
-# Largest head dim, and largest padded matrix ((BY + 2 BD + 4) x BD elements),
-# the kernels run without spilling registers on sm_90 (checked by
-# tests/test_kernels_srwm.py): the SRWM at d = 64 (12544) and SR-DeltaNet's
-# Dy = 3d + 1 = 97 at d = 32 (6272) fit; SR-DeltaNet at d = 64 (Dy = 193,
-# 24832) does not.
 MAX_HEAD_DIM = 64
-MAX_MATRIX_ELEMENTS = 12544
+# Warps (forward, backward) per padded block shape (BD, BY) = (head dim, rows of
+# W^y), each compiled for sm_90 without spilling registers (the shipped shapes
+# are checked by tests/test_kernels_srwm.py). It covers the
+# SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
+# shapes (SR-DeltaNet at d = 64: Dy = 193, a 388 x 64 matrix) run on the
+# reference. ptxas picks few registers per thread for some many-warp layouts
+# and spills, hence per-shape choices rather than a formula.
+WARPS = {(16, 16): (1, 4), (16, 32): (1, 4), (16, 64): (1, 4), (32, 16): (4, 4),
+         (32, 32): (4, 4), (32, 64): (2, 4), (32, 128): (4, 8), (64, 16): (4, 8),
+         (64, 32): (4, 8), (64, 64): (8, 8)}
 
 
 @triton.jit
@@ -334,14 +338,15 @@ def _backward_kernel(
         tl.store(REBUILT + base + pb, Wb, mask=mwb)
 
 
+def _padded(d: int, dy: int) -> tuple[int, int]:
+    """(BD, BY): the head dim and the rows of W^y padded to powers of two (16 at least)."""
+    return max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dy))
+
+
 def _block_sizes(d: int, dy: int) -> tuple[int, int, int, int]:
-    """(BD, BY, forward warps, backward warps) for head dim d and Dy rows of W^y."""
-    bd = max(16, triton.next_power_of_2(d))
-    by = max(16, triton.next_power_of_2(dy))
-    elements = (by + 2 * bd + NUM_RATES) * bd
-    # Fewer warps for the backward: its vectors are replicated across warps, so
-    # more warps cost more registers per thread than they save on the matrices.
-    return bd, by, warps_for(elements, 512), warps_for(elements, 1024, low=4)
+    """(BD, BY, forward warps, backward warps) for head dim d and Dy rows of W^y (WARPS)."""
+    bd, by = _padded(d, dy)
+    return (bd, by, *WARPS[(bd, by)])
 
 
 def _num_records(d: int, dy: int) -> int:
@@ -362,7 +367,7 @@ def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, stor
     _forward_kernel[(B * H,)](
         x, S, O0, reset8, y, OT, rec,
         T, B, H, D, DY, nrec,
-        BD=bd, BY=by, FMAP=fmap, STORE=store, num_warps=warps, enable_fp_fusion=True,
+        BD=bd, BY=by, FMAP=fmap, STORE=store, **launch_options(warps),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, OT, (reset8, starts, rec)
@@ -384,7 +389,7 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
         dx, dO0, dg, dz, rebuilt,
         T, B, H, D, DY, _num_records(D, DY),
         BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
-        num_warps=warps, enable_fp_fusion=True,
+        **launch_options(warps),
     )
     # dS = sum over (t, b) of g (q - k)^T + dz x^T: two batched GEMMs per head.
     qk = rec[..., R : R + D] - rec[..., R + D : R + 2 * D]
@@ -434,12 +439,12 @@ def supports(
     for name, t, rows in (("W_q", W_q, D), ("W_k", W_k, D), ("w_b", w_b, NUM_RATES)):
         if tuple(t.shape) != (H, rows, D):
             return f"{name} has shape {tuple(t.shape)}; expected {(H, rows, D)}"
-    bd, by, _, _ = _block_sizes(D, W_y.shape[1])
-    if (by + 2 * bd + NUM_RATES) * bd > MAX_MATRIX_ELEMENTS:
+    bd, by = _padded(D, W_y.shape[1])
+    if (bd, by) not in WARPS:
         return (f"the SRWM matrix of {W_y.shape[1] + 2 * D + NUM_RATES} x {D} (padded "
-                f"{by + 2 * bd + NUM_RATES} x {bd}) is larger than the {MAX_MATRIX_ELEMENTS} "
-                "elements the kernel keeps in registers (use a smaller head_dim: SR-DeltaNet "
-                "runs fused up to head_dim 32, the SRWM up to 64)")
+                f"{by + 2 * bd + NUM_RATES} x {bd}) is not one the kernel keeps in registers "
+                "(use a smaller head_dim: SR-DeltaNet runs fused up to head_dim 32, the SRWM "
+                "up to 64)")
     return tensor_reasons((("x", x), ("W_y", W_y), ("W_q", W_q), ("W_k", W_k), ("w_b", w_b)))
 
 
