@@ -67,8 +67,8 @@ MAX_HEAD_DIM = 64
 # are checked by tests/test_kernels_srwm.py). It covers the
 # SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
 # shapes (SR-DeltaNet at d = 64: Dy = 193, a 388 x 64 matrix) run on the
-# reference. ptxas picks few registers per thread for some many-warp layouts
-# and spills, hence per-shape choices rather than a formula.
+# reference. The backward takes few warps: its per-row vectors are replicated
+# across warps, so more warps cost registers rather than save them.
 WARPS = {(16, 16): (1, 4), (16, 32): (1, 4), (16, 64): (1, 4), (32, 16): (4, 4),
          (32, 32): (4, 4), (32, 64): (2, 4), (32, 128): (4, 8), (64, 16): (4, 8),
          (64, 32): (4, 8), (64, 64): (8, 8)}
