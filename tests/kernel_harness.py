@@ -1,12 +1,16 @@
 """Shared pieces of the fused Triton kernel tests (``tests/test_kernels_*.py``).
 
-The kernels run on CPU through the Triton interpreter: ``load_kernel_module``
-imports a private copy of ``fwrl.kernels.triton.<kernel>`` with
-``TRITON_INTERPRET=1`` set only while it loads (so the module other tests
-import is left compiled for GPUs), and each test module sets the variable per
-test with the autouse ``_interpret`` fixture (imported from here). Every kernel
-module gets its own interpreted copy (``_fwrl_<kernel>_interpreted``), separate
-from the compiled one (``_fwrl_<kernel>_compiled``). The compile-only checks
+The kernels run on CPU through the Triton interpreter. ``load_kernel_module``
+loads the whole ``fwrl/kernels/triton`` package (the shared ``common`` module
+included) a second time, under a private package name, with
+``TRITON_INTERPRET=1`` set only while it loads: the kernel modules import their
+helpers relatively (``from .common import ...``), so the private copy of a
+kernel uses the private copy of the helpers, and one source file serves both.
+The package other code imports (``fwrl.kernels.triton``) is left compiled for
+GPUs. Two private packages exist: ``_fwrl_triton_interpreted`` (built for the
+interpreter) and ``_fwrl_triton_compiled`` (for GPUs: the compile-only sm_90
+checks, and GPU runs). Each test module sets the variable per test with the
+autouse ``_interpret`` fixture (imported from here). The compile-only checks
 build kernels for sm_90 without a GPU and read their spill space with cuobjdump.
 
 Imported by the test modules (pytest puts ``tests/`` on ``sys.path``); its name
@@ -15,6 +19,7 @@ does not start with ``test_``, so it is not collected itself.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -31,23 +36,38 @@ triton = pytest.importorskip("triton")
 _KERNEL_DIR = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels", "triton")
 
 
+def _private_package(name: str) -> ModuleType:
+    """The package ``fwrl/kernels/triton`` registered as ``name`` (its submodules load on import)."""
+    if name not in sys.modules:
+        init = os.path.join(_KERNEL_DIR, "__init__.py")
+        spec = importlib.util.spec_from_file_location(name, init,
+                                                      submodule_search_locations=[_KERNEL_DIR])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        spec.loader.exec_module(package)
+    return sys.modules[name]
+
+
 def load_kernel_module(kernel: str, interpret: bool) -> ModuleType:
-    """A private copy of ``fwrl/kernels/triton/<kernel>.py``, built for the interpreter
-    (``interpret=True``) or for GPUs; the caller's ``TRITON_INTERPRET`` is restored."""
-    name = f"_fwrl_{kernel}_{'interpreted' if interpret else 'compiled'}"
+    """``fwrl/kernels/triton/<kernel>.py`` from a private copy of the package, built for the
+    interpreter (``interpret=True``) or for GPUs; the caller's ``TRITON_INTERPRET`` is restored.
+
+    Its ``common`` module is loaded into the same private package (under the same
+    setting) the first time a kernel of that package imports it.
+    """
+    package = f"_fwrl_triton_{'interpreted' if interpret else 'compiled'}"
     old = os.environ.pop("TRITON_INTERPRET", None)
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        path = os.path.join(_KERNEL_DIR, f"{kernel}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        _private_package(package)
+        module = importlib.import_module(f"{package}.{kernel}")
     finally:
         os.environ.pop("TRITON_INTERPRET", None)
         if old is not None:
             os.environ["TRITON_INTERPRET"] = old
+    common = sys.modules[f"{package}.common"]
+    assert common.INTERPRETED == interpret, f"{package}.common was built for the other mode"
     return module
 
 
@@ -136,21 +156,32 @@ def compile_sm90(
     ints: Collection[str],
 ):
     """Compile a ``@triton.jit`` kernel for sm_90: arguments named in ``constexprs`` are
-    constants, those in ``ints`` are i32, the rest pointers (``pointer_types`` or ``*fp32``)."""
+    constants, those in ``ints`` are i32, the rest pointers (``pointer_types`` or ``*fp32``).
+
+    Pointers are marked 16-byte aligned, as Triton's launcher specialises them for
+    tensors whose address is (the wrappers pass only such tensors: ``common.aligned``);
+    the options are those of every launch (``common.launch_options`` of the kernel's
+    own package copy: importing ``fwrl.kernels.triton`` here, under the tests'
+    TRITON_INTERPRET=1, would build the package GPU code imports for the interpreter).
+    """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature = {}
-    for name in kernel.arg_names:
+    package = kernel.fn.__module__.rpartition(".")[0]
+    launch_options = sys.modules[f"{package}.common"].launch_options
+
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in ints:
             signature[name] = "i32"
         else:
             signature[name] = pointer_types.get(name, "*fp32")
-    source = ASTSource(kernel, signature, constexprs=constexprs)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options={"num_warps": num_warps, "enable_fp_fusion": True})
+                          options=launch_options(num_warps))
 
 
 def stack_and_local_bytes(compiled) -> tuple[int, int]:

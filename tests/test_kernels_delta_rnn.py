@@ -116,6 +116,18 @@ def test_split_sequence_equals_one_call():
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
+def test_head_dim_64():
+    """The largest supported head dim, with a reset at t = 1 (the backward replays the
+    one-step segment before it from W0, R0)."""
+    T = 3
+    inputs = _inputs(T, 1, 1, 64, seed=64)
+    reset = torch.tensor([[False], [True], [False]])
+    grads = _grads(inputs, 64)
+    ref = _run(delta_rnn_reference, inputs, reset, grads)
+    got = _run(K.delta_rnn_triton, inputs, reset, grads, dtype=torch.float32)
+    _assert_matches(ref, got, label="d=64")
+
+
 def test_reversal_rebuilds_the_initial_state():
     """Undoing 100 updates of W and R from the fp32 records gives back W0, R0."""
     T = 100
@@ -123,7 +135,7 @@ def test_reversal_rebuilds_the_initial_state():
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, WT, RT, hT, records = K._forward(*inputs, reset, fmap=2, store=True)
     *_, rebuilt_W, rebuilt_R = K._backward(
-        *inputs[:7], records, WT, RT, torch.zeros_like(y), torch.zeros_like(WT),
+        *inputs[:9], records, WT, RT, torch.zeros_like(y), torch.zeros_like(WT),
         torch.zeros_like(RT), torch.zeros_like(hT), fmap=2, full=True, rebuild=True)
     for rebuilt, init in ((rebuilt_W, inputs[7]), (rebuilt_R, inputs[8])):
         assert (rebuilt - init).abs().max() <= 1e-5 * init.abs().max()
@@ -200,8 +212,10 @@ def test_supports_and_dispatch(monkeypatch):
     assert K.supports(q, k, v, kr, vr) is None
     assert "feature map" in K.supports(q, k, v, kr, vr, feature_map="relu")
     assert "grad_mode" in K.supports(q, k, v, kr, vr, grad_mode="none")
-    big = torch.zeros(2, 1, 1, 64)
-    assert "64" in K.supports(big, big, big, big, big)
+    big = torch.zeros(2, 1, 1, 128)
+    assert "head_dim of at most 64" in K.supports(big, big, big, big, big)
+    d64 = torch.zeros(2, 1, 1, 64)
+    assert K.supports(d64, d64, d64, d64, d64) is None
     assert "128" in K.supports(torch.zeros(2, 1, 1, 32), torch.zeros(2, 1, 1, 32),
                                torch.zeros(2, 1, 1, 32), torch.zeros(2, 1, 1, 32),
                                torch.zeros(2, 1, 1, 32), feature_map="dpfp-2")
@@ -220,7 +234,7 @@ def test_supports_and_dispatch(monkeypatch):
 
 @needs_compiling_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d", [16, 32])
+@pytest.mark.parametrize("d", [16, 32, 64])
 def test_cuda_matches_reference(d, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     delta_rnn_triton = load_kernel_module(KERNEL, interpret=False).delta_rnn_triton
@@ -236,10 +250,12 @@ def test_cuda_matches_reference(d, monkeypatch):
         _assert_matches(ref, [g.cpu() for g in got], atol=1e-4, rtol=1e-3, label=grad_mode)
 
 
-# Shipped configurations: d = 16 and 32 with softmax keys, and dpfp-1 keys at d = 32.
-COMPILE_CASES = [(16, 16, "bf16"), (32, 32, "fp32"), (32, 64, "bf16")]
-# The integer arguments of this module's kernels are i32.
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "D", "DK"))
+# Shipped configurations: d = 16 and 32 with softmax keys, dpfp-1 keys at d = 32, and
+# the largest supported head dim, 64.
+COMPILE_CASES = [(16, 16, "bf16"), (32, 32, "fp32"), (32, 64, "bf16"), (32, 64, "fp32"),
+                 (64, 64, "bf16"), (64, 64, "fp32")]
+# The integer arguments of this module's kernels are i32 (D and DK are constants).
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
 
 
 @needs_compiling_triton
@@ -250,12 +266,11 @@ def test_compiles_for_sm90_without_spills():
         bd, bk, fwd_warps, bwd_warps = C._block_sizes(d, dk)
         io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "KR", "VR", "BETAR", "Y", "DY", "DQ",
                                        "DK_", "DV", "DBETA", "DKR", "DVR", "DBETAR")}
-        io.update(RESET="*i8", SLOT="*i32")
+        io.update(RESET="*i8", START="*i32")
         eps = dict(EPS=1e-5, REPS=1e-6)
-        fwd = _compile_sm90(C._forward_kernel, io, dict(BD=bd, BK=bk, FMAP=2, STORE=True, **eps),
-                            fwd_warps)
-        bwd = _compile_sm90(C._backward_kernel, io,
-                            dict(BD=bd, BK=bk, FMAP=2, FULL=True, WRITE_REBUILT=False, **eps),
+        sizes = dict(D=d, DK=dk, BD=bd, BK=bk, FMAP=2, **eps)
+        fwd = _compile_sm90(C._forward_kernel, io, dict(sizes, STORE=True), fwd_warps)
+        bwd = _compile_sm90(C._backward_kernel, io, dict(sizes, FULL=True, WRITE_REBUILT=False),
                             bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)

@@ -114,12 +114,49 @@ def test_odd_head_dims_and_row_blocks(rule):
     g = torch.Generator().manual_seed(5)
     grads = (torch.randn(T, 1, 2, 24, generator=g, dtype=torch.float64),
              torch.randn(1, 2, 24, 20, generator=g, dtype=torch.float64))
-    for feature_map, block_v in (("elu1_sumnorm", None), ("softmax", 16), ("elu1_sumnorm", 16)):
+    for feature_map, split in (("elu1_sumnorm", 1), ("softmax", 2), ("elu1_sumnorm", 2)):
         kwargs = dict(rule=rule, feature_map=feature_map, grad_mode="full")
         ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
         got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32,
-                   block_v=block_v, **kwargs)
-        _assert_matches(ref, got, label=f"{feature_map} block_v={block_v}")
+                   split=split, **kwargs)
+        _assert_matches(ref, got, label=f"{feature_map} split={split}")
+
+
+@pytest.mark.parametrize("dim,split", [(64, 4), (32, 8)])
+def test_rows_split_over_programs(dim, split):
+    """W's rows over ``split`` programs per (batch, head) (16 and 4 rows each), the dq / dk
+    partials added afterwards: the same values and gradients, with resets."""
+    T = 3
+    inputs = _inputs(T, 1, 1, dim, seed=dim)
+    reset = torch.tensor([[False], [True], [False]])
+    g = torch.Generator().manual_seed(dim)
+    grads = (torch.randn(T, 1, 1, dim, generator=g, dtype=torch.float64),
+             torch.randn(1, 1, dim, dim, generator=g, dtype=torch.float64))
+    kwargs = dict(rule="delta", feature_map="softmax", grad_mode="full")
+    assert K._block_sizes(dim, dim, split)[1] == dim // split
+    ref = _run(delta_rule_reference, inputs, reset, grads, **kwargs)
+    got = _run(K.delta_rule_triton, inputs, reset, grads, dtype=torch.float32, split=split,
+               **kwargs)
+    _assert_matches(ref, got, label=f"dim={dim} split={split}")
+
+
+def test_auto_split_fills_the_sms(monkeypatch):
+    """auto: the fewest programs per (batch, head) that give one per SM (132 on an H100),
+    keeping at least 16 rows each; 1 off CUDA."""
+
+    class H100:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: H100)
+    cuda = torch.device("cuda")
+    assert K.choose_split("auto", 32 * 4, 32, cuda) == 2  # 128 programs < 132
+    assert K.choose_split("auto", 32 * 8, 32, cuda) == 1  # 256 already
+    assert K.choose_split("auto", 8 * 2, 64, cuda) == 4  # 16 -> 64 programs, 16 rows each
+    assert K.choose_split("auto", 32 * 4, 16, cuda) == 1  # 8 rows would be too few
+    assert K.choose_split("auto", 32 * 4, 32, torch.device("cpu")) == 1
+    assert K.choose_split(4, 32 * 8, 32, cuda) == 4
+    with pytest.raises(Exception, match="split"):
+        K.choose_split(3, 1, 32, cuda)
 
 
 def test_dpfp_applied_outside_the_kernel():
@@ -236,6 +273,37 @@ def test_extreme_inputs_stay_finite(rule):
     _assert_matches(ref, got, label="dpfp zero keys")
 
 
+def test_backward_memory_follows_from_shapes():
+    """What the forward keeps for backward has the same sizes whatever the resets (no
+    pre-reset states sized by a count read from the device), and replaying the segments
+    before resets rebuilds the states exactly as the forward made them."""
+    T = 6
+    inputs = [x.float() for x in _inputs(T, 2, 1, 16, seed=6)]
+    kept = {}
+    for pattern in ("none", "mid", "everywhere"):
+        reset = resets(T, 2, pattern)
+        *_, records = K._forward(*inputs, reset, delta=True, fmap=1, store=True)
+        kept[pattern] = [tuple(r.shape) for r in records]
+        assert sum(r.numel() for r in records) == T * 2 * (1 + 1 + 16)  # reset, start, r
+    assert kept["none"] == kept["mid"] == kept["everywhere"]
+
+
+def test_replay_starts():
+    """Per (t, b): for a reset at t >= 1, the start of the segment that ends at t - 1 (the
+    last reset before t, or 0); -1 elsewhere. Against the definition, on random resets."""
+    reset = torch.rand(40, 5, generator=torch.Generator().manual_seed(0)) < 0.3
+    reset[0, 0] = True
+    expected = torch.full(reset.shape, -1, dtype=torch.int32)
+    for b in range(reset.shape[1]):
+        last = 0
+        for t in range(reset.shape[0]):
+            if t >= 1 and reset[t, b]:
+                expected[t, b] = last
+            if reset[t, b]:
+                last = t
+    assert torch.equal(K.replay_starts(reset), expected)
+
+
 def test_inference_path_and_determinism():
     T = 3
     inputs = [x.float() for x in _inputs(T, 2, 1, 16, seed=5)]
@@ -302,9 +370,12 @@ def test_cuda_matches_reference(dim, monkeypatch):
                 _assert_matches(ref, got, atol=1e-4, rtol=1e-3, label=str(kwargs))
 
 
-# Shipped configurations (head dims of the presets and the supported range).
-COMPILE_CASES = [(16, "delta", "bf16"), (32, "delta", "bf16"), (64, "sum", "fp32"),
-                 (128, "delta", "fp32")]
+# Shipped configurations: head dims of the presets and the supported range, split
+# over 1 program per (batch, head) and over the row blocks ``split`` gives
+# (``--split`` of the benchmark, ``auto`` on small grids); (dim, split, rule, dtype).
+COMPILE_CASES = [(16, 1, "delta", "bf16"), (32, 1, "delta", "bf16"), (32, 2, "delta", "bf16"),
+                 (64, 1, "sum", "fp32"), (64, 2, "delta", "bf16"), (64, 4, "delta", "fp32"),
+                 (128, 1, "delta", "fp32"), (128, 8, "delta", "bf16")]
 # The integer arguments of this module's kernels are i32.
 _compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "DK", "DV", "N", "NV", "D"))
 
@@ -314,21 +385,21 @@ def test_compiles_for_sm90_without_spills():
     """Compile-only: the forward/backward kernels for sm_90 (no GPU needed)."""
     skip_without_sm90_toolchain()
     C = load_kernel_module(KERNEL, interpret=False)
-    for dim, rule, dtype in COMPILE_CASES:
-        bk, bv, warps = C._block_sizes(dim, dim, None)
+    for dim, split, rule, dtype in COMPILE_CASES:
+        bk, bv, fwd_warps, bwd_warps = C._block_sizes(dim, dim, split)
         io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
-        io.update(RESET="*i8", SLOT="*i32")
+        io.update(RESET="*i8", START="*i32")
         common = dict(BK=bk, BV=bv, FMAP=1, DELTA=rule == "delta", EPS=1e-5)
-        fwd = _compile_sm90(C._forward_kernel, io, dict(common, STORE=True), warps)
+        fwd = _compile_sm90(C._forward_kernel, io, dict(common, STORE=True), fwd_warps)
         bwd = _compile_sm90(
             C._backward_kernel, io,
-            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), warps,
+            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), bwd_warps,
         )
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (
-                f"{name} kernel for head dim {dim} ({rule}, {dtype}) spills registers: "
-                f"stack {stack} B, local {local} B"
+                f"{name} kernel for head dim {dim}, split {split} ({rule}, {dtype}) spills "
+                f"registers: stack {stack} B, local {local} B"
             )
     fmap_bwd = _compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
                              dict(BD=128, FMAP=1, EPS=1e-5), 1)

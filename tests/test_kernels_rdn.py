@@ -83,6 +83,18 @@ def test_odd_head_dim_and_partial_losses():
         _assert_matches(ref, got, label=which)
 
 
+def test_head_dim_64():
+    """The largest supported head dim (registers laid out for d = 64), with a reset at t = 1
+    (the backward replays the one-step segment before it)."""
+    T = 3
+    inputs = _inputs(T, 1, 1, 64, seed=64)
+    reset = torch.tensor([[False], [True], [False]])
+    grads = _grads(inputs, 64)
+    ref = _run(rdn_reference, inputs, reset, grads)
+    got = _run(K.rdn_triton, inputs, reset, grads, dtype=torch.float32)
+    _assert_matches(ref, got, label="d=64")
+
+
 def test_split_sequence_equals_one_call():
     T, T1 = 8, 3
     inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
@@ -112,7 +124,7 @@ def test_reversal_rebuilds_the_initial_state():
     inputs = [t.float() for t in _inputs(T, 1, 1, 16, seed=21)]
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, WT, hT, records = K._forward(*inputs, reset, fmap=2, store=True)
-    *_, rebuilt = K._backward(*inputs[:8], records, WT, torch.zeros_like(y), torch.zeros_like(WT),
+    *_, rebuilt = K._backward(*inputs[:9], records, WT, torch.zeros_like(y), torch.zeros_like(WT),
                               torch.zeros_like(hT), fmap=2, full=True, rebuild=True)
     W0 = inputs[8]
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
@@ -183,8 +195,8 @@ def test_supports_and_dispatch(monkeypatch):
     assert K.supports(xq, xk, xv, xb, Rq, W0) is None
     assert "dpfp-1" in K.supports(xq, xk, xv, xb, Rq, W0, feature_map="dpfp-1")
     assert "grad_mode" in K.supports(xq, xk, xv, xb, Rq, W0, grad_mode="none")
-    big = torch.zeros(2, 1, 1, 64)
-    assert "64" in K.supports(big, big, big, xb, Rq, W0)
+    big = torch.zeros(2, 1, 1, 128)
+    assert "head_dim of at most 64" in K.supports(big, big, big, xb, Rq, W0)
     assert "dtype" in K.supports(xq.double(), xk, xv, xb, Rq, W0)
     assert "match" in K.supports(xq, xk[..., :8], xv, xb, Rq, W0)
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -200,7 +212,7 @@ def test_supports_and_dispatch(monkeypatch):
 
 @needs_compiling_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d", [16, 32])
+@pytest.mark.parametrize("d", [16, 32, 64])
 def test_cuda_matches_reference(d, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     rdn_triton = load_kernel_module(KERNEL, interpret=False).rdn_triton
@@ -217,10 +229,10 @@ def test_cuda_matches_reference(d, monkeypatch):
 
 
 # Shipped configurations: the Atari defaults (d = 32 at hidden 128 / 4 heads and
-# the larger config) and d = 16.
-COMPILE_CASES = [(16, "bf16"), (32, "fp32"), (32, "bf16")]
-# The integer arguments of this module's kernels are i32.
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "D"))
+# the larger config), d = 16 and the largest supported head dim, 64.
+COMPILE_CASES = [(16, "bf16"), (32, "fp32"), (32, "bf16"), (64, "bf16"), (64, "fp32")]
+# The integer arguments of this module's kernels are i32 (the head dim D is a constant).
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
 
 
 @needs_compiling_triton
@@ -230,11 +242,12 @@ def test_compiles_for_sm90_without_spills():
     for d, dtype in COMPILE_CASES:
         bd, fwd_warps, bwd_warps = C._block_sizes(d)
         io = {n: f"*{dtype}" for n in ("XQ", "XK", "XV", "XB", "Y", "DY", "DXQ", "DXK", "DXV", "DXB")}
-        io.update(RESET="*i8", SLOT="*i32")
-        fwd = _compile_sm90(C._forward_kernel, io, dict(BD=bd, FMAP=2, STORE=True, EPS=1e-5),
-                            fwd_warps)
+        io.update(RESET="*i8", START="*i32")
+        fwd = _compile_sm90(C._forward_kernel, io,
+                            dict(D=d, BD=bd, FMAP=2, STORE=True, EPS=1e-5), fwd_warps)
         bwd = _compile_sm90(C._backward_kernel, io,
-                            dict(BD=bd, FMAP=2, FULL=True, WRITE_REBUILT=False, EPS=1e-5), bwd_warps)
+                            dict(D=d, BD=bd, FMAP=2, FULL=True, WRITE_REBUILT=False, EPS=1e-5),
+                            bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (

@@ -95,6 +95,19 @@ def test_sr_delta_net_shape_and_partial_losses():
         _assert_matches(ref, got, label=which)
 
 
+@pytest.mark.parametrize("d,dy", [(32, 97), (64, 64)])
+def test_large_heads(d, dy):
+    """SR-DeltaNet's SRWM at d = 32 (Dy = 3d + 1) and the SRWM at its largest head dim, with
+    resets (the backward replays row 0 from S + O_0 at t = 1, row 1 from S at t = 2)."""
+    T = 3
+    inputs = _inputs(T, 2, 1, d, dy, seed=d)
+    reset = torch.tensor([[False, True], [True, False], [False, True]])
+    grads = _grads(inputs, d)
+    ref = _run(srwm_reference, inputs, reset, grads)
+    got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32)
+    _assert_matches(ref, got, label=f"d={d} Dy={dy}")
+
+
 def test_split_sequence_equals_one_call():
     T, T1 = 8, 3
     inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
@@ -128,7 +141,7 @@ def test_reversal_rebuilds_the_initial_state():
     O0 = torch.cat(rest[4:], dim=2)
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, OT, records = K._forward(x, S, O0, reset, fmap=2, store=True)
-    *_, rebuilt = K._backward(x, S, records, OT, torch.zeros_like(y), torch.zeros_like(OT),
+    *_, rebuilt = K._backward(x, S, O0, records, OT, torch.zeros_like(y), torch.zeros_like(OT),
                               fmap=2, full=True, rebuild=True)
     W0 = S + O0
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
@@ -204,10 +217,13 @@ def test_supports_and_dispatch(monkeypatch):
     assert K.supports(x, *slow) is None
     assert "input map" in K.supports(x, *slow, input_map="elu")
     assert "grad_mode" in K.supports(x, *slow, grad_mode="none")
-    big = [t.float() for t in _inputs(1, 1, 1, 64)]
-    assert "64" in K.supports(big[0], *big[1:5])
+    big = [t.float() for t in _inputs(1, 1, 1, 128)]
+    assert "head_dim of at most 64" in K.supports(big[0], *big[1:5])
+    assert K.supports(*[t.float() for t in _inputs(1, 1, 1, 64)][:5]) is None
     wide = [t.float() for t in _inputs(1, 1, 1, 32, 97)]  # SR-DeltaNet at d = 32
-    assert "registers" in K.supports(wide[0], *wide[1:5])
+    assert K.supports(wide[0], *wide[1:5]) is None
+    wider = [t.float() for t in _inputs(1, 1, 1, 64, 193)]  # SR-DeltaNet at d = 64
+    assert "registers" in K.supports(wider[0], *wider[1:5])
     assert "dtype" in K.supports(x.double(), *slow)
     assert "W_q" in K.supports(x, slow[0], slow[1][:, :8], *slow[2:])
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -226,7 +242,7 @@ def test_supports_and_dispatch(monkeypatch):
 
 @needs_compiling_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d,dy", [(16, 16), (16, 49), (32, 32)])
+@pytest.mark.parametrize("d,dy", [(16, 16), (16, 49), (32, 32), (32, 97), (64, 64)])
 def test_cuda_matches_reference(d, dy, monkeypatch):
     """On a GPU: the compiled kernels at rollout-like shapes, both grad modes."""
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -244,11 +260,14 @@ def test_cuda_matches_reference(d, dy, monkeypatch):
         _assert_matches(ref, [g.cpu() for g in got], atol=1e-4, rtol=1e-3, label=grad_mode)
 
 
-# Shipped configurations: SRWM and SR-DeltaNet at the preset head dim 16, and the
-# largest supported head dim.
-COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16")]
-# The integer arguments of this module's kernels are i32.
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "D", "DY", "NREC"))
+# Shipped configurations: SRWM and SR-DeltaNet at the preset head dim 16, both at
+# d = 32 (SR-DeltaNet's Dy = 3d + 1 = 97), SR-DeltaNet at d = 20 (the one block
+# shape, 32 x 64, that needs fewer forward warps) and the SRWM at its largest head
+# dim, 64.
+COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16"), (32, 97, "bf16"),
+                 (32, 97, "fp32"), (20, 61, "bf16"), (64, 64, "bf16")]
+# The integer arguments of this module's kernels are i32 (D, DY, NREC are constants).
+_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
 
 
 @needs_compiling_triton
@@ -258,10 +277,11 @@ def test_compiles_for_sm90_without_spills():
     for d, dy, dtype in COMPILE_CASES:
         bd, by, fwd_warps, bwd_warps = C._block_sizes(d, dy)
         io = {n: f"*{dtype}" for n in ("X", "Y", "DX", "DYOUT")}
-        io.update(RESET="*i8", SLOT="*i32")
-        fwd = _compile_sm90(C._forward_kernel, io, dict(BD=bd, BY=by, FMAP=2, STORE=True), fwd_warps)
-        bwd = _compile_sm90(C._backward_kernel, io,
-                            dict(BD=bd, BY=by, FMAP=2, FULL=True, WRITE_REBUILT=False), bwd_warps)
+        io.update(RESET="*i8", START="*i32")
+        sizes = dict(D=d, DY=dy, NREC=C._num_records(d, dy), BD=bd, BY=by, FMAP=2)
+        fwd = _compile_sm90(C._forward_kernel, io, dict(sizes, STORE=True), fwd_warps)
+        bwd = _compile_sm90(C._backward_kernel, io, dict(sizes, FULL=True, WRITE_REBUILT=False),
+                            bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)
             assert stack == 0 and local == 0, (

@@ -8,8 +8,9 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
 - ``kernels``: the CUDA tests (every ``tests/test_kernels_*.py`` and
   ``tests/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
   recurrence at its preset shapes and at the issue's two goal shapes, fp32 and
-  bf16, against the eager reference, ``torch.compile`` of it, and FLA's
-  kernels for the delta rule;
+  bf16, against the eager reference and FLA's ``fused_recurrent_delta_rule``
+  and ``chunk_delta_rule`` for the delta rule, then ``torch.compile`` of the
+  reference in fp32 while the part's time lasts;
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
   stem, one worker per core) for lstm, delta_net, rdn, srwm and elstm with
   RTRL, the env ceiling measured once on the same workers;
@@ -80,14 +81,16 @@ class Part:
         with self.log_path.open("a") as f:
             f.write(text + "\n")
 
-    def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``argv`` (output to the console and the log); ``timeout`` defaults to the time left."""
+    def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run ``argv`` (output to the console and the log; ``env`` added to the environment);
+        ``timeout`` defaults to the time left."""
         timeout = self.left() if timeout is None else min(timeout, self.left())
         if timeout <= 0:
             raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
         self.log(f"$ {' '.join(map(str, argv))}")
         proc = subprocess.run(list(map(str, argv)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env={**os.environ, **(env or {})})
         self.log(proc.stdout.rstrip())
         if check and proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} ... exited with {proc.returncode}")
@@ -164,34 +167,42 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
                     timeout=240 if not part.dry else 120, check=False)
     summary = _pytest_summary(proc.stdout)
     rows: list[dict[str, Any]] = []
-    for core in KERNEL_CORES:
-        for dtype in DTYPES if not part.dry else DTYPES[:1]:
-            path = part.out / f"kernels-{core}-{dtype}.json"
-            args = ["bench", "kernels", "--core", core, "--dtype", dtype, "--json", path]
-            if part.dry:
-                args += ["--dry-run"]
-            else:
-                args += ["--repeats", "10"] + [a for shape in _kernel_shapes(core) for a in ("--shape", shape)]
-                if dtype == "bf16":
-                    args += ["--impl", "reference", "--impl", "triton", "--impl", "fla"]  # compile once, in fp32
-            try:
-                result = part.run(fwrl(*args), timeout=None if not part.dry else 120, check=False)
-            except TimeoutError as exc:
-                part.log(f"skipped: {exc}")
-                rows.append({"core": core, "dtype": dtype, "impl": "-", "note": "skipped: out of time"})
+    # every recurrence at its preset shapes and the goal shapes, fp32 and bf16, against the eager
+    # reference, Triton and FLA; then torch.compile of the reference in fp32 (compiles are slow)
+    passes = [(core, ("reference", "triton", "fla_recurrent", "fla_chunk"), DTYPES) for core in KERNEL_CORES]
+    passes += [(core, ("compiled",), DTYPES[:1]) for core in KERNEL_CORES]
+    for core, impls, dtypes in passes:
+        path = part.out / f"kernels-{core}-{impls[0]}.json"
+        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json", path]
+        if part.dry:
+            args += ["--dry-run"]
+            impls = tuple(i for i in impls if i in ("reference", "triton"))
+            if not impls:
                 continue
-            if result.returncode != 0 or not path.exists():
-                rows.append({"core": core, "dtype": dtype, "impl": "-",
-                             "note": f"fwrl bench kernels exited with {result.returncode}"})
-                continue
-            for row in json.loads(path.read_text())["results"]:
-                B, T, H, D = row["shape"]
-                rows.append({"core": core, "dtype": dtype, "shape": f"{B}x{T}x{H}x{D}", "impl": row["impl"],
-                             "fwd_ms": row.get("fwd_ms"), "fwd_bwd_ms": row.get("fwd_bwd_ms"),
-                             "fwd_bwd_peak_mib": row.get("fwd_bwd_peak_mib"),
-                             "speedup_fwd_bwd": row.get("speedup_fwd_bwd"),
-                             "max_abs_error": row.get("max_abs_error"), "note": row.get("skipped") or row.get("note")})
-            path.unlink()  # the CSV keeps every row; the device tool brings back at most 8 files
+        else:
+            args += ["--repeats", "10"] + [a for shape in _kernel_shapes(core) for a in ("--shape", shape)]
+        args += [a for impl in impls for a in ("--impl", impl)]
+        try:
+            result = part.run(fwrl(*args), timeout=None if not part.dry else 240, check=False,
+                              env={"TRITON_INTERPRET": "1"} if part.dry else None)
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:
+            part.log(f"skipped: {exc}")
+            rows.append({"core": core, "dtype": "/".join(dtypes), "impl": "/".join(impls),
+                         "note": "skipped: out of the part's time"})
+            continue
+        if result.returncode != 0 or not path.exists():
+            rows.append({"core": core, "dtype": "/".join(dtypes), "impl": "/".join(impls),
+                         "note": f"fwrl bench kernels exited with {result.returncode}"})
+            continue
+        for row in json.loads(path.read_text())["results"]:
+            B, T, H, D = row["shape"]
+            impl = row["impl"] + (f" split {row['split']}" if row.get("split") not in (None, 1) else "")
+            rows.append({"core": core, "dtype": row["dtype"], "shape": f"{B}x{T}x{H}x{D}", "impl": impl,
+                         "fwd_ms": row.get("fwd_ms"), "fwd_bwd_ms": row.get("fwd_bwd_ms"),
+                         "fwd_bwd_peak_mib": row.get("fwd_bwd_peak_mib"),
+                         "speedup_fwd_bwd": row.get("speedup_fwd_bwd"),
+                         "max_abs_error": row.get("max_abs_error"), "note": row.get("skipped") or row.get("note")})
+        path.unlink()  # the CSV keeps every row; the device tool brings back at most 8 files
     goals = _kernel_goals(rows)
     write_csv(part.out / "kernels.csv", rows, meta)
     (part.out / "kernels.json").write_text(json.dumps({"meta": meta, "tests": summary, "rows": rows,
@@ -220,10 +231,10 @@ def _pytest_summary(output: str) -> str:
 
 def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def pick(core, shape, impl, dtype="fp32"):
-        for r in rows:
-            if (r["core"], r.get("shape"), r["impl"], r["dtype"]) == (core, shape, impl, dtype) and r.get("fwd_bwd_ms"):
-                return r
-        return None
+        """The fastest timed row of ``impl`` (any of its splits) for ``core`` at ``shape``."""
+        found = [r for r in rows if (r["core"], r.get("shape"), r["dtype"]) == (core, shape, dtype)
+                 and (r["impl"] == impl or r["impl"].startswith(impl + " ")) and r.get("fwd_bwd_ms")]
+        return min(found, key=lambda r: r["fwd_bwd_ms"]) if found else None
 
     goals = []
     for core in KERNEL_CORES:
@@ -237,7 +248,7 @@ def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                   if large and ref and large.get("fwd_bwd_peak_mib") else None)
         goals.append(goal_line(f"{core}: eager / fused peak memory at 256x101x8x64", memory, GOALS["memory_large"]))
     for shape in sorted({r["shape"] for r in rows if r["core"] == "delta_rule" and r.get("shape")}):
-        ours, fla = pick("delta_rule", shape, "triton"), pick("delta_rule", shape, "fla")
+        ours, fla = pick("delta_rule", shape, "triton"), pick("delta_rule", shape, "fla_recurrent")
         ratio = fla["fwd_bwd_ms"] / ours["fwd_bwd_ms"] if ours and fla else None
         goals.append(goal_line(f"delta rule vs FLA fused_recurrent at {shape} (fwd+bwd)", ratio, GOALS["vs_fla"]))
     return goals
@@ -251,7 +262,8 @@ def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 
     timed = [r for r in rows if r.get("fwd_bwd_ms") and r["dtype"] == "fp32"]
     keys = sorted({(r["core"], r["shape"]) for r in timed})
-    impls = [i for i in ("reference", "compiled", "triton", "fla") if any(r["impl"] == i for r in timed)]
+    impls = [i for i in ("reference", "compiled", "triton", "fla_recurrent", "fla_chunk")
+             if any(r["impl"] == i for r in timed)]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys) + 3), 5))
     width = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):

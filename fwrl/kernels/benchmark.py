@@ -1,65 +1,89 @@
 """Kernel benchmark: fast-weight recurrences over a rollout, reference vs fused Triton.
 
-``--core`` picks the recurrence: ``delta_rule`` (sum / delta rule, the
-default), ``srwm`` (paper 002), ``rdn`` or ``delta_rnn`` (paper 000). For each
-shape (B, T, H, D) it times, on one CUDA GPU:
+``--core`` picks the recurrences (repeatable, or ``all``): ``delta_rule``
+(sum / delta rule, paper 001), ``srwm`` (paper 002), ``rdn``, ``delta_rnn`` and
+``delta_lstm`` (paper 000). For each core, shape (B, T, H, D; default: the
+core's preset shapes, ``CORE_SHAPES``) and input dtype (``--dtype fp32 bf16``)
+it times:
 
 - ``reference``: the eager per-step PyTorch loop (``fwrl.kernels.reference``);
 - ``compiled``: the same loop through ``torch.compile`` (compile time reported
-  separately, not in the timings);
-- ``triton``: the fused kernel (``fwrl.kernels.triton.<core>``);
-- ``fla`` (delta rule only): fla-core's ``fused_recurrent_delta_rule`` (scale 1) for the delta
-  rule, when the ``fla`` package is importable. It has no per-step resets, so
-  it runs the same sequence without episode ends; the feature maps and the
-  sigmoid are applied in PyTorch inside the timed region (the fused kernel
-  computes them itself).
+  separately, as the first call, not in the timings);
+- ``triton``: the fused kernel (``fwrl.kernels.triton.<core>``), called
+  directly (never through dispatch, so it cannot fall back unnoticed); for
+  the delta rule once per ``--split`` (programs per (batch, head): 1, 2, 4, 8
+  or auto);
+- ``fla_recurrent`` and ``fla_chunk`` (delta rule only, when ``fla`` is
+  importable): fla-core's ``fused_recurrent_delta_rule`` and
+  ``chunk_delta_rule`` (scale 1; chunk takes bf16 only). Episode ends become
+  variable-length sequences (``cu_seqlens``; the segment boundaries are found
+  on the host before timing), with W0 as the initial state of each row's first
+  segment and zero for the others, so they compute the same recurrence; the
+  feature maps, the sigmoid and the layout changes run in PyTorch inside the
+  timed region (the fused kernel does them itself).
 
 ``forward`` runs without autograd (the acting path); ``fwd+bwd`` runs the
 forward with inputs requiring grad, then the backward with gradients for the
-outputs and the final state (the learner's path). Times are medians of CUDA
-event timings; memory is the peak allocated during the call beyond what was
-allocated before it; ``max error`` compares outputs and final state with the
-float64 reference on the same inputs. For the recurrent cores each row also
-gives the speed-up over the eager reference and the issue's target for it on
-an H100 (SRWM and Delta RNN 30x, RDN 10x).
+outputs and the final states (the learner's path). On a GPU, times are medians
+of CUDA event timings and memory is the peak allocated during the call beyond
+what was allocated before it; ``max error`` compares outputs and final states
+with the float64 reference on the same inputs. Each row also gives the
+speed-up over the eager reference (for the recurrent cores with the issue's
+H100 target: SRWM and Delta RNN 30x, RDN 10x).
 
-Run ``fwrl bench kernels [--core srwm] [--rule delta] [--dtype bf16]`` (or
-``python benchmarks/kernels.py ...`` from the repository root; both call
-:func:`main`). Needs a CUDA GPU.
+``--dry-run`` runs every selected core once at a tiny shape on the CPU (wall
+clock, no memory figures): the reference, and the Triton path when the
+process was started with ``TRITON_INTERPRET=1`` (the kernels then run in
+Triton's interpreter); CI uses it to keep the benchmark from rotting.
+
+Run ``fwrl bench kernels [--core all] [--dtype fp32 bf16] [--split 1 2 auto]
+[--json PATH]`` (or ``python benchmarks/kernels.py ...`` from the repository
+root; both call :func:`main`). Timing needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from fwrl.errors import FwrlError
+from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
 from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
 from fwrl.kernels.reference.delta_rule import delta_rule_reference
 from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.rdn import rdn_reference
 from fwrl.kernels.reference.srwm import srwm_reference
 
-CORES = ("delta_rule", "srwm", "rdn", "delta_rnn")
-SHAPES = ((32, 51, 4, 32), (32, 51, 8, 16), (256, 101, 8, 64))
-# Default shapes of the recurrent cores: the presets' head sizes (SRWM: ProcGen,
-# 8 heads of 16; RDN / Delta RNN: Atari, 4 heads of 32 and the larger 8 x 32).
+CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm")
+# Preset shapes (B, T, H, D) per core: rollouts of T = unroll + 1 for a learner
+# batch B. Delta rule: Linear Transformer / Delta Net (Atari 4 x 32, ProcGen
+# 8 x 16, and a large 8 x 64); SRWM: ProcGen, 8 heads of 16; RDN / Delta RNN:
+# Atari 4 x 32 and the larger 8 x 32; Delta LSTM: 4 x 32 (FWPConfig defaults).
 CORE_SHAPES = {
+    "delta_rule": ((32, 51, 4, 32), (32, 51, 8, 16), (256, 101, 8, 64)),
     "srwm": ((32, 51, 8, 16), (256, 101, 8, 16)),
     "rdn": ((32, 51, 4, 32), (256, 101, 8, 32)),
     "delta_rnn": ((32, 51, 4, 32), (256, 101, 8, 32)),
+    "delta_lstm": ((32, 51, 4, 32), (256, 101, 4, 32)),
 }
+DRY_RUN_SHAPE = (2, 3, 1, 8)
 # Speed-up of the fused kernel over the eager reference the issue asks for (H100).
 SPEEDUP_TARGETS = {"srwm": 30.0, "rdn": 10.0, "delta_rnn": 30.0}
-IMPLEMENTATIONS = ("reference", "compiled", "triton", "fla")
+IMPLEMENTATIONS = ("reference", "compiled", "triton", "fla_recurrent", "fla_chunk")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SPLITS = ("auto", "1", "2", "4", "8")
 # Fraction of (t, b) entries that start a new episode (resets inside the rollout).
 RESET_RATE = 0.02
+
+Runner = Callable[..., tuple[Tensor, ...]]
 
 
 def _parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -74,30 +98,40 @@ def _parse_shape(text: str) -> tuple[int, int, int, int]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fwrl bench kernels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--core", choices=CORES, default="delta_rule",
-                   help="recurrence to time (default: delta_rule)")
+    p.add_argument("--core", choices=(*CORES, "all"), nargs="+", default=["delta_rule"],
+                   help="recurrences to time (default: delta_rule; all: every one)")
     p.add_argument("--shape", type=_parse_shape, action="append", dest="shapes",
-                   help="B,T,H,D (repeatable); default for delta_rule: " +
-                   " ".join(",".join(map(str, s)) for s in SHAPES) + "; for the others: " +
+                   help="B,T,H,D (repeatable); default: the core's preset shapes: " +
                    "; ".join(f"{c}: " + " ".join(",".join(map(str, s)) for s in shapes)
                              for c, shapes in CORE_SHAPES.items()))
-    p.add_argument("--rule", choices=("delta", "sum"), default="delta",
-                   help="delta_rule only")
+    p.add_argument("--rule", choices=("delta", "sum"), default="delta", help="delta_rule only")
     p.add_argument("--feature-map", choices=("elu1_sumnorm", "softmax"), default=None,
                    help="phi of q, k (default: elu1_sumnorm for delta_rule, softmax for "
-                   "rdn and delta_rnn; the SRWM always uses softmax)")
+                   "rdn and delta_rnn; SRWM and Delta LSTM always use softmax)")
     p.add_argument("--grad-mode", choices=("full", "step"), default="full")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32",
-                   help="dtype of q, k, v, beta (the state is always fp32)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), nargs="+", default=["fp32", "bf16"],
+                   help="dtypes of the per-step inputs (the state is always fp32); "
+                   "default: fp32 bf16")
+    p.add_argument("--split", choices=SPLITS, nargs="+", default=["auto"],
+                   help="delta_rule's Triton kernel: programs per (batch, head), each "
+                   "owning a block of W's rows; one timed row per value (default: auto)")
     p.add_argument("--impl", choices=IMPLEMENTATIONS, action="append", dest="impls",
-                   help="implementations to run (repeatable); default: all available")
+                   help="implementations to run (repeatable); default: all available "
+                   "(--dry-run: reference and triton)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"tiny shape {','.join(map(str, DRY_RUN_SHAPE))} on the CPU, one "
+                   "repeat: checks that the benchmark runs (Triton through its interpreter "
+                   "when started with TRITON_INTERPRET=1)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     return p
 
 
-def _inputs(shape, dtype, device, seed=0, core="delta_rule"):
+# --------------------------------------------------------------------------- inputs
+
+
+def _inputs(core: str, shape, dtype: torch.dtype, device, seed: int = 0) -> tuple[Tensor, ...]:
     """(*tensors, reset) for ``core``: per-step inputs in ``dtype``, weights and states fp32."""
     B, T, H, D = shape
     g = torch.Generator(device=device).manual_seed(seed)
@@ -105,82 +139,36 @@ def _inputs(shape, dtype, device, seed=0, core="delta_rule"):
     def randn(*size, scale=1.0, dt=torch.float32):
         return (scale * torch.randn(*size, generator=g, device=device)).to(dt)
 
-    if core == "delta_rule":
+    def zeros(*size):
+        return torch.zeros(*size, device=device)
+
+    if core == "delta_rule":  # q, k, v, beta, W0
         tensors = (randn(T, B, H, D, dt=dtype), randn(T, B, H, D, dt=dtype),
-                   randn(T, B, H, D, dt=dtype), randn(T, B, H, dt=dtype), randn(B, H, D, D, scale=0.1))
+                   randn(T, B, H, D, dt=dtype), randn(T, B, H, dt=dtype),
+                   randn(B, H, D, D, scale=0.1))
     elif core == "srwm":  # x, W_y, W_q, W_k, w_b (std 1/sqrt(D) as in the core), zero offsets
         slow = tuple(randn(H, rows, D, scale=D**-0.5) for rows in (D, D, D, 4))
-        tensors = (randn(T, B, H, D, dt=dtype), *slow,
-                   *(torch.zeros(B, *w.shape, device=device) for w in slow))
+        tensors = (randn(T, B, H, D, dt=dtype), *slow, *(zeros(B, *w.shape) for w in slow))
     elif core == "rdn":  # xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0
         tensors = (*(randn(T, B, H, D, dt=dtype) for _ in range(3)), randn(T, B, H, dt=dtype),
                    *(randn(H, D, D, scale=D**-0.5) for _ in range(3)), randn(H, D, scale=D**-0.5),
-                   torch.zeros(B, H, D, D, device=device), torch.zeros(B, H, D, device=device))
-    else:  # delta_rnn: q, k, v, beta, kr, vr, betar, W0, R0, h0
+                   zeros(B, H, D, D), zeros(B, H, D))
+    elif core == "delta_rnn":  # q, k, v, beta, kr, vr, betar, W0, R0, h0
         tensors = (*(randn(T, B, H, D, dt=dtype) for _ in range(3)), randn(T, B, H, dt=dtype),
                    randn(T, B, H, D, dt=dtype), randn(T, B, H, D, dt=dtype),
-                   randn(T, B, H, dt=dtype), torch.zeros(B, H, D, D, device=device),
-                   torch.zeros(B, H, D, D, device=device), torch.zeros(B, H, D, device=device))
+                   randn(T, B, H, dt=dtype), zeros(B, H, D, D), zeros(B, H, D, D), zeros(B, H, D))
+    else:  # delta_lstm: q, k, v, beta, W0, c0, y0
+        tensors = (randn(T, B, H, D, dt=dtype), randn(T, B, H, 6, D, dt=dtype),
+                   randn(T, B, H, 6, D, dt=dtype), randn(T, B, H, 6, dt=dtype),
+                   zeros(B, H, 6, D, D), zeros(B, H, D), zeros(B, H, D))
     reset = torch.rand(T, B, generator=g, device=device) < RESET_RATE
     return (*tensors, reset)
 
 
-def _fla_runner(rule: str, feature_map: str) -> Callable | None:
-    """fla-core's fused recurrent delta rule wrapped to our layout, or None."""
-    if rule != "delta":
-        return None
-    try:
-        from fla.ops.delta_rule import fused_recurrent_delta_rule
-    except ImportError:
-        return None
-
-    def run(q, k, v, beta, W0, reset):
-        # fla: [B, T, H, D] inputs, post-sigmoid beta, state [B, H, Dk, Dv]; no resets.
-        q, k = apply_feature_map(feature_map, q), apply_feature_map(feature_map, k)
-        y, WT = fused_recurrent_delta_rule(
-            q=q.transpose(0, 1), k=k.transpose(0, 1), v=v.transpose(0, 1),
-            beta=torch.sigmoid(beta).transpose(0, 1), scale=1.0,
-            initial_state=W0.transpose(-1, -2).to(q.dtype), output_final_state=True,
-        )
-        return y.transpose(0, 1), WT
-
-    return run
+# --------------------------------------------------------------------------- implementations
 
 
-def _runners(args) -> dict[str, tuple[Callable | None, str]]:
-    """name -> (function(q, k, v, beta, W0, reset) -> (y, W_T), note)."""
-    kwargs = dict(rule=args.rule, feature_map=args.feature_map, grad_mode=args.grad_mode)
-
-    def reference(q, k, v, beta, W0, reset):
-        # The reference computes in the input dtype; give it a matching state.
-        return delta_rule_reference(q, k, v, beta, W0.to(q.dtype), reset, **kwargs)
-
-    compiled_fn = torch.compile(delta_rule_reference, dynamic=False)
-
-    def compiled(q, k, v, beta, W0, reset):
-        return compiled_fn(q, k, v, beta, W0.to(q.dtype), reset, **kwargs)
-
-    out: dict[str, tuple[Callable | None, str]] = {
-        "reference": (reference, ""), "compiled": (compiled, ""),
-    }
-    try:
-        from fwrl.kernels.triton.delta_rule import delta_rule_triton
-    except ImportError as exc:
-        out["triton"] = (None, f"Triton kernel unavailable: {exc}")
-    else:
-        out["triton"] = (lambda *a: delta_rule_triton(*a, **kwargs), "")
-    fla = _fla_runner(args.rule, args.feature_map)
-    if fla is not None:
-        note = "no resets (fla has none)" + ("; grad_mode full only" if args.grad_mode != "full"
-                                              else "")
-        out["fla"] = (fla, note)
-    else:
-        out["fla"] = (None, "fla not importable" if args.rule == "delta" else
-                      "fla has no sum-rule recurrence here")
-    return out
-
-
-def _flat_srwm(fn: Callable) -> Callable:
+def _flat_srwm(fn: Callable) -> Runner:
     """SRWM functions return (y, (O_y, O_q, O_k, O_b)): flatten to (y, O_y, ...)."""
     def run(x, W_y, W_q, W_k, w_b, O_y, O_q, O_k, O_b, reset, **kwargs):
         y, offsets = fn(x, W_y, W_q, W_k, w_b, (O_y, O_q, O_k, O_b), reset, **kwargs)
@@ -189,55 +177,161 @@ def _flat_srwm(fn: Callable) -> Callable:
     return run
 
 
-def _core_functions(core: str) -> tuple[Callable, Callable | None, str]:
-    """(reference, Triton function or None, note) for a recurrent core; flat outputs."""
-    reference = {"srwm": _flat_srwm(srwm_reference), "rdn": rdn_reference,
-                 "delta_rnn": delta_rnn_reference}[core]
-    try:
-        if core == "srwm":
-            from fwrl.kernels.triton.srwm import srwm_triton
-            return reference, _flat_srwm(srwm_triton), ""
-        if core == "rdn":
-            from fwrl.kernels.triton.rdn import rdn_triton
-            return reference, rdn_triton, ""
-        from fwrl.kernels.triton.delta_rnn import delta_rnn_triton
-        return reference, delta_rnn_triton, ""
-    except ImportError as exc:
-        return reference, None, f"Triton kernel unavailable: {exc}"
+REFERENCES: dict[str, Callable] = {
+    "delta_rule": delta_rule_reference, "srwm": _flat_srwm(srwm_reference),
+    "rdn": rdn_reference, "delta_rnn": delta_rnn_reference, "delta_lstm": delta_lstm_reference,
+}
 
 
-def _core_kwargs(args) -> dict:
-    if args.core == "srwm":
+def _core_kwargs(core: str, args) -> dict:
+    if core == "delta_rule":
+        return dict(rule=args.rule, feature_map=_feature_map(core, args), grad_mode=args.grad_mode)
+    if core == "srwm":
         return dict(input_map="softmax", grad_mode=args.grad_mode)
-    return dict(feature_map=args.feature_map, grad_mode=args.grad_mode)
+    if core == "delta_lstm":
+        return dict(grad_mode=args.grad_mode)
+    return dict(feature_map=_feature_map(core, args), grad_mode=args.grad_mode)
 
 
-def _core_runners(args) -> dict[str, tuple[Callable | None, str]]:
-    """name -> (function(*tensors, reset) -> outputs, note) for srwm / rdn / delta_rnn."""
-    kwargs = _core_kwargs(args)
-    reference_fn, triton_fn, note = _core_functions(args.core)
-    compiled_fn = torch.compile(reference_fn, dynamic=False)
+def _feature_map(core: str, args) -> str:
+    if args.feature_map is not None:
+        return args.feature_map
+    return "elu1_sumnorm" if core == "delta_rule" else "softmax"
 
-    def in_input_dtype(fn):
-        # The reference computes in one dtype: weights and states follow the inputs.
-        def run(*a):
-            *tensors, reset = a
-            return fn(*(x.to(tensors[0].dtype) for x in tensors), reset, **kwargs)
+
+def _in_input_dtype(fn: Callable, kwargs: dict) -> Runner:
+    """The reference computes in one dtype: weights and states follow the inputs."""
+    def run(*a):
+        *tensors, reset = a
+        return tuple(fn(*(x.to(tensors[0].dtype) for x in tensors), reset, **kwargs))
+
+    return run
+
+
+def _triton_runners(core: str, args, inputs) -> dict[str, tuple[Runner | None, str, dict]]:
+    """name -> (runner, note, extra row fields) for the fused kernel (one per split for
+    the delta rule); runner None where the kernel cannot run (the note says why)."""
+    kwargs = _core_kwargs(core, args)
+    try:
+        module = importlib.import_module(f"fwrl.kernels.triton.{core}")
+    except ImportError as exc:
+        return {"triton": (None, f"Triton kernel unavailable: {exc}", {})}
+    *tensors, _ = inputs
+    supports_args = {
+        "delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
+        "srwm": lambda: tuple(tensors[:5]),
+        "rdn": lambda: (*tensors[:5], tensors[8]),
+        "delta_rnn": lambda: (*tensors[:3], tensors[4], tensors[5]),
+        "delta_lstm": lambda: tuple(tensors[:5]),
+    }[core]()
+    reason = module.supports(*supports_args, **kwargs)
+    if reason is not None:
+        return {"triton": (None, f"the kernel cannot run here: {reason}", {})}
+    fn = getattr(module, f"{core}_triton")
+    if core == "srwm":
+        fn = _flat_srwm(fn)
+    if core != "delta_rule":
+        return {"triton": (lambda *a: tuple(fn(*a, **kwargs)), "", {})}
+    runners = {}
+    for split in args.split:
+        value = split if split == "auto" else int(split)
+        n = module.choose_split(value, tensors[0].shape[1] * tensors[0].shape[2],
+                                tensors[2].shape[-1], tensors[0].device)
+        runners[f"triton[split={split}]"] = (
+            lambda *a, value=value: tuple(fn(*a, split=value, **kwargs)), "",
+            dict(split=split, programs_per_head=n))
+    return runners
+
+
+def _segments(reset: Tensor) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Episode segments of the rows, batch-major, for fla's variable-length inputs: lengths,
+    the index of each row's first segment (W0 as its initial state, unless reset at 0), the
+    rows whose first segment starts from W0, and the index of each row's last segment."""
+    T, B = reset.shape
+    r = reset.cpu()
+    lengths, first, from_w0, last = [], [], [], []
+    for b in range(B):
+        starts = [0] + [t for t in range(1, T) if r[t, b]] + [T]
+        first.append(len(lengths))
+        if not r[0, b]:
+            from_w0.append(b)
+        lengths += [e - s for s, e in zip(starts, starts[1:])]
+        last.append(len(lengths) - 1)
+    return lengths, first, from_w0, last
+
+
+def _fla_runners(args, inputs, dtype) -> dict[str, tuple[Runner | None, str, dict]]:
+    """fla-core's delta-rule kernels wrapped to our layout and resets (see the docstring)."""
+    names = ("fla_recurrent", "fla_chunk")
+    if args.rule != "delta":
+        return {n: (None, "fla has no sum-rule recurrence here", {}) for n in names}
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+    except ImportError as exc:
+        return {n: (None, f"fla not importable ({exc})", {}) for n in names}
+    feature_map = _feature_map("delta_rule", args)
+    *_, reset = inputs
+    lengths, first, from_w0, last = _segments(reset)  # host work, before timing
+    device = reset.device
+    cu_seqlens = torch.tensor([0, *lengths], device=device).cumsum(0)
+    w0_rows = torch.tensor(from_w0, device=device, dtype=torch.long)
+    w0_slots = torch.tensor([first[b] for b in from_w0], device=device, dtype=torch.long)
+    last_slots = torch.tensor(last, device=device, dtype=torch.long)
+
+    def wrap(fla_fn):
+        def run(q, k, v, beta, W0, reset):
+            T, B, H, _ = q.shape
+            q, k = apply_feature_map(feature_map, q), apply_feature_map(feature_map, k)
+
+            def flat(x):  # [T, B, H, ...] -> [1, B*T, H, ...]
+                return x.transpose(0, 1).reshape(1, B * T, *x.shape[2:])
+
+            h0 = W0.new_zeros(len(lengths), H, W0.shape[-1], W0.shape[-2], dtype=q.dtype)
+            h0[w0_slots] = W0[w0_rows].transpose(-1, -2).to(q.dtype)
+            y, hT = fla_fn(flat(q), flat(k), flat(v), flat(torch.sigmoid(beta)), scale=1.0,
+                           initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+            return y.view(B, T, *y.shape[2:]).transpose(0, 1), hT[last_slots].transpose(-1, -2)
+
         return run
 
-    out: dict[str, tuple[Callable | None, str]] = {
-        "reference": (in_input_dtype(reference_fn), ""),
-        "compiled": (in_input_dtype(compiled_fn), ""),
-        "triton": (None if triton_fn is None else (lambda *a: triton_fn(*a, **kwargs)), note),
-        "fla": (None, "fla has no kernel for this recurrence"),
-    }
+    out = {"fla_recurrent": (wrap(fused_recurrent_delta_rule), "", {})}
+    out["fla_chunk"] = ((None, "fla's chunk_delta_rule takes bf16 only", {})
+                        if dtype == torch.float32 else (wrap(chunk_delta_rule), "", {}))
     return out
 
 
-def _measure(step: Callable[[], None], warmup: int, repeats: int) -> tuple[float, int]:
-    """(median milliseconds, peak extra bytes) of ``step`` on the current GPU."""
+def _runners(core: str, args, inputs, dtype) -> dict[str, tuple[Runner | None, str, dict]]:
+    kwargs = _core_kwargs(core, args)
+    reference = REFERENCES[core]
+    out: dict[str, tuple[Runner | None, str, dict]] = {
+        "reference": (_in_input_dtype(reference, kwargs), "", {}),
+    }
+    if "compiled" in args.impls:
+        out["compiled"] = (_in_input_dtype(torch.compile(reference, dynamic=False), kwargs), "",
+                           {})
+    if "triton" in args.impls:
+        out.update(_triton_runners(core, args, inputs))
+    if core == "delta_rule" and {"fla_recurrent", "fla_chunk"} & set(args.impls):
+        out.update({k: v for k, v in _fla_runners(args, inputs, dtype).items()
+                    if k in args.impls})
+    return out
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _measure(step: Callable[[], None], warmup: int, repeats: int,
+             device: torch.device) -> tuple[float, float | None]:
+    """(median milliseconds, peak extra MiB or None off CUDA) of ``step``."""
     for _ in range(warmup):
         step()
+    if device.type != "cuda":
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times), None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -249,11 +343,10 @@ def _measure(step: Callable[[], None], warmup: int, repeats: int) -> tuple[float
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    peak = torch.cuda.max_memory_allocated() - base
-    return statistics.median(times), peak
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def _bench_one(fn, inputs, args) -> dict:
+def _bench_one(fn: Runner, inputs, args, device) -> dict:
     *tensors, reset = inputs
 
     def forward():
@@ -262,100 +355,111 @@ def _bench_one(fn, inputs, args) -> dict:
 
     leaves = [x.detach().clone().requires_grad_() for x in tensors]
     with torch.no_grad():
-        shapes = [(o.shape, o.dtype) for o in fn(*tensors, reset)]
+        outs = fn(*tensors, reset)
+    g = torch.Generator(device=device).manual_seed(1)
     # Random gradient for the outputs (y), ones for the final states.
-    grads = [torch.randn(shapes[0][0], device=reset.device, dtype=shapes[0][1])]
-    grads += [torch.ones(s, device=reset.device, dtype=dt) for s, dt in shapes[1:]]
+    grads = [torch.randn(outs[0].shape, generator=g, device=device).to(outs[0].dtype)]
+    grads += [torch.ones_like(o) for o in outs[1:]]
 
     def forward_backward():
-        outs = fn(*leaves, reset)
-        torch.autograd.backward(tuple(outs), [g.to(o.dtype) for g, o in zip(grads, outs)])
+        result = fn(*leaves, reset)
+        torch.autograd.backward(tuple(result), [gr.to(o.dtype) for gr, o in zip(grads, result)])
         for x in leaves:
             x.grad = None
 
     t0 = time.perf_counter()
     forward_backward()  # first call: compilation / autotuning
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
-    fwd_ms, fwd_mem = _measure(forward, args.warmup, args.repeats)
-    fb_ms, fb_mem = _measure(forward_backward, args.warmup, args.repeats)
-    return dict(first_call_s=first_s, fwd_ms=fwd_ms, fwd_peak_mib=fwd_mem / 2**20,
-                fwd_bwd_ms=fb_ms, fwd_bwd_peak_mib=fb_mem / 2**20)
+    fwd_ms, fwd_mem = _measure(forward, args.warmup, args.repeats, device)
+    fb_ms, fb_mem = _measure(forward_backward, args.warmup, args.repeats, device)
+    return dict(first_call_s=first_s, fwd_ms=fwd_ms, fwd_peak_mib=fwd_mem,
+                fwd_bwd_ms=fb_ms, fwd_bwd_peak_mib=fb_mem)
+
+
+def _max_error(core: str, fn: Runner, inputs, args) -> float:
+    """Largest |output - reference| (y and final states) against the float64 reference."""
+    *tensors, reset = inputs
+    with torch.no_grad():
+        outs = fn(*tensors, reset)
+        refs = REFERENCES[core](*(x.double() for x in tensors), reset, **_core_kwargs(core, args))
+    return max((o.double() - r).abs().max().item() for o, r in zip(outs, refs))
 
 
 def _require_gpu() -> None:
     if not torch.cuda.is_available():
         raise FwrlError(
             "the kernel benchmark needs a CUDA GPU (it times GPU kernels), and PyTorch sees "
-            "none here. Run it on a machine with an NVIDIA GPU; the kernels' correctness "
-            "tests run on CPU with: pytest tests/test_kernels_<core>.py"
+            "none here. Run it on a machine with an NVIDIA GPU, or check that it runs with "
+            "--dry-run (tiny shapes on the CPU); the kernels' correctness tests run on CPU "
+            "with: pytest tests/test_kernels_<core>.py"
         )
 
 
-def _max_error(fn, inputs, args) -> float:
-    """Largest |output - reference| (y and final states) against the float64 reference."""
-    *tensors, reset = inputs
-    with torch.no_grad():
-        outs = fn(*tensors, reset)
-        wide = [x.double() for x in tensors]
-        if args.core == "delta_rule":
-            refs = delta_rule_reference(*wide, reset, rule=args.rule,
-                                        feature_map=args.feature_map, grad_mode=args.grad_mode)
-        else:
-            refs = _core_functions(args.core)[0](*wide, reset, **_core_kwargs(args))
-    return max((o.double() - r).abs().max().item() for o, r in zip(outs, refs))
+def _cores(args) -> list[str]:
+    return list(CORES) if "all" in args.core else list(dict.fromkeys(args.core))
 
 
-def _default_feature_map(args) -> None:
-    if args.feature_map is None:
-        args.feature_map = "elu1_sumnorm" if args.core == "delta_rule" else "softmax"
-
-
-def run(args) -> list[dict]:
-    _require_gpu()
-    _default_feature_map(args)
-    device = torch.device("cuda")
-    dtype = DTYPES[args.dtype]
-    runners = _runners(args) if args.core == "delta_rule" else _core_runners(args)
-    impls = args.impls or list(IMPLEMENTATIONS)
+def run(args: argparse.Namespace) -> list[dict]:
+    """Time every selected core, shape, dtype and implementation; one dict per row."""
+    if args.dry_run:
+        device = torch.device("cpu")
+        args.impls = args.impls or ["reference", "triton"]
+        args.repeats, args.warmup = 1, 0
+    else:
+        _require_gpu()
+        device = torch.device("cuda")
+        args.impls = args.impls or list(IMPLEMENTATIONS)
     results = []
-    for shape in args.shapes or CORE_SHAPES.get(args.core, SHAPES):
-        inputs = _inputs(shape, dtype, device, core=args.core)
-        reference_ms = {}
-        for name in impls:
-            fn, note = runners[name]
-            row = dict(shape=list(shape), impl=name, core=args.core, rule=args.rule,
-                       dtype=args.dtype, feature_map=args.feature_map,
-                       grad_mode=args.grad_mode, note=note)
-            if fn is None:
-                row["skipped"] = note
-            else:
-                try:
-                    if name != "fla":  # fla runs without resets: not the same sequence
-                        row["max_abs_error"] = _max_error(fn, inputs, args)
-                    row.update(_bench_one(fn, inputs, args))
-                except torch.cuda.OutOfMemoryError:
-                    torch.cuda.empty_cache()
-                    row["skipped"] = "out of GPU memory"
-                except TypeError as exc:
-                    if name != "fla":
-                        raise
-                    row["skipped"] = f"this fla version has another signature: {exc}"
-            if name == "reference" and "fwd_ms" in row:
-                reference_ms = dict(fwd=row["fwd_ms"], fwd_bwd=row["fwd_bwd_ms"])
-            if reference_ms and name != "reference" and "fwd_ms" in row:
-                row["speedup_fwd"] = reference_ms["fwd"] / row["fwd_ms"]
-                row["speedup_fwd_bwd"] = reference_ms["fwd_bwd"] / row["fwd_bwd_ms"]
-                if name == "triton" and args.core in SPEEDUP_TARGETS:
-                    row["target_speedup"] = SPEEDUP_TARGETS[args.core]
-            results.append(row)
-            _print_row(row)
+    for core in _cores(args):
+        shapes = [DRY_RUN_SHAPE] if args.dry_run else (args.shapes or CORE_SHAPES[core])
+        for dtype_name in args.dtype:
+            dtype = DTYPES[dtype_name]
+            for shape in shapes:
+                results += _bench_shape(core, shape, dtype_name, dtype, device, args)
     return results
+
+
+def _bench_shape(core, shape, dtype_name, dtype, device, args) -> list[dict]:
+    inputs = _inputs(core, shape, dtype, device)
+    rows, reference_ms = [], {}
+    for name, (fn, note, extra) in _runners(core, args, inputs, dtype).items():
+        row = dict(core=core, shape=list(shape), impl=name, dtype=dtype_name, note=note,
+                   **extra, **_core_kwargs(core, args))
+        if fn is None:
+            row["skipped"] = note
+        else:
+            try:
+                row["max_abs_error"] = _max_error(core, fn, inputs, args)
+                row.update(_bench_one(fn, inputs, args, device))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                row["skipped"] = "out of GPU memory"
+            except TypeError as exc:
+                if not name.startswith("fla"):
+                    raise
+                row["skipped"] = f"this fla version has another signature: {exc}"
+        if name == "reference" and "fwd_ms" in row:
+            reference_ms = dict(fwd=row["fwd_ms"], fwd_bwd=row["fwd_bwd_ms"])
+        if reference_ms and name != "reference" and "fwd_ms" in row:
+            row["speedup_fwd"] = reference_ms["fwd"] / row["fwd_ms"]
+            row["speedup_fwd_bwd"] = reference_ms["fwd_bwd"] / row["fwd_bwd_ms"]
+            if name.startswith("triton") and core in SPEEDUP_TARGETS:
+                row["target_speedup"] = SPEEDUP_TARGETS[core]
+        rows.append(row)
+        _print_row(row)
+    return rows
+
+
+def _mib(value: float | None) -> str:
+    return "     n/a" if value is None else f"{value:8.1f}"
 
 
 def _print_row(row: dict) -> None:
     B, T, H, D = row["shape"]
-    head = f"B={B:<4d} T={T:<4d} H={H:<2d} D={D:<4d} {row['impl']:<10s}"
+    head = (f"{row['core']:<10s} {row['dtype']:<4s} B={B:<4d} T={T:<4d} H={H:<2d} D={D:<4d} "
+            f"{row['impl']:<18s}")
     if "skipped" in row:
         print(f"{head} skipped: {row['skipped']}", flush=True)
         return
@@ -364,10 +468,10 @@ def _print_row(row: dict) -> None:
         target = (f" (target {row['target_speedup']:.0f}x)" if "target_speedup" in row else "")
         note = (f"  vs reference: fwd {row['speedup_fwd']:.1f}x, fwd+bwd "
                 f"{row['speedup_fwd_bwd']:.1f}x{target}") + note
-    print(f"{head} fwd {row['fwd_ms']:8.3f} ms {row['fwd_peak_mib']:8.1f} MiB | "
-          f"fwd+bwd {row['fwd_bwd_ms']:8.3f} ms {row['fwd_bwd_peak_mib']:8.1f} MiB | "
+    print(f"{head} fwd {row['fwd_ms']:8.3f} ms {_mib(row['fwd_peak_mib'])} MiB | "
+          f"fwd+bwd {row['fwd_bwd_ms']:8.3f} ms {_mib(row['fwd_bwd_peak_mib'])} MiB | "
           f"first call {row['first_call_s']:6.1f} s | "
-          f"max error {row.get('max_abs_error', float('nan')):.1e}{note}", flush=True)
+          f"max error {row.get('max_abs_error', math.nan):.1e}{note}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,16 +480,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise FwrlError(f"--repeats must be >= 1 and --warmup >= 0 (got {args.repeats}, "
                         f"{args.warmup}).")
-    _require_gpu()
-    gpu = torch.cuda.get_device_name()
-    _default_feature_map(args)
-    rule = f"rule {args.rule}, " if args.core == "delta_rule" else ""
-    print(f"kernel benchmark: {args.core}, {rule}feature map {args.feature_map}, "
-          f"grad_mode {args.grad_mode}, inputs {args.dtype}, GPU {gpu}", flush=True)
+    if args.dry_run:
+        device_name = "cpu (dry run)"
+    else:
+        _require_gpu()
+        device_name = torch.cuda.get_device_name()
+    rule = f", rule {args.rule}" if "delta_rule" in _cores(args) else ""
+    print(f"kernel benchmark: {', '.join(_cores(args))}{rule}, grad_mode {args.grad_mode}, "
+          f"inputs {' '.join(args.dtype)}, device {device_name}", flush=True)
     results = run(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=gpu, results=results), f, indent=2)
+            json.dump(dict(device=device_name, results=results), f, indent=2)
     return 0
-
-

@@ -67,7 +67,8 @@ class DeltaLSTMLayer(FastWeightLayer):
         v = p[..., d + M * d : d + 2 * M * d].reshape(T, B, H, M, d)
         beta = p[..., d + 2 * M * d :]
         y, W, c, y_last = dispatch.delta_lstm(
-            q, k, v, beta, state["W"], state["c"], state["y"], done, grad_mode=self.grad_mode
+            q, k, v, beta, state["W"], state["c"], state["y"], done, grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "c": c, "y": y_last}
 

@@ -66,6 +66,7 @@ class DeltaRNNLayer(FastWeightLayer):
         y, W, R, h = dispatch.delta_rnn(
             q, k, v, beta, kr, vr, betar, state["W"], state["R"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "R": R, "h": h}
 

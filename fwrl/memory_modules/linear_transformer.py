@@ -76,6 +76,7 @@ class SlowNetFastWeightLayer(FastWeightLayer):
         y, W = dispatch.delta_rule(
             q, k, v, beta, state["W"], done,
             rule=self.rule, feature_map=self.feature_map, grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W}
 

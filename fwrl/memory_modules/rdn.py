@@ -83,6 +83,7 @@ class RDNLayer(FastWeightLayer):
             p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d],
             self.R_q, self.R_k, self.R_v, self.r_b, state["W"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "h": h}
 

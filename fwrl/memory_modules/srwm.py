@@ -124,6 +124,7 @@ class _SelfReferentialLayer(FastWeightLayer):
             done,
             input_map=self.input_map,
             grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         return y, dict(zip(OFFSET_KEYS, offsets))
 
@@ -177,6 +178,7 @@ class SRDeltaNetLayer(_SelfReferentialLayer):
             rule="delta",
             feature_map=self.feature_map,
             grad_mode=self.grad_mode,
+            layer=dispatch.kernel_layer_name(self),
         )
         new_state["W"] = W
         return out.flatten(2), new_state

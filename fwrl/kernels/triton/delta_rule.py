@@ -11,17 +11,25 @@ the sum rule and Eq. 23-25 for the delta rule, read after the update):
 Layout: one program per (batch, head, block of BV rows of W). The rows of W
 evolve independently given phi(k_t), phi(q_t) and sigma(beta_t), so a block
 of rows is carried in registers in fp32 for the whole sequence; the feature
-maps and the sigmoid are computed in the kernel.
+maps and the sigmoid are computed in the kernel. ``split`` sets how many
+programs share one (batch, head): 1 keeps W in one program where it fits,
+2 / 4 / 8 give each program 1/2, 1/4, 1/8 of the rows (exact: no row reads
+another), ``auto`` splits until the grid covers the GPU's SMs (a rollout of
+B 32 x H 4 is 128 programs of one head each, fewer than an H100's 132 SMs).
 
 Backward, without storing the T states: the forward writes, per step, the
 fp32 record ``r_t = v_t - vbar_t`` (delta rule; the sum rule needs none), so
 ``u_t = sigma(beta_t) r_t`` is recomputed bit for bit and the update is undone
 exactly as a subtraction, ``W_{t-1} = W_t - u_t phi(k_t)^T``; no inverse of
 ``(I - beta k k^T)`` is ever formed, so saturated betas and one-hot keys are
-harmless. A reset makes the previous state unrecoverable from the current one,
-so the forward also keeps the pre-reset state of every reset at t >= 1 (these
-are few: episode ends inside the rollout). Gradients, with ``G_t = dW_t +
-dy_t phi(q_t)^T`` and ``u_t = b_t (v_t - vbar_t)``:
+harmless. A reset at t >= 1 makes W_{t-1} unrecoverable from W_t, so the
+backward rebuilds it by replaying the recorded updates ``u_j phi(k_j)^T`` of
+the episode segment that ends at t - 1, from that segment's start (W0 or 0;
+``common.replay_starts``): no state is stored, the memory kept for backward is
+the T x Dv records (plus the inputs), and sizes follow from shapes, so a call
+has no host synchronisation and can be captured in a CUDA graph. Replaying
+costs at most one rank-1 update per step (segments are disjoint).
+Gradients, with ``G_t = dW_t + dy_t phi(q_t)^T`` and ``u_t = b_t (v_t - vbar_t)``:
 
     d phi(q_t) = W_t^T dy_t
     du_t       = G_t phi(k_t)
@@ -36,8 +44,6 @@ fixed order: no atomics, bitwise-deterministic results.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -46,89 +52,29 @@ from torch import Tensor
 from fwrl.errors import unknown_choice
 from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
+from .common import (
+    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat,
+    aligned, launch_options, replay_starts, tensor_reasons, warps_for,
+)
+
 RULES = ("delta", "sum")
 GRAD_MODES = ("full", "step")
-# Feature maps computed inside the kernel; "dpfp-N" is applied in PyTorch
-# before the kernel (which then runs with the identity map).
-KERNEL_FEATURE_MAPS = {"identity": 0, "elu1_sumnorm": 1, "softmax": 2}
+# Feature maps computed inside the kernel (KERNEL_FEATURE_MAPS); "dpfp-N" is
+# applied in PyTorch before the kernel (which then runs with the identity map).
 FEATURE_MAPS = ("elu1_sumnorm", "softmax", "identity", "dpfp-1", "dpfp-2", "dpfp-3")
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 128
 # Largest W block one program keeps in registers (elements).
 MAX_BLOCK_ELEMENTS = 4096
-
-# Whether the kernels below were built for the CPU interpreter (decided by
-# Triton when this module is imported).
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-# The kernels use only Triton builtins and ``tl.reduce`` with the combine
-# functions of ``tl.sum`` / ``tl.max``: the library wrappers (``tl.sum``,
-# ``tl.sigmoid``, ``tl.zeros``...) are themselves jit functions, which the CPU
-# interpreter can only run when Triton itself was imported with
-# TRITON_INTERPRET=1; this way a copy of this module built for the interpreter
-# works in a process where Triton was imported for GPUs (and the other way round).
-_SUM_COMBINE = tl.standard._sum_combine
-_MAX_COMBINE = tl.standard._elementwise_max
-
-
-@triton.jit
-def _sum(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _SUM_COMBINE)
-
-
-@triton.jit
-def _max(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _MAX_COMBINE)
-
-
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _phi(x, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
-    """Feature map of one row (masked lanes give 0)."""
-    if FMAP == 1:  # elu(x) + 1, then sum normalisation
-        e = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-        e = tl.where(mask, e, 0.0)
-        out = e / (_sum(e, 0) + EPS)
-    elif FMAP == 2:  # softmax
-        xm = tl.where(mask, x, -float("inf"))
-        e = tl.exp(xm - _max(xm, 0))
-        e = tl.where(mask, e, 0.0)
-        out = e / _sum(e, 0)
-    else:
-        out = tl.where(mask, x, 0.0)
-    return out
-
-
-@triton.jit
-def _phi_backward(x, dphi, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
-    """Gradient w.r.t. x of one row, given the gradient w.r.t. phi(x)."""
-    if FMAP == 1:
-        ex = tl.exp(tl.minimum(x, 0.0))
-        e = tl.where(mask, tl.where(x > 0, x + 1.0, ex), 0.0)
-        s = _sum(e, 0) + EPS
-        phi = e / s
-        de = (dphi - _sum(dphi * phi, 0)) / s
-        dx = de * tl.where(x > 0, 1.0, ex)
-    elif FMAP == 2:
-        xm = tl.where(mask, x, -float("inf"))
-        e = tl.exp(xm - _max(xm, 0))
-        e = tl.where(mask, e, 0.0)
-        phi = e / _sum(e, 0)
-        dx = phi * (dphi - _sum(dphi * phi, 0))
-    else:
-        dx = dphi
-    return tl.where(mask, dx, 0.0)
+# Programs per (batch, head) that ``split="auto"`` may use, and the fewest rows
+# of W it leaves to one program.
+SPLITS = (1, 2, 4, 8)
+MIN_AUTO_ROWS = 16
 
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, BETA, W0, RESET, SLOT,  # inputs
-    Y, WT, REC, PRE,  # outputs (REC, PRE only with STORE)
+    Q, K, V, BETA, W0, RESET,  # inputs
+    Y, WT, REC,  # outputs (REC only with STORE and DELTA)
     T, B, H, DK, DV,
     BK: tl.constexpr, BV: tl.constexpr, FMAP: tl.constexpr, DELTA: tl.constexpr,
     STORE: tl.constexpr, EPS: tl.constexpr,
@@ -145,35 +91,39 @@ def _forward_kernel(
     W = tl.load(W0 + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * B * H + i_bh  # index of (t, b, h)
-        reset = tl.load(RESET + t * B + b) != 0
-        if STORE:
-            slot = tl.load(SLOT + t * B + b)
-            pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * DV * DK
-            # The scalar condition is broadcast by hand: the CPU interpreter
-            # rejects a mask made by broadcasting a scalar inside ``&``.
-            keep = wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0)
-            tl.store(pre + w_loc, W, mask=keep)
-        W = tl.where(reset, 0.0, W)
+        W = tl.where(tl.load(RESET + t * B + b) != 0, 0.0, W)
         k = _phi(tl.load(K + row * DK + ok, mask=mk, other=0.0).to(tl.float32), mk, FMAP, EPS)
         q = _phi(tl.load(Q + row * DK + ok, mask=mk, other=0.0).to(tl.float32), mk, FMAP, EPS)
         v = tl.load(V + row * DV + ov, mask=mv, other=0.0).to(tl.float32)
         if DELTA:
-            beta = _sigmoid(tl.load(BETA + row).to(tl.float32))
-            r = v - _sum(W * k[None, :], 1)
+            r = v - _matvec(W, k)
             if STORE:
                 tl.store(REC + row * DV + ov, r, mask=mv)
-            u = beta * r
+            u = _sigmoid(tl.load(BETA + row).to(tl.float32)) * r
         else:
             u = v
         W = W + u[:, None] * k[None, :]
-        y = _sum(W * q[None, :], 1)
-        tl.store(Y + row * DV + ov, y.to(Y.dtype.element_ty), mask=mv)
+        tl.store(Y + row * DV + ov, _matvec(W, q).to(Y.dtype.element_ty), mask=mv)
     tl.store(WT + i_bh * DV * DK + w_loc, W, mask=wm)
 
 
 @triton.jit
+def _update(K, V, BETA, REC, row, ok, ov, mk, mv, DK, DV,
+            FMAP: tl.constexpr, DELTA: tl.constexpr, EPS: tl.constexpr):
+    """(u, phi(k)) of one step, recomputed from the inputs and the fp32 record:
+    W_t = W_{t-1} + u phi(k)^T, bit for bit as in the forward."""
+    k = _phi(tl.load(K + row * DK + ok, mask=mk, other=0.0).to(tl.float32), mk, FMAP, EPS)
+    if DELTA:
+        r = tl.load(REC + row * DV + ov, mask=mv, other=0.0)
+        u = _sigmoid(tl.load(BETA + row).to(tl.float32)) * r
+    else:
+        u = tl.load(V + row * DV + ov, mask=mv, other=0.0).to(tl.float32)
+    return u, k
+
+
+@triton.jit
 def _backward_kernel(
-    Q, K, V, BETA, RESET, SLOT, REC, PRE, WT,  # forward inputs and records
+    Q, K, V, BETA, W0, RESET, START, REC, WT,  # forward inputs and records
     DY, DWT,  # incoming gradients
     DQ, DK_, DV_, DBETA, DW0, REBUILT,  # outputs
     T, B, H, DK, DV,
@@ -199,11 +149,11 @@ def _backward_kernel(
         reset = tl.load(RESET + t * B + b) != 0
         xk = tl.load(K + row * DK + ok, mask=mk, other=0.0).to(tl.float32)
         xq = tl.load(Q + row * DK + ok, mask=mk, other=0.0).to(tl.float32)
-        k = _phi(xk, mk, FMAP, EPS)
         q = _phi(xq, mk, FMAP, EPS)
         dy = tl.load(DY + row * DV + ov, mask=mv, other=0.0).to(tl.float32)
         G = dW + dy[:, None] * q[None, :]
-        dq = _sum(W * dy[:, None], 0)
+        dq = _vecmat(W, dy)
+        k = _phi(xk, mk, FMAP, EPS)
         if DELTA:
             beta = _sigmoid(tl.load(BETA + row).to(tl.float32))
             r = tl.load(REC + row * DV + ov, mask=mv, other=0.0)
@@ -212,14 +162,13 @@ def _backward_kernel(
             u = tl.load(V + row * DV + ov, mask=mv, other=0.0).to(tl.float32)
         # Undo the update: the state this step started from (after its reset).
         A = tl.where(reset, 0.0, W - u[:, None] * k[None, :])
-        du = _sum(G * k[None, :], 1)
-        dk = _sum(G * u[:, None], 0)
+        du = _matvec(G, k)
+        dk = _vecmat(G, u)
         if DELTA:
             dvbar = -beta * du
             dv = beta * du
-            dbeta = _sum(du * r, 0) * beta * (1.0 - beta)
-            tl.store(DBETA + i_v * TBH + row, dbeta)
-            dk += _sum(A * dvbar[:, None], 0)
+            tl.store(DBETA + i_v * TBH + row, _sum(du * r, 0) * beta * (1.0 - beta))
+            dk += _vecmat(A, dvbar)
             dA = G + dvbar[:, None] * k[None, :]
         else:
             dv = du
@@ -234,11 +183,19 @@ def _backward_kernel(
             dW = tl.where(reset, 0.0, dA)
         else:
             dW = tl.full([BV, BK], 0.0, tl.float32)
-        # The state before this step: kept by the forward if the row was reset.
-        slot = tl.load(SLOT + t * B + b)
-        pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * DV * DK
-        kept = wm & (tl.full([BV, BK], 0, tl.int32) + slot >= 0)  # (see the forward)
-        W = tl.where(slot >= 0, tl.load(pre + w_loc, mask=kept, other=0.0), A)
+        # The state before this step. After a reset at t >= 1: replay the
+        # segment that ends at t - 1 from its start (W0, or 0 after a reset).
+        start = tl.load(START + t * B + b)
+        if start >= 0:
+            W = tl.load(W0 + i_bh * DV * DK + w_loc, mask=_flag(wm, start == 0), other=0.0)
+            W = W.to(tl.float32)
+            for j in range(start, t):
+                W = tl.where(tl.load(RESET + j * B + b) != 0, 0.0, W)
+                uj, kj = _update(K, V, BETA, REC, j * B * H + i_bh, ok, ov, mk, mv, DK, DV,
+                                 FMAP, DELTA, EPS)
+                W = W + uj[:, None] * kj[None, :]
+        else:
+            W = A
     tl.store(DW0 + i_bh * DV * DK + w_loc, dW.to(DW0.dtype.element_ty), mask=wm)
     if WRITE_REBUILT:
         tl.store(REBUILT + i_bh * DV * DK + w_loc, W, mask=wm)
@@ -261,60 +218,67 @@ def _feature_map_backward_kernel(
     tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
 
 
-def _block_sizes(dk: int, dv: int, block_v: int | None) -> tuple[int, int, int]:
-    """(BK, BV, num_warps): all of a key row, BV rows of W per program."""
-    bk = max(16, triton.next_power_of_2(dk))
-    bv = max(16, triton.next_power_of_2(dv))
-    bv = min(bv, MAX_BLOCK_ELEMENTS // bk) if block_v is None else block_v
-    elements = bk * bv
-    num_warps = min(8, max(1, elements // 512))
-    return bk, bv, num_warps
+def _block_sizes(dk: int, dv: int, split: int = 1) -> tuple[int, int, int, int]:
+    """(BK, BV, forward warps, backward warps): all of a key row, BV rows of W per program.
 
-
-def _reset_slots(reset: Tensor) -> tuple[Tensor, int]:
-    """Per (t, b): index of the kept pre-reset state, or -1; and the most any row keeps.
-
-    Resets at t = 0 need none (the state before them is W0). Sizing the buffer
-    reads one number from the device (one synchronisation per training call).
+    BV covers ``ceil(dv / split)`` rows, at most MAX_BLOCK_ELEMENTS / BK of them
+    (head dim 128: four programs of 32 rows even at split 1). The warps keep
+    both kernels free of spills on sm_90 (``tests/test_kernels_delta_rule.py``).
     """
-    r = reset.to(torch.int32)
-    slots = torch.full_like(r, -1)
-    if r.shape[0] < 2:
-        return slots, 0
-    count = torch.cumsum(r[1:], dim=0)
-    slots[1:] = torch.where(r[1:] != 0, count - 1, slots[1:])
-    return slots, int(count[-1].max().item())
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = min(max(1, triton.next_power_of_2(triton.cdiv(dv, split))), MAX_BLOCK_ELEMENTS // bk)
+    return bk, bv, warps_for(bk * bv, 512, high=4), warps_for(bk * bv, 512)
 
 
-def _forward(q, k, v, beta, W0, reset, *, delta, fmap, store, block_v=None):
+def choose_split(split: int | str, batch_heads: int, dv: int, device: torch.device) -> int:
+    """Programs per (batch, head) for ``split`` (1, 2, 4, 8 or "auto").
+
+    ``auto``: the fewest that give at least one program per SM of the GPU, each
+    keeping at least MIN_AUTO_ROWS rows of W; 1 off CUDA.
+    """
+    if split != "auto":
+        if split not in SPLITS:
+            raise unknown_choice("delta-rule split", split, (*SPLITS, "auto"))
+        return int(split)
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    chosen = 1
+    for s in SPLITS[1:]:
+        if batch_heads * chosen >= sms or triton.cdiv(dv, s) < MIN_AUTO_ROWS:
+            break
+        chosen = s
+    return chosen
+
+
+def _forward(q, k, v, beta, W0, reset, *, delta, fmap, store, split=1):
     T, B, H, DK = q.shape
     DV = v.shape[-1]
-    bk, bv, num_warps = _block_sizes(DK, DV, block_v)
+    bk, bv, num_warps, _ = _block_sizes(DK, DV, split)
     y = torch.empty(T, B, H, DV, device=q.device, dtype=v.dtype)
     WT = torch.empty(B, H, DV, DK, device=q.device, dtype=torch.float32)
-    reset8 = reset.to(device=q.device, dtype=torch.int8).contiguous()
-    if store:
-        slots, n_pre = _reset_slots(reset8)
-        rec = torch.empty(T, B, H, DV, device=q.device, dtype=torch.float32) if delta else WT
-        pre = torch.empty(max(n_pre, 1), B, H, DV, DK, device=q.device, dtype=torch.float32)
+    reset8 = aligned(reset.to(device=q.device, dtype=torch.int8))
+    if store and delta:
+        rec = torch.empty(T, B, H, DV, device=q.device, dtype=torch.float32)
     else:
-        slots, rec, pre = reset8, WT, WT
+        rec = WT  # not written
     _forward_kernel[(triton.cdiv(DV, bv), B * H)](
-        q, k, v, beta if delta else q, W0, reset8, slots,
-        y, WT, rec, pre,
+        q, k, v, beta if delta else q, W0, reset8,
+        y, WT, rec,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, STORE=store, EPS=SUM_NORM_EPS,
-        num_warps=num_warps, enable_fp_fusion=True,
+        **launch_options(num_warps),
     )
-    return y, WT, (reset8, slots, rec, pre)
+    starts = replay_starts(reset8) if store else reset8
+    return y, WT, (reset8, starts, rec)
 
 
 def _backward(q, k, v, beta, W0, records, WT, dy, dWT, *, delta, fmap, full,
-              block_v=None, rebuild=False):
-    reset8, slots, rec, pre = records
+              split=1, rebuild=False):
+    reset8, starts, rec = records
     T, B, H, DK = q.shape
     DV = v.shape[-1]
-    bk, bv, num_warps = _block_sizes(DK, DV, block_v)
+    bk, bv, _, num_warps = _block_sizes(DK, DV, split)
     nv = triton.cdiv(DV, bv)
     fuse = nv == 1
     if fuse:
@@ -327,12 +291,12 @@ def _backward(q, k, v, beta, W0, records, WT, dy, dWT, *, delta, fmap, full,
     dW0 = torch.empty(B, H, DV, DK, device=q.device, dtype=torch.float32)
     rebuilt = torch.empty_like(dW0) if rebuild else dW0
     _backward_kernel[(nv, B * H)](
-        q, k, v, beta if delta else q, reset8, slots, rec, pre, WT,
-        dy.contiguous(), dWT.contiguous(),
+        q, k, v, beta if delta else q, W0, reset8, starts, rec, WT,
+        aligned(dy), aligned(dWT),
         dq, dk, dv, dbeta if delta else dW0, dW0, rebuilt,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, FULL=full, FUSE_FMAP=fuse,
-        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, num_warps=num_warps, enable_fp_fusion=True,
+        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps),
     )
     if not fuse:
         dq = _feature_map_backward(q, dq, fmap)
@@ -349,20 +313,19 @@ def _feature_map_backward(x: Tensor, dphi_parts: Tensor, fmap: int) -> Tensor:
     n = T * B * H
     _feature_map_backward_kernel[(n,)](
         x, dphi_parts, dx, n, nv, D,
-        BD=max(16, triton.next_power_of_2(D)), FMAP=fmap, EPS=SUM_NORM_EPS, num_warps=1,
-        enable_fp_fusion=True,
+        BD=max(16, triton.next_power_of_2(D)), FMAP=fmap, EPS=SUM_NORM_EPS, **launch_options(1),
     )
     return dx
 
 
 class _DeltaRuleFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, beta, W0, reset, delta, fmap, full, block_v):
+    def forward(ctx, q, k, v, beta, W0, reset, delta, fmap, full, split):
         y, WT, records = _forward(
-            q, k, v, beta, W0, reset, delta=delta, fmap=fmap, store=True, block_v=block_v
+            q, k, v, beta, W0, reset, delta=delta, fmap=fmap, store=True, split=split
         )
         ctx.save_for_backward(q, k, v, beta, W0, WT, *records)
-        ctx.options = dict(delta=delta, fmap=fmap, full=full, block_v=block_v)
+        ctx.options = dict(delta=delta, fmap=fmap, full=full, split=split)
         return y, WT
 
     @staticmethod
@@ -376,7 +339,8 @@ def supports(
     q: Tensor, k: Tensor, v: Tensor, *, rule: str = "delta",
     feature_map: str = "elu1_sumnorm", grad_mode: str = "full",
 ) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason."""
+    """None if the fused kernel can run on these inputs, otherwise the reason (with
+    what would avoid it)."""
     if rule not in RULES:
         return f"rule {rule!r} is not one of {', '.join(RULES)}"
     if feature_map not in FEATURE_MAPS:
@@ -384,11 +348,6 @@ def supports(
     if grad_mode not in GRAD_MODES:
         return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
-            return (f"{name} is on {x.device.type}; the kernel needs CUDA tensors "
-                    "(or TRITON_INTERPRET=1 when this module was imported, for CPU tests)")
-        if x.dtype not in INPUT_DTYPES:
-            return f"{name} has dtype {x.dtype}; supported: float32, bfloat16, float16"
         if x.dim() != 4:
             return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, D]"
     if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
@@ -398,12 +357,9 @@ def supports(
     dk, dv = feature_dim(feature_map, q.shape[-1]), v.shape[-1]
     if not (1 <= dk <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
         return (f"head dims (key feature {dk}, value {dv}) are outside the supported "
-                f"range 1..{MAX_HEAD_DIM}")
-    return None
-
-
-def _interpreting() -> bool:
-    return INTERPRETED and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+                f"range 1..{MAX_HEAD_DIM} (use a head_dim, and a feature map size, of at most "
+                f"{MAX_HEAD_DIM})")
+    return tensor_reasons((("q", q), ("k", k), ("v", v)))
 
 
 def delta_rule_triton(
@@ -417,12 +373,17 @@ def delta_rule_triton(
     rule: str = "delta",
     feature_map: str = "elu1_sumnorm",
     grad_mode: str = "full",
-    block_v: int | None = None,
+    split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
-    """Fused sum / delta rule; returns (y [T,B,H,Dv] in v's dtype, W_T [B,H,Dv,Dk] fp32).
+    """Fused sum / delta rule (paper 001 Eq. 20-25); returns (y [T,B,H,Dv] in v's
+    dtype, W_T [B,H,Dv,Dk] fp32).
 
     Same arguments as ``delta_rule_reference``; the state is always fp32.
-    ``block_v`` (rows of W per program) is for tests and benchmarks.
+    ``split`` (1, 2, 4, 8 or "auto"): programs per (batch, head), each owning a
+    block of W's rows (see the module docstring); results do not depend on it
+    beyond the order of the dq / dk additions. The default, 1, is what training
+    runs until GPU timings (``fwrl bench kernels --split 1 2 4 auto``) show
+    another to be faster.
     """
     if rule not in RULES:
         raise unknown_choice("fast-weight rule", rule, RULES)
@@ -437,16 +398,16 @@ def delta_rule_triton(
     delta = rule == "delta"
     if delta and beta is None:
         raise ValueError("the delta rule needs beta [T, B, H]")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    beta = beta.contiguous() if delta else None
-    W0 = W0.contiguous()
+    q, k, v, W0 = aligned(q), aligned(k), aligned(v), aligned(W0)
+    beta = aligned(beta) if delta else None
     fmap = KERNEL_FEATURE_MAPS[feature_map]
+    n_split = choose_split(split, q.shape[1] * q.shape[2], v.shape[-1], q.device)
     tensors = (q, k, v, beta, W0) if delta else (q, k, v, W0)
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return _DeltaRuleFunction.apply(
-            q, k, v, beta, W0, reset, delta, fmap, grad_mode == "full", block_v
+            q, k, v, beta, W0, reset, delta, fmap, grad_mode == "full", n_split
         )
-    # Inference (typically T = 1): no records, no synchronisation, no autograd.
+    # Inference (typically T = 1): no records, no autograd.
     y, WT, _ = _forward(q, k, v, beta, W0, reset, delta=delta, fmap=fmap, store=False,
-                        block_v=block_v)
+                        split=n_split)
     return y, WT

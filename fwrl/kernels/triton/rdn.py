@@ -9,15 +9,19 @@ slow matrices R_q, R_k, R_v [d, d] and r_b [d] of that head:
     beta = sigmoid(x_b + r_b . s)
     r_t  = v - W_{t-1} k;   W_t = W_{t-1} + beta r k^T;   h_t = y_t = W_t q
 
-Layout: one program per (batch, head) keeps W and the head's R_q, R_k, R_v,
-r_b in registers for the whole sequence (R is per head, so no program needs
-another head's state); the feed-forward parts x_q, x_k, x_v, x_b come from one
-GEMM outside the kernel, and so does the gradient of R (below).
+Layout: one program per (batch, head) keeps W in registers for the whole
+sequence, and the head's R_q, R_k, R_v, r_b (R is per head, so no program
+needs another head's state). W's rows cannot be split over programs:
+every row of W_t feeds h_t, hence q, k, v and beta of every row at t + 1. The
+feed-forward parts x_q, x_k, x_v, x_b come from one GEMM outside the kernel,
+and so does the gradient of R (below).
 
 Backward without the T states: the forward records, per step in fp32, the
 pre-activations of q and k, the logit of beta, r_t and s_t, so the update is
-undone exactly as ``W_{t-1} = W_t - beta r k^T``; pre-reset states of resets
-at t >= 1 are kept. With G = dL/dW_t and dh = dy_t + (gradient from s_{t+1}):
+undone exactly as ``W_{t-1} = W_t - beta r k^T``. At a reset at t >= 1 the
+state before it is rebuilt by replaying the recorded updates of the segment
+that ends at t - 1 (``common.replay_starts``; no state is stored, no host
+synchronisation). With G = dL/dW_t and dh = dy_t + (gradient from s_{t+1}):
 
     d q   = W_t^T dh;   G += dh q^T;   du = G k   (u = beta r)
     d beta = du . r;    dv = beta du;  d k = G^T u - W_{t-1}^T dv
@@ -32,8 +36,6 @@ batched GEMM over the recorded s in PyTorch: deterministic, no atomics.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -43,101 +45,36 @@ from fwrl.errors import unknown_choice
 from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS
 from fwrl.kernels.reference.rdn import GRAD_MODES
 
-# Feature maps computed inside the kernel (dpfp-N changes the key size inside
-# the recurrence and runs on the reference).
-KERNEL_FEATURE_MAPS = {"identity": 0, "elu1_sumnorm": 1, "softmax": 2}
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Largest head dim whose backward keeps W, dW and R_q, R_k, R_v in registers
-# without spilling on sm_90 (checked by tests/test_kernels_rdn.py).
-MAX_HEAD_DIM = 32
+from .common import (
+    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
+    aligned, launch_options, replay_starts, tensor_reasons,
+)
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-# Only Triton builtins and tl.reduce with the standard combine functions (see
-# triton/delta_rule.py: keeps a copy built for the interpreter usable).
-_SUM_COMBINE = tl.standard._sum_combine
-_MAX_COMBINE = tl.standard._elementwise_max
-
-
-@triton.jit
-def _sum(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _SUM_COMBINE)
+# Largest head dim the kernels run without spilling registers on sm_90, and
+# the warps (forward, backward) per padded head dim that achieve it (checked by
+# tests/test_kernels_rdn.py). The head dim is a compile-time constant: with a
+# known row stride the loads vectorise and Triton picks a layout that keeps
+# each per-row vector in a few registers (at d = 64 with a run-time stride the
+# same kernels spilled up to 224 bytes).
+MAX_HEAD_DIM = 64
+WARPS = {16: (1, 2), 32: (4, 8), 64: (8, 16)}
 
 
 @triton.jit
-def _max(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _MAX_COMBINE)
-
-
-@triton.jit
-def _sigmoid(x):
-    e = tl.exp(-tl.abs(x))  # no overflow for large |x|
-    return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-@triton.jit
-def _tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x >= 0, t, -t)
-
-
-@triton.jit
-def _phi(x, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
-    """Feature map of one row (masked lanes give 0)."""
-    if FMAP == 1:  # elu(x) + 1, then sum normalisation
-        e = tl.where(mask, tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0))), 0.0)
-        out = e / (_sum(e, 0) + EPS)
-    elif FMAP == 2:  # softmax
-        xm = tl.where(mask, x, -float("inf"))
-        e = tl.where(mask, tl.exp(xm - _max(xm, 0)), 0.0)
-        out = e / _sum(e, 0)
-    else:
-        out = tl.where(mask, x, 0.0)
-    return out
-
-
-@triton.jit
-def _phi_backward(x, dphi, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
-    """Gradient w.r.t. x of one row, given the gradient w.r.t. phi(x)."""
-    if FMAP == 1:
-        ex = tl.exp(tl.minimum(x, 0.0))
-        e = tl.where(mask, tl.where(x > 0, x + 1.0, ex), 0.0)
-        s = _sum(e, 0) + EPS
-        de = (dphi - _sum(dphi * e / s, 0)) / s
-        dx = de * tl.where(x > 0, 1.0, ex)
-    elif FMAP == 2:
-        xm = tl.where(mask, x, -float("inf"))
-        e = tl.where(mask, tl.exp(xm - _max(xm, 0)), 0.0)
-        p = e / _sum(e, 0)
-        dx = p * (dphi - _sum(dphi * p, 0))
-    else:
-        dx = dphi
-    return tl.where(mask, dx, 0.0)
-
-
-@triton.jit
-def _matvec(A, x):
-    return _sum(A * x[None, :], 1)
-
-
-@triton.jit
-def _vecmat(A, g):
-    return _sum(A * g[:, None], 0)
-
-
-@triton.jit
-def _flag(mask, flag, BD: tl.constexpr):
-    """mask & flag for a scalar flag, broadcast by hand (the CPU interpreter
-    rejects a mask made by broadcasting a scalar inside ``&``)."""
-    return mask & ((tl.full([BD, BD], 0, tl.int32) + flag.to(tl.int32)) != 0)
+def _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D):
+    base = hd * D * D
+    Rq = tl.load(RQ + base + w_loc, mask=wm, other=0.0).to(tl.float32)
+    Rk = tl.load(RK + base + w_loc, mask=wm, other=0.0).to(tl.float32)
+    Rv = tl.load(RV + base + w_loc, mask=wm, other=0.0).to(tl.float32)
+    rb = tl.load(RB + hd * D + od, mask=md, other=0.0).to(tl.float32)
+    return Rq, Rk, Rv, rb
 
 
 @triton.jit
 def _forward_kernel(
-    XQ, XK, XV, XB, RQ, RK, RV, RB, W0, H0, RESET, SLOT,  # inputs
-    Y, WT, HT, REC, PRE,  # outputs (REC, PRE only with STORE)
-    T, B, H, D,
+    XQ, XK, XV, XB, RQ, RK, RV, RB, W0, H0, RESET,  # inputs
+    Y, WT, HT, REC,  # outputs (REC only with STORE)
+    T, B, H, D: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr, STORE: tl.constexpr, EPS: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)
@@ -147,49 +84,53 @@ def _forward_kernel(
     md = od < D
     wm = md[:, None] & md[None, :]
     w_loc = od[:, None] * D + od[None, :]
-    Rq = tl.load(RQ + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    Rk = tl.load(RK + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    Rv = tl.load(RV + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    rb = tl.load(RB + hd * D + od, mask=md, other=0.0).to(tl.float32)
+    Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(W0 + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
     h = tl.load(H0 + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * B * H + i_bh
         reset = tl.load(RESET + t * B + b) != 0
-        if STORE:
-            slot = tl.load(SLOT + t * B + b)
-            pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * D * D
-            tl.store(pre + w_loc, W, mask=_flag(wm, slot >= 0, BD))
         W = tl.where(reset, 0.0, W)
         h = tl.where(reset, 0.0, h)
         s = _tanh(h)
-        zq = tl.load(XQ + row * D + od, mask=md, other=0.0).to(tl.float32) + _matvec(Rq, s)
+        # Write first (k, v, beta), then read (q): each record is stored as soon
+        # as it is known, which keeps fewer vectors alive at d = 64.
         zk = tl.load(XK + row * D + od, mask=md, other=0.0).to(tl.float32) + _matvec(Rk, s)
+        k = _phi(zk, md, FMAP, EPS)
         v = tl.load(XV + row * D + od, mask=md, other=0.0).to(tl.float32) + _matvec(Rv, s)
         zb = tl.load(XB + row).to(tl.float32) + _sum(rb * s, 0)
-        q = _phi(zq, md, FMAP, EPS)
-        k = _phi(zk, md, FMAP, EPS)
         r = tl.where(md, v - _matvec(W, k), 0.0)
         if STORE:
             rec = REC + row * (4 * D + 1)
-            tl.store(rec + od, zq, mask=md)
             tl.store(rec + D + od, zk, mask=md)
             tl.store(rec + 2 * D + od, r, mask=md)
             tl.store(rec + 3 * D + od, s, mask=md)
             tl.store(rec + 4 * D, zb)
         W = W + (_sigmoid(zb) * r)[:, None] * k[None, :]
-        h = _matvec(W, q)
+        zq = tl.load(XQ + row * D + od, mask=md, other=0.0).to(tl.float32) + _matvec(Rq, s)
+        if STORE:
+            tl.store(rec + od, zq, mask=md)
+        h = _matvec(W, _phi(zq, md, FMAP, EPS))
         tl.store(Y + row * D + od, h.to(Y.dtype.element_ty), mask=md)
     tl.store(WT + i_bh * D * D + w_loc, W, mask=wm)
     tl.store(HT + i_bh * D + od, h, mask=md)
 
 
 @triton.jit
+def _recorded_update(REC, row, od, md, D, FMAP: tl.constexpr, EPS: tl.constexpr):
+    """(u = beta r, k) of one step from its fp32 record, as the forward computed them."""
+    rec = REC + row * (4 * D + 1)
+    k = _phi(tl.load(rec + D + od, mask=md, other=0.0), md, FMAP, EPS)
+    u = _sigmoid(tl.load(rec + 4 * D)) * tl.load(rec + 2 * D + od, mask=md, other=0.0)
+    return u, k
+
+
+@triton.jit
 def _backward_kernel(
-    RQ, RK, RV, RB, RESET, SLOT, REC, PRE, WT,  # forward inputs and records
+    RQ, RK, RV, RB, W0, RESET, START, REC, WT,  # forward inputs and records
     DY, DWT, DHT,  # incoming gradients
     DXQ, DXK, DXV, DXB, DW0, DH0, REBUILT,  # outputs
-    T, B, H, D,
+    T, B, H, D: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr, WRITE_REBUILT: tl.constexpr,
     EPS: tl.constexpr,
 ):
@@ -200,10 +141,7 @@ def _backward_kernel(
     md = od < D
     wm = md[:, None] & md[None, :]
     w_loc = od[:, None] * D + od[None, :]
-    Rq = tl.load(RQ + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    Rk = tl.load(RK + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    Rv = tl.load(RV + hd * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
-    rb = tl.load(RB + hd * D + od, mask=md, other=0.0).to(tl.float32)
+    Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(WT + i_bh * D * D + w_loc, mask=wm, other=0.0)
     G = tl.load(DWT + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
     dh = tl.load(DHT + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
@@ -227,11 +165,10 @@ def _backward_kernel(
         A = tl.where(reset, 0.0, W - u[:, None] * k[None, :])
         du = _matvec(G, k)
         dv = beta * du
-        dbeta = _sum(du * r, 0)
         dk = _vecmat(G, u) - _vecmat(A, dv)
         dzq = _phi_backward(zq, dq, md, FMAP, EPS)
         dzk = _phi_backward(zk, dk, md, FMAP, EPS)
-        dzb = dbeta * beta * (1.0 - beta)
+        dzb = _sum(du * r, 0) * beta * (1.0 - beta)
         tl.store(DXQ + row * D + od, dzq.to(DXQ.dtype.element_ty), mask=md)
         tl.store(DXK + row * D + od, dzk.to(DXK.dtype.element_ty), mask=md)
         tl.store(DXV + row * D + od, dv.to(DXV.dtype.element_ty), mask=md)
@@ -243,11 +180,18 @@ def _backward_kernel(
         else:
             dh = tl.full([BD], 0.0, tl.float32)
             G = tl.full([BD, BD], 0.0, tl.float32)
-        # The state before this step: kept by the forward if the row was reset.
-        slot = tl.load(SLOT + t * B + b)
-        pre = PRE + (tl.maximum(slot, 0).to(tl.int64) * B * H + i_bh) * D * D
-        kept = slot >= 0
-        W = tl.where(kept, tl.load(pre + w_loc, mask=_flag(wm, kept, BD), other=0.0), A)
+        # The state before this step. After a reset at t >= 1: replay the
+        # segment that ends at t - 1 from its start (W0, or 0 after a reset).
+        start = tl.load(START + t * B + b)
+        if start >= 0:
+            W = tl.load(W0 + i_bh * D * D + w_loc, mask=_flag(wm, start == 0), other=0.0)
+            W = W.to(tl.float32)
+            for j in range(start, t):
+                W = tl.where(tl.load(RESET + j * B + b) != 0, 0.0, W)
+                uj, kj = _recorded_update(REC, j * B * H + i_bh, od, md, D, FMAP, EPS)
+                W = W + uj[:, None] * kj[None, :]
+        else:
+            W = A
     tl.store(DW0 + i_bh * D * D + w_loc, G, mask=wm)
     tl.store(DH0 + i_bh * D + od, dh, mask=md)
     if WRITE_REBUILT:
@@ -255,22 +199,9 @@ def _backward_kernel(
 
 
 def _block_sizes(d: int) -> tuple[int, int, int]:
-    """(BD, forward warps, backward warps)."""
+    """(BD, forward warps, backward warps) for head dim d (WARPS)."""
     bd = max(16, triton.next_power_of_2(d))
-    fwd_warps = min(8, max(1, triton.next_power_of_2((4 * bd * bd) // 1024)))
-    bwd_warps = min(8, max(1, triton.next_power_of_2((5 * bd * bd) // 512)))
-    return bd, fwd_warps, bwd_warps
-
-
-def _reset_slots(reset: Tensor) -> tuple[Tensor, int]:
-    """Per (t, b): index of the kept pre-reset state, or -1; and the most any row keeps."""
-    r = reset.to(torch.int32)
-    slots = torch.full_like(r, -1)
-    if r.shape[0] < 2:
-        return slots, 0
-    count = torch.cumsum(r[1:], dim=0)
-    slots[1:] = torch.where(r[1:] != 0, count - 1, slots[1:])
-    return slots, int(count[-1].max().item())
+    return (bd, *WARPS[bd])
 
 
 def _forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, *, fmap: int, store: bool):
@@ -280,24 +211,21 @@ def _forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, *, fmap: int, store:
     y = torch.empty(T, B, H, D, device=dev, dtype=xv.dtype)
     WT = torch.empty(B, H, D, D, device=dev, dtype=torch.float32)
     hT = torch.empty(B, H, D, device=dev, dtype=torch.float32)
-    reset8 = reset.to(device=dev, dtype=torch.int8).contiguous()
-    if store:
-        slots, n_pre = _reset_slots(reset8)
-        rec = torch.empty(T, B, H, 4 * D + 1, device=dev, dtype=torch.float32)
-        pre = torch.empty(max(n_pre, 1), B, H, D, D, device=dev, dtype=torch.float32)
-    else:
-        slots, rec, pre = reset8, WT, WT
+    reset8 = aligned(reset.to(device=dev, dtype=torch.int8))
+    rec = torch.empty(T, B, H, 4 * D + 1, device=dev, dtype=torch.float32) if store else WT
     _forward_kernel[(B * H,)](
-        xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset8, slots,
-        y, WT, hT, rec, pre, T, B, H, D,
-        BD=bd, FMAP=fmap, STORE=store, EPS=SUM_NORM_EPS, num_warps=warps, enable_fp_fusion=True,
+        xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset8,
+        y, WT, hT, rec, T, B, H, D,
+        BD=bd, FMAP=fmap, STORE=store, EPS=SUM_NORM_EPS,
+        **launch_options(warps),
     )
-    return y, WT, hT, (reset8, slots, rec, pre)
+    starts = replay_starts(reset8) if store else reset8
+    return y, WT, hT, (reset8, starts, rec)
 
 
-def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, records, WT, dy, dWT, dhT, *, fmap: int,
+def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, records, WT, dy, dWT, dhT, *, fmap: int,
               full: bool, rebuild: bool = False):
-    reset8, slots, rec, pre = records
+    reset8, starts, rec = records
     T, B, H, D = xq.shape
     bd, _, warps = _block_sizes(D)
     # fp32 pre-activation gradients: the dR GEMM below reads them unrounded.
@@ -306,10 +234,10 @@ def _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, records, WT, dy, dWT, dhT, *, fmap
     dh0 = torch.empty(B, H, D, device=xq.device, dtype=torch.float32)
     rebuilt = torch.empty_like(dW0) if rebuild else dW0
     _backward_kernel[(B * H,)](
-        Rq, Rk, Rv, rb, reset8, slots, rec, pre, WT, dy.contiguous(), dWT.contiguous(),
-        dhT.contiguous(), dxq, dxk, dxv, dxb, dW0, dh0, rebuilt, T, B, H, D,
-        BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS,
-        num_warps=warps, enable_fp_fusion=True,
+        Rq, Rk, Rv, rb, W0, reset8, starts, rec, WT, aligned(dy), aligned(dWT),
+        aligned(dhT), dxq, dxk, dxv, dxb, dW0, dh0, rebuilt, T, B, H, D,
+        BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
+        EPS=SUM_NORM_EPS, **launch_options(warps),
     )
     # dR = sum over (t, b) of dz s^T: one batched GEMM per matrix over the records.
     s = rec[..., 3 * D : 4 * D]
@@ -325,19 +253,16 @@ class _RDNFunction(torch.autograd.Function):
     def forward(ctx, xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset, fmap, full):
         y, WT, hT, records = _forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset,
                                       fmap=fmap, store=True)
-        ctx.save_for_backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, WT, *records)
+        ctx.save_for_backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, WT, *records)
         ctx.options = dict(fmap=fmap, full=full)
         ctx.state_dtypes = (W0.dtype, h0.dtype)
         return y, WT, hT
 
     @staticmethod
     def backward(ctx, dy, dWT, dhT):
-        xq, xk, xv, xb, Rq, Rk, Rv, rb, WT, *records = ctx.saved_tensors
-        dy = torch.zeros_like(xv) if dy is None else dy
-        dWT = torch.zeros_like(WT) if dWT is None else dWT
-        dhT = torch.zeros(WT.shape[:3], device=WT.device) if dhT is None else dhT
-        *grads, dW0, dh0 = _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, records, WT, dy, dWT, dhT,
-                                     **ctx.options)
+        xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, WT, *records = ctx.saved_tensors
+        *grads, dW0, dh0 = _backward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, records, WT, dy, dWT,
+                                     dhT, **ctx.options)
         return (*grads, dW0.to(ctx.state_dtypes[0]), dh0.to(ctx.state_dtypes[1]),
                 None, None, None)
 
@@ -346,18 +271,13 @@ def supports(
     xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, W0: Tensor,
     *, feature_map: str = "softmax", grad_mode: str = "full",
 ) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason."""
+    """None if the fused kernel can run on these inputs, otherwise the reason (with
+    what would avoid it)."""
     if feature_map not in KERNEL_FEATURE_MAPS:
         return (f"feature map {feature_map!r} is not one the RDN kernel computes "
-                f"({', '.join(KERNEL_FEATURE_MAPS)})")
+                f"(use feature_map {', '.join(KERNEL_FEATURE_MAPS)})")
     if grad_mode not in GRAD_MODES:
         return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
-    for name, x in (("xq", xq), ("xk", xk), ("xv", xv), ("xb", xb), ("Rq", Rq), ("W0", W0)):
-        if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
-            return (f"{name} is on {x.device.type}; the kernel needs CUDA tensors "
-                    "(or TRITON_INTERPRET=1 when this module was imported, for CPU tests)")
-        if x.dtype not in INPUT_DTYPES:
-            return f"{name} has dtype {x.dtype}; supported: float32, bfloat16, float16"
     if xq.dim() != 4 or xq.shape != xk.shape or xq.shape != xv.shape or xb.shape != xq.shape[:3]:
         return (f"shapes xq {tuple(xq.shape)}, xk {tuple(xk.shape)}, xv {tuple(xv.shape)}, "
                 f"xb {tuple(xb.shape)} do not match [T, B, H, d] / [T, B, H]")
@@ -365,12 +285,10 @@ def supports(
         return "the sequence is empty (T = 0)"
     d = xq.shape[-1]
     if not 1 <= d <= MAX_HEAD_DIM:
-        return f"head dim {d} is outside the range the RDN kernel keeps in registers (1..{MAX_HEAD_DIM})"
-    return None
-
-
-def _interpreting() -> bool:
-    return INTERPRETED and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        return (f"head dim {d} is larger than the {MAX_HEAD_DIM} the RDN kernel supports "
+                f"(use a head_dim of at most {MAX_HEAD_DIM})")
+    return tensor_reasons((("xq", xq), ("xk", xk), ("xv", xv), ("xb", xb), ("Rq", Rq),
+                           ("W0", W0)))
 
 
 def rdn_triton(
@@ -379,7 +297,8 @@ def rdn_triton(
     W0: Tensor, h0: Tensor, reset: Tensor,
     *, feature_map: str = "softmax", grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Fused RDN; returns (y [T, B, H, d] in xv's dtype, W_T, h_T in fp32).
+    """Fused RDN (paper 000 Eq. 15-18); returns (y [T, B, H, d] in xv's dtype, W_T, h_T
+    in fp32).
 
     Same arguments as ``rdn_reference``; the state is always fp32.
     """
@@ -388,7 +307,7 @@ def rdn_triton(
                              KERNEL_FEATURE_MAPS)
     if grad_mode not in GRAD_MODES:
         raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
-    args = [x.contiguous() for x in (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0)]
+    args = [aligned(x) for x in (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0)]
     fmap = KERNEL_FEATURE_MAPS[feature_map]
     if torch.is_grad_enabled() and any(x.requires_grad for x in args):
         return _RDNFunction.apply(*args, reset, fmap, grad_mode == "full")

@@ -1,0 +1,241 @@
+"""Triton helpers shared by every fused kernel (one copy, imported relatively).
+
+Numerics: the sigmoid and tanh never overflow (they exponentiate ``-|x|``
+only); softmaxes subtract the row maximum; masked lanes of a row give 0 in
+every feature map and in every gradient.
+
+Why only Triton builtins and ``tl.reduce``: the library wrappers (``tl.sum``,
+``tl.sigmoid``, ``tl.zeros``...) are themselves ``@triton.jit`` functions, built
+for GPUs or for the CPU interpreter once, when Triton is imported. The kernel
+tests load a private copy of this package with ``TRITON_INTERPRET=1``
+(``tests/kernel_harness.py``) in a process whose Triton was imported for GPUs;
+helpers made of builtins work in both copies. The kernel modules import these
+helpers relatively (``from .common import ...``), so the private copy of a
+kernel module uses the private copy of this module.
+
+Python helpers used by every wrapper are here too: the interpreter check, the
+device / dtype reasons of ``supports`` and the replay starts of the backward.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Whether the kernels of this package copy were built for the CPU interpreter
+# (decided by Triton when the module is imported).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_SUM_COMBINE = tl.standard._sum_combine
+_MAX_COMBINE = tl.standard._elementwise_max
+
+# Feature-map codes of the kernels (constexpr FMAP); constexpr globals, so the
+# kernels can name them.
+FMAP_IDENTITY = tl.constexpr(0)
+FMAP_ELU1_SUMNORM = tl.constexpr(1)
+FMAP_SOFTMAX = tl.constexpr(2)
+KERNEL_FEATURE_MAPS = {"identity": 0, "elu1_sumnorm": 1, "softmax": 2}
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+@triton.jit
+def _sum(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _SUM_COMBINE)
+
+
+@triton.jit
+def _max(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _MAX_COMBINE)
+
+
+@triton.jit
+def _matvec(A, x):
+    """A x for a [R, C] block and a [C] vector."""
+    return _sum(A * x[None, :], 1)
+
+
+@triton.jit
+def _vecmat(A, g):
+    """A^T g for a [R, C] block and an [R] vector."""
+    return _sum(A * g[:, None], 0)
+
+
+# --------------------------------------------------------------------------- element-wise
+
+
+@triton.jit
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) without overflow for large |x|."""
+    e = tl.exp(-tl.abs(x))
+    return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+@triton.jit
+def _tanh(x):
+    """tanh without overflow for large |x|."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _flag(mask, flag):
+    """``mask & flag`` for a scalar flag, broadcast by hand (the CPU interpreter
+    rejects a mask made by broadcasting a scalar inside ``&``)."""
+    return mask & ((tl.full(mask.shape, 0, tl.int32) + flag.to(tl.int32)) != 0)
+
+
+# --------------------------------------------------------------------------- feature maps
+
+
+@triton.jit
+def _softmax(x, mask):
+    """Softmax of one row over the lanes in ``mask`` (0 elsewhere)."""
+    xm = tl.where(mask, x, -float("inf"))
+    e = tl.where(mask, tl.exp(xm - _max(xm, 0)), 0.0)
+    return e / _sum(e, 0)
+
+
+@triton.jit
+def _softmax_backward(p, dp):
+    """Gradient w.r.t. the logits given p = softmax and dp = dL/dp (0 on masked lanes)."""
+    return p * (dp - _sum(dp * p, 0))
+
+
+@triton.jit
+def _phi(x, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
+    """Feature map of one row (paper 001 Sec. 5): 1 = elu(x) + 1 then sum
+    normalisation with EPS (Eq. 29), 2 = softmax, 0 = identity; masked lanes give 0."""
+    if FMAP == 1:
+        e = tl.where(mask, tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0))), 0.0)
+        out = e / (_sum(e, 0) + EPS)
+    elif FMAP == 2:
+        out = _softmax(x, mask)
+    else:
+        out = tl.where(mask, x, 0.0)
+    return out
+
+
+@triton.jit
+def _phi_backward(x, dphi, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
+    """Gradient w.r.t. x of one row, given the gradient w.r.t. phi(x)."""
+    if FMAP == 1:
+        ex = tl.exp(tl.minimum(x, 0.0))
+        e = tl.where(mask, tl.where(x > 0, x + 1.0, ex), 0.0)
+        s = _sum(e, 0) + EPS
+        de = (dphi - _sum(dphi * e, 0) / s) / s
+        dx = de * tl.where(x > 0, 1.0, ex)
+    elif FMAP == 2:
+        dx = _softmax_backward(_softmax(x, mask), tl.where(mask, dphi, 0.0))
+    else:
+        dx = dphi
+    return tl.where(mask, dx, 0.0)
+
+
+@triton.jit
+def _recurrent_softmax(h, mask, EPS: tl.constexpr):
+    """f of paper 000 Eq. 12: softmax with EPS added to the denominator."""
+    hm = tl.where(mask, h, -float("inf"))
+    e = tl.where(mask, tl.exp(hm - _max(hm, 0)), 0.0)
+    return e / (_sum(e, 0) + EPS)
+
+
+@triton.jit
+def _recurrent_softmax_backward(h, df, mask, EPS: tl.constexpr):
+    """d f(h) / d h applied to df, with f = e / (sum e + eps), e = exp(h - max h).
+
+    The max is not constant under the eps: its gradient goes, like amax's,
+    evenly to the entries equal to the max.
+    """
+    hm = tl.where(mask, h, -float("inf"))
+    m = _max(hm, 0)
+    e = tl.where(mask, tl.exp(hm - m), 0.0)
+    denom = _sum(e, 0) + EPS
+    f = e / denom
+    fdf = _sum(f * df, 0)
+    dh = f * (df - fdf)
+    at_max = mask & (hm == m)
+    dm = -EPS / denom * fdf
+    dh += tl.where(at_max, dm / _sum(at_max.to(tl.float32), 0), 0.0)
+    return tl.where(mask, dh, 0.0)
+
+
+# --------------------------------------------------------------------------- Python helpers
+
+
+def interpreting() -> bool:
+    """True when this copy was built for the interpreter and TRITON_INTERPRET is still set."""
+    return INTERPRETED and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def tensor_reasons(named: tuple[tuple[str, Tensor], ...]) -> str | None:
+    """The first dtype or device problem of the named inputs, with what would fix it.
+
+    Dtypes are checked before devices, so a CUDA caller learns of every problem
+    the kernel has with its inputs.
+    """
+    for name, x in named:
+        if x.dtype not in INPUT_DTYPES:
+            return f"{name} has dtype {x.dtype} (use float32, bfloat16 or float16 inputs)"
+    for name, x in named:
+        if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
+            return (f"{name} is on {x.device.type}; the kernel needs CUDA tensors "
+                    "(or TRITON_INTERPRET=1 when this module was imported, for CPU tests)")
+    return None
+
+
+def replay_starts(reset: Tensor) -> Tensor:
+    """Per (t, b), int32 [T, B]: where the backward replays the state before a reset from.
+
+    A reset at step t >= 1 makes W_{t-1} unrecoverable by undoing step t, so the
+    backward rebuilds it by replaying the recorded updates of the segment that
+    ends at t - 1: from its start s (the last reset before t, or 0, where the
+    state is the initial one or zero) up to t - 1. ``starts[t, b] = s`` there and
+    -1 elsewhere (no reset, or t = 0). Computed on the device from shapes alone:
+    no host synchronisation, and no state is stored (each step is replayed at
+    most once, since the segments are disjoint).
+    """
+    r = reset.to(torch.bool)
+    T = r.shape[0]
+    steps = torch.arange(T, device=r.device, dtype=torch.int32).view(T, *([1] * (r.dim() - 1)))
+    last = torch.cummax(torch.where(r, steps, 0), dim=0).values  # last reset at or before t
+    starts = torch.full(r.shape, -1, device=r.device, dtype=torch.int32)
+    starts[1:] = torch.where(r[1:], last[:-1], -1)
+    return starts.contiguous()
+
+
+def aligned(x: Tensor) -> Tensor:
+    """``x`` contiguous at a 16-byte aligned address (copied if it is not).
+
+    Triton specialises kernels for aligned pointers (vectorised loads, compact
+    register layouts); the sm_90 spill checks compile for that case, so every
+    wrapper passes its tensors through here. Reads no device memory.
+    """
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def launch_options(num_warps: int) -> dict:
+    """Options of every kernel launch (and of the sm_90 spill checks).
+
+    ``maxnreg``: as many registers per thread as a block of ``num_warps`` can have
+    (255 up to 8 warps). Left to itself, ptxas sometimes caps a kernel at 64 or
+    128 registers to fit more blocks per SM and spills a few bytes; these kernels
+    keep their state in registers and run one or two programs per SM, so they
+    take the registers instead.
+    """
+    return dict(num_warps=num_warps, maxnreg=min(255, 65536 // (32 * num_warps)),
+                enable_fp_fusion=True)
+
+
+def warps_for(elements: int, per_warp: int, low: int = 1, high: int = 8) -> int:
+    """A power of two of warps, ``elements / per_warp`` clamped to [low, high]."""
+    return min(high, max(low, triton.next_power_of_2(max(1, elements // per_warp))))
