@@ -1,13 +1,21 @@
 #!/bin/bash
 # SLURM batch script: a Ray cluster inside one allocation, then `fwrl train` on it.
-# The first node runs the Ray head and the learner (it needs the GPU); every other
-# node runs a Ray node offering the `envs` resource, where the env workers go.
+# The first LEARNER_NODES nodes run the learners (they need the GPUs; the first also
+# runs the Ray head); every other node runs a Ray node offering the `envs` resource,
+# where the env workers go.
 #
 #   sbatch docker/slurm-train.sh --preset quickstart --name quickstart-ray
+#   LEARNER_NODES=2 GPUS_PER_NODE=4 sbatch --nodes=6 --gres=gpu:4 docker/slurm-train.sh \
+#       --preset rfwp-atari --name pong-8 --num-workers 256     # 8 learner ranks (torchrun)
 #
+# One learner (LEARNER_NODES=1, GPUS_PER_NODE=1, the default) runs `fwrl train` here.
+# More run as torch.distributed ranks started by torchrun on every learner node
+# (rendezvous on the first node, port RDZV_PORT); each rank takes its share of
+# --num-workers as Ray actors and a GPU of its node; gradients are summed across ranks.
 # Extra arguments are passed to `fwrl train`. Needs fwrl[ray] installed on every
-# node (docker/install.sh into a shared virtualenv, or the images under docker/).
-# Ports: docker/README.md. The Ray token is made per job and lives in its environment.
+# node (docker/install.sh into a shared virtualenv, or the images under docker/), and
+# --runs-dir on a file system every learner node sees. Ports: docker/README.md. The Ray
+# token is made per job and lives in its environment.
 #SBATCH --job-name=fwrl-train
 #SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
@@ -18,6 +26,9 @@
 set -euo pipefail
 
 RAY_PORT="${RAY_PORT:-6379}"
+RDZV_PORT="${RDZV_PORT:-29500}"
+LEARNER_NODES="${LEARNER_NODES:-1}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-1}"
 RUNS_DIR="${RUNS_DIR:-runs}"
 CPUS="${SLURM_CPUS_PER_TASK:-$(nproc)}"
 PORT_FLAGS=(--object-manager-port=8076 --node-manager-port=8077
@@ -39,7 +50,7 @@ TMP="/tmp/ray-${SLURM_JOB_ID}"   # per-job Ray temp dir (sessions, logs, sockets
 cleanup() { kill $(jobs -p) 2>/dev/null || true; }
 trap cleanup EXIT
 
-echo "fwrl: Ray head on $HEAD ($ADDRESS), env nodes: ${NODES[*]:1}"
+echo "fwrl: Ray head on $HEAD ($ADDRESS), learner nodes: ${NODES[*]:0:$LEARNER_NODES}, env nodes: ${NODES[*]:$LEARNER_NODES}"
 srun --nodes=1 --ntasks=1 --overlap -w "$HEAD" \
     ray start --head --block --node-ip-address="$HEAD_IP" --port="$RAY_PORT" \
         --include-dashboard=false --num-cpus=0 --temp-dir="$TMP" "${PORT_FLAGS[@]}" &
@@ -49,14 +60,14 @@ for _ in $(seq 60); do
     sleep 2
 done
 
-for node in "${NODES[@]:1}"; do
+for node in "${NODES[@]:$LEARNER_NODES}"; do
     srun --nodes=1 --ntasks=1 --overlap -w "$node" \
         ray start --block --address="$ADDRESS" --num-cpus="$CPUS" \
             --resources="{\"envs\": $CPUS}" --temp-dir="$TMP" "${PORT_FLAGS[@]}" &
 done
 
-# wait until every env node has joined (nodes = 1 head + the others)
-want=${#NODES[@]}
+# wait until every env node has joined (nodes = 1 head + the env nodes)
+want=$(( ${#NODES[@]} - LEARNER_NODES + 1 ))
 for _ in $(seq 90); do
     have="$(python3 -c "import ray; ray.init(address='$ADDRESS', logging_level='error'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)"
     [ "$have" -ge "$want" ] && break
@@ -64,5 +75,13 @@ for _ in $(seq 90); do
 done
 echo "fwrl: $have of $want Ray nodes up"
 
-# the learner: this batch script runs on the first node
-fwrl train --backend ray --ray-address "$ADDRESS" --runs-dir "$RUNS_DIR" "$@"
+if [ "$LEARNER_NODES" -eq 1 ] && [ "$GPUS_PER_NODE" -eq 1 ]; then
+    # one learner: this batch script runs on the first node
+    fwrl train --backend ray --ray-address "$ADDRESS" --runs-dir "$RUNS_DIR" "$@"
+else
+    # learner ranks: torchrun on each learner node, one rank per GPU, rendezvous on the first node
+    srun --nodes="$LEARNER_NODES" --ntasks-per-node=1 --overlap -w "$(IFS=,; echo "${NODES[*]:0:$LEARNER_NODES}")" \
+        torchrun --nnodes="$LEARNER_NODES" --nproc-per-node="$GPUS_PER_NODE" \
+            --rdzv-backend=c10d --rdzv-endpoint="$HEAD_IP:$RDZV_PORT" --rdzv-id="fwrl-$SLURM_JOB_ID" \
+            -m fwrl train --backend ray --ray-address "$ADDRESS" --runs-dir "$RUNS_DIR" "$@"
+fi

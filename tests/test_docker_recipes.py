@@ -27,7 +27,7 @@ from fwrl.launch.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
-MANIFESTS = [DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml"]
+MANIFESTS = [DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml", DOCKER / "kuberay-rayjob-multi-learner.yaml"]
 SCRIPTS = [DOCKER / "slurm-train.sh"]
 
 
@@ -88,6 +88,14 @@ def test_kuberay_job_runs_fwrl_train_on_the_ray_backend():
     assert any("envs" in w["rayStartParams"].get("resources", "") for w in workers)
 
 
+def test_kuberay_multi_learner_job_gives_each_rank_a_gpu():
+    (job,) = yaml.safe_load_all((DOCKER / "kuberay-rayjob-multi-learner.yaml").read_text())
+    args = build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[1:])
+    (head,) = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    assert args.command == "train" and args.backend == "ray" and int(args.learners) > 1
+    assert head["resources"]["limits"]["nvidia.com/gpu"] == int(args.learners)
+
+
 def test_ray_cluster_workers_offer_the_envs_resource():
     cfg = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
     assert any("envs" in c for c in cfg["worker_start_ray_commands"])
@@ -104,6 +112,12 @@ def test_slurm_script_is_valid_bash_and_runs_fwrl_train_with_ray():
         assert args.command in ("train", "info", "evaluate", "bench", "plot")
     assert any(build_parser().parse_args(a).command == "train" and "ray" in a for a in commands)
     assert r'{\"envs\": ' in text and "--head" in text
+    # the multi-learner form: torchrun starts the ranks of `python -m fwrl train` on every learner node
+    launch = [line for line in _logical_lines(text) if line.lstrip().startswith("srun") and "torchrun" in line]
+    assert launch and "--rdzv-backend=c10d" in launch[0] and "--nproc-per-node=" in launch[0]
+    argv = [a for a in shlex.split(launch[0].split(" -m fwrl ", 1)[1]) if a != "$@"]
+    args = build_parser().parse_args(argv)
+    assert args.command == "train" and args.backend == "ray"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)

@@ -77,6 +77,18 @@ def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
     return torch.device("cuda", ranks.local_rank % max(1, torch.cuda.device_count()))
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective with the other learner ranks failed (a rank died, or the timeout passed)."""
+
+
+def _collective(call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except Exception as exc:  # gloo / NCCL raise RuntimeError subclasses (DistBackendError, ...)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CollectiveFailed(f"{getattr(call, '__name__', 'collective')}: {first}") from exc
+
+
 class LearnerGroup:
     """The process group of the learner ranks: gradient sums, stop votes, gathers, checks."""
 
@@ -106,7 +118,7 @@ class LearnerGroup:
         flat = self._buffer
         torch.cat([g.detach().reshape(-1).float() for g in grads], out=flat[:numel])
         flat[numel] = 1.0 if stop else 0.0
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        _collective(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
         if flat[numel].item() > 0:
             return True
         offset = 0
@@ -130,7 +142,7 @@ class LearnerGroup:
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         out: list[Any] = [None] * self.ranks.world_size
-        dist.all_gather_object(out, obj, group=self.control)
+        _collective(dist.all_gather_object, out, obj, group=self.control)
         return out
 
     def check_same_weights(self, model: nn.Module) -> None:
@@ -148,7 +160,7 @@ class LearnerGroup:
         """Every rank takes rank 0's weights and buffers (at the start of a run)."""
         with torch.no_grad():
             for tensor in list(model.parameters()) + list(model.buffers()):
-                dist.broadcast(tensor.data, src=0)
+                _collective(dist.broadcast, tensor.data, src=0)
 
     def missing_ranks(self, timeout: float = 10.0) -> str:
         """After a failed collective: which ranks do not answer (the monitored barrier's words), or ''."""
@@ -156,7 +168,8 @@ class LearnerGroup:
             dist.monitored_barrier(group=self.control, timeout=datetime.timedelta(seconds=timeout),
                                    wait_all_ranks=True)
         except Exception as exc:  # it raises to report the ranks that did not answer
-            return str(exc).strip().splitlines()[0][:300]
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return text[:300] if "monitoredBarrier" in text else ""  # not a dead connection's gloo error
         return ""
 
     def close(self) -> None:

@@ -73,8 +73,10 @@ def run_train(args: argparse.Namespace) -> int:
     from fwrl.launch.config import check_resume, config_yaml, read_config
     from fwrl.launch.flags import train_config_from_args, train_overrides
     from fwrl.launch.preflight import check_runnable
+    from fwrl.agents.distributed import ranks_from_env
     from fwrl.launch.rundir import check_run_dir, prepare_run_dir
 
+    ranks = ranks_from_env()  # set by torchrun, SLURM, or fwrl train --learners in the rank processes
     if args.resume:
         if not args.name:
             raise FwrlError("--resume needs --name of the run to continue.")
@@ -86,6 +88,8 @@ def run_train(args: argparse.Namespace) -> int:
         config = train_config_from_args(args)
         if args.name:
             run_dir = Path(args.runs_dir) / _run_name(args.name)
+        elif ranks.distributed:  # every rank must find the same folder: no -2, -3 suffixes here
+            run_dir = Path(args.runs_dir) / _default_name(config)
         else:  # a name of its own: the same command twice makes two runs
             run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
     if args.print_config:
@@ -93,17 +97,25 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
+    if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
+        from fwrl.launch.learners import launch_learners
+
+        argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
+        print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
+        return launch_learners(config.learners, argv)
     prepare_run_dir(run_dir, resume=args.resume)
 
     from fwrl.launch.train import train
 
     result = train(config, run_dir, resume=args.resume)
-    print(
-        f"run {run_dir}: {result.agent_steps:,} agent steps, {result.updates} updates, "
-        f"{result.episodes} episodes, mean return {result.mean_return:.3g}"
-        + (f", success {result.mean_success:.3f}" if result.mean_success == result.mean_success else "")
-        + f" (stopped by {result.stopped_by}); checkpoint {run_dir / 'checkpoint.pt'}"
-    )
+    if ranks.is_main:
+        print(
+            f"run {run_dir}: {result.agent_steps:,} agent steps, {result.updates} updates, "
+            f"{result.episodes} episodes, mean return {result.mean_return:.3g}"
+            + (f", success {result.mean_success:.3f}" if result.mean_success == result.mean_success else "")
+            + f" (stopped by {result.stopped_by}); checkpoint {run_dir / 'checkpoint.pt'}"
+            + (f"; {ranks.world_size} learner ranks" if ranks.distributed else "")
+        )
     if result.signal:  # the shell's convention: 128 + the signal (130 after Ctrl-C, 143 after SIGTERM)
         return 128 + result.signal
     return 0 if result.stopped_by != "error" else 1
@@ -350,7 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     silence_env_noise()
     try:
         parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
         args, unknown = parser.parse_known_args(argv)
+        args.argv = argv  # as typed: fwrl train --learners N runs it again in every rank
         if getattr(args, "passes_unknown_args", False):
             args.rest = unknown
         elif unknown:

@@ -74,6 +74,9 @@ class TrainConfig(Settings):
     device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
     num_threads: int = Field(0, ge=0, description=THREADS_HELP)
     inference_graph: bool = Field(False, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
+    learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
+    dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend of the learner ranks; auto: nccl with one GPU per rank, else gloo")
     load_vision_from: str = Field("", description="checkpoint whose vision stem to load, R2AC protocol")
     freeze_vision: bool = Field(False, description="do not train the vision stem")
     seed: int = Field(1, ge=0, lt=2**32, description="random seed")
@@ -187,7 +190,7 @@ class BenchConfig(Settings):
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph",
+    "eval_every", "eval_episodes", "inference_graph", "learners", "dist_timeout", "dist_backend",
 }
 
 

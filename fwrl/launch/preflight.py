@@ -15,6 +15,14 @@ from fwrl.launch.agent import build_model, pick_device
 from fwrl.launch.config import TrainConfig
 
 
+def learner_ranks(config: TrainConfig) -> int:
+    """The learner ranks of this run: the launcher's (torchrun, SLURM) where it set them, else ``learners``."""
+    from fwrl.agents.distributed import ranks_from_env
+
+    ranks = ranks_from_env()
+    return ranks.world_size if ranks.distributed else config.learners
+
+
 def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
     """Raise FwrlError for anything that would stop ``config`` from training here; return the env's info.
 
@@ -36,6 +44,11 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
     if config.num_workers < games:
         raise FwrlError(f"env {config.env!r} has {games} games and worker i runs game i mod {games}, so "
                         f"num_workers must be at least {games}; got num_workers={config.num_workers}.")
+    ranks = learner_ranks(config)
+    if config.num_workers // ranks < games:
+        raise FwrlError(f"setting num_workers={config.num_workers} is shared by {ranks} learner ranks, and each "
+                        f"needs at least {games} worker(s) (one per game of {config.env!r}); use num_workers >= "
+                        f"{ranks * games} or fewer learners.")
     if config.load_vision_from and not resume and not Path(config.load_vision_from).is_file():
         raise FwrlError(f"setting load_vision_from={config.load_vision_from!r}: no such checkpoint file.")
     if config.backend == "ray" and importlib.util.find_spec("ray") is None:

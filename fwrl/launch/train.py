@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import queue
 import signal
 import sys
 import threading
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks, rank_device, ranks_from_env, share
 from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.learner import Learner
@@ -111,25 +113,37 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
     error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _seed_everything(config.seed)
-    torch.set_num_threads(learner_threads(config))
-    device = pick_device(config.device)
+    ranks = ranks_from_env()  # several learners: torchrun / SLURM / fwrl train --learners set these
+    main = ranks.is_main  # rank 0 writes the run folder: checkpoints, metrics, the panel
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    _seed_everything(config.seed)  # the same initial weights on every rank (rank 0's are broadcast too)
+    num_workers = share(config.num_workers, ranks)
+    if num_workers < 1:
+        raise FwrlError(f"setting num_workers={config.num_workers} leaves learner rank {ranks.rank} of "
+                        f"{ranks.world_size} without an env worker; use num_workers >= {ranks.world_size}.")
+    torch.set_num_threads(learner_threads(config.model_copy(update={"num_workers": num_workers})))
+    device = rank_device(pick_device(config.device), ranks)
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+    group = (LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed
+             else None)
 
     # ---------------------------------------------------------------- model, optimiser, counters
     model = build_model(config, info).to(device)
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
                                eps=config.rmsprop_eps, momentum=config.rmsprop_momentum)
-    scheduler = linear_decay_scheduler(optimizer, config.total_steps, config.batch_size * config.unroll_length)
+    # every rank's B x T columns count: the schedule runs on global agent steps
+    steps_per_update = config.batch_size * config.unroll_length * ranks.world_size
+    scheduler = linear_decay_scheduler(optimizer, config.total_steps, steps_per_update)
     counters = {"agent_steps": 0, "updates": 0, "elapsed_seconds": 0.0, "episodes": 0}
-    if resume:
+    if resume:  # a checkpoint of N ranks resumes on M: the weights and optimiser are the same on all
         payload = load_checkpoint(run_dir / "checkpoint.pt", map_location=device)
         load_model_weights(model, payload["model"], str(run_dir / "checkpoint.pt"))
         optimizer.load_state_dict(payload["optimizer"])
         scheduler.load_state_dict(payload["scheduler"])
+        scheduler.steps_per_update = steps_per_update
         scheduler.rebudget(config.total_steps)  # a resumed run may get another budget: its LR from now on
         set_rng_state(payload["rng"])
         counters.update(agent_steps=payload["agent_steps"], updates=payload["updates"], **payload.get("progress", {}))
@@ -137,10 +151,14 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         load_vision(model, config.load_vision_from)
     if config.freeze_vision:
         freeze_vision(model)
+    if group is not None:
+        group.broadcast_weights(model)
+        _seed_everything(config.seed + 10_007 * ranks.rank + counters["updates"])  # each rank samples its own
     inference_model = copy.deepcopy(model).eval()
     for p in inference_model.parameters():
         p.requires_grad_(False)
-    save_config(config, run_dir / "config.yaml")
+    if main:
+        save_config(config, run_dir / "config.yaml")
 
     # ---------------------------------------------------------------- the data path (agents/)
     streams = DeviceStreams(device)
@@ -149,18 +167,19 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                        torch.uint8 if info.obs_dtype == "uint8" else torch.float32, info.num_actions,
                        extra_size=info.extra_size, action_dims=info.action_dims)
     rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
-    store = RolloutStore(spec, config.num_workers, device, model.initial_state(1, device),
-                         capacity=store_capacity(config.num_workers, config.envs_per_worker,
+    store = RolloutStore(spec, num_workers, device, model.initial_state(1, device),
+                         capacity=store_capacity(num_workers, config.envs_per_worker,
                                                  config.batch_size, rollouts.maxsize))
     actor_timer, learner_timer = StageTimer(device), StageTimer(device)
     learner = Learner(model, weights, optimizer, scheduler, config, store, learner_timer,
-                      bootstrap_truncation=bootstraps_truncation(config))
+                      bootstrap_truncation=bootstraps_truncation(config), group=group)
     learner.stats.agent_steps, learner.stats.updates = counters["agent_steps"], counters["updates"]
     episodes = Episodes(info.task_names, normalise=normaliser(config.env), count=int(counters["episodes"]))
     update_lock = threading.Lock()  # held by the learner for a whole update
     stop = threading.Event()
     errors: list[BaseException] = []
     clock = _Clock(counters["elapsed_seconds"])
+    peers = _Peers(ranks)  # the other ranks' episodes and counters, gathered by the learner thread
 
     def snapshot() -> dict:
         """A checkpoint's contents, copied between two updates (the actors go on)."""
@@ -175,15 +194,23 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     def learner_loop() -> None:
         try:
             with DeviceStreams.use(streams.learner):
-                while not stop.is_set() and learner.stats.agent_steps < config.total_steps:
-                    with learner_timer.stage("learner_idle"):
-                        pieces = rollouts.get_batch(config.batch_size, stop)
-                    if pieces is None:
+                while learner.stats.agent_steps < config.total_steps:
+                    pieces = None
+                    if not stop.is_set():
+                        with learner_timer.stage("learner_idle"):
+                            pieces = rollouts.get_batch(config.batch_size, stop)
+                    if pieces is None:  # this rank stops: the others stop after the same update
+                        learner.vote_stop()
                         break
                     with update_lock:
-                        learner.update(pieces)
+                        stats = learner.update(pieces)
+                    if stats is None:  # another learner rank voted to stop
+                        peers.stopped = True
+                        break
+                    if group is not None:
+                        peers.exchange(group, learner.stats.updates, pool, store, inference, model)
         except BaseException as exc:  # surfaced by the main thread
-            errors.append(exc)
+            errors.append(_explain(exc, group, ranks, learner.stats.agent_steps))
         finally:
             stop.set()
 
@@ -194,14 +221,15 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     # the actors from waiting on the learner's Python code.
     old_switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.001)
-    progress = progress or Progress(config, run_dir)
-    sink = MetricsSink(run_dir, progress)
+    progress = (progress or Progress(config, run_dir)) if main else _Quiet()
+    sink = MetricsSink(run_dir, progress) if main else _Quiet()
     checkpoints = CheckpointWriter(snapshot)
-    pool = make_pool(config.backend, config.env, config.num_workers, config.envs_per_worker,
-                     seed=config.seed + 7919 * counters["updates"], step_timeout=config.step_timeout,
+    pool = make_pool(config.backend, config.env, num_workers, config.envs_per_worker,
+                     seed=config.seed + 7919 * counters["updates"] + 1_000_003 * ranks.rank,
+                     step_timeout=config.step_timeout,
                      env_wrappers=tuple(config.env_wrappers),
                      **({"address": config.ray_address} if config.backend == "ray" else {}))
-    evaluator = None
+    evaluator = inference = None
     queue_depth = Mean()
     previous_stream = streams.make_current(streams.inference)  # this thread acts on the inference stream
     thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
@@ -216,26 +244,33 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         last_steps = first_steps = learner.stats.agent_steps
         first_updates = learner.stats.updates
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
-        if config.eval_every > 0:
+        if config.eval_every > 0 and main:
             from fwrl.launch.evaluate import PeriodicEvaluator
 
             evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, time.monotonic())
 
         def row(sps: float) -> dict:
+            peers.deliver(episodes)
             out = _metrics_row(learner, episodes, pool, store, sps, clock.elapsed(), inference.agent_steps)
+            for key, value in peers.totals().items():  # every rank's workers count
+                out[key] += value
             out.update(pipeline_row(actor_timer, learner_timer, queue_depth, device))
             return out
+
+        on_episode = episodes.add if main else peers.outbox.append
 
         # ------------------------------------------------------------ the acting loop
         lost: WorkersLost | None = None
         while not stop.is_set():
             try:
-                inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=episodes.add)
+                inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=on_episode)
             except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
                 stopper.reason, lost = "workers lost", exc
                 break
             queue_depth.add(rollouts.qsize())
             now = time.monotonic()
+            if not main:
+                continue
             if now - last_log >= config.log_interval:
                 sink.write(row((learner.stats.agent_steps - last_steps) / (now - last_log)))
                 last_log, last_steps = now, learner.stats.agent_steps
@@ -258,12 +293,16 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         thread.join()
         if errors:
             stopper.reason = "error"
-        checkpoints.request(run_dir / "checkpoint.pt")
-        checkpoints.flush()
+        elif peers.stopped and stopper.reason == "budget":
+            stopper.reason = "another learner rank"
+        if main:
+            checkpoints.request(run_dir / "checkpoint.pt")
+            checkpoints.flush()
         if errors:
             raise errors[0]
         session = clock.session()
-        sink.write(row((learner.stats.agent_steps - first_steps) / session if session > 0 else math.nan))
+        if main:
+            sink.write(row((learner.stats.agent_steps - first_steps) / session if session > 0 else math.nan))
         if lost is not None:
             raise lost
     finally:
@@ -279,8 +318,83 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         checkpoints.close()
         stopper.restore()
         sys.setswitchinterval(old_switch_interval)
+        if group is not None:
+            group.close()
     return TrainResult(learner.stats.agent_steps, learner.stats.updates, episodes.count,
                        episodes.mean_return(), episodes.mean_success(), stopper.reason, stopper.signal)
+
+
+class _Quiet:
+    """The panel and metrics of a learner rank other than 0: nothing is shown or written."""
+
+    def start(self) -> None:
+        pass
+
+    def update(self, row: dict) -> None:
+        pass
+
+    def write(self, row: dict, show: bool = True) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Peers:
+    """What the learner ranks tell each other now and then (``EXCHANGE_EVERY`` updates): every
+    rank's finished episodes (rank 0 logs them all) and counters, and a weight checksum
+    (``CHECK_EVERY`` updates). The learner thread exchanges; the main thread reads."""
+
+    EXCHANGE_EVERY = 10
+    CHECK_EVERY = 200
+
+    def __init__(self, ranks: Ranks):
+        self.ranks = ranks
+        self.outbox: list = []  # this rank's finished episodes not yet sent (ranks > 0)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # the others' episodes (rank 0)
+        self.counts: dict[int, dict[str, int]] = {}  # rank -> its latest counters (rank 0)
+        self.stopped = False  # another rank voted to stop
+
+    def exchange(self, group: LearnerGroup, updates: int, pool, store, inference, model) -> None:
+        if updates % self.CHECK_EVERY == 0:
+            group.check_same_weights(model)
+        if updates % self.EXCHANGE_EVERY:
+            return
+        sent, self.outbox = self.outbox, []
+        counts = {"worker_restarts": pool.restarts, "dropped_steps": store.dropped_steps,
+                  "acted_steps": inference.agent_steps}
+        for rank, (episodes, their_counts) in enumerate(group.gather((sent, counts))):
+            if rank != self.ranks.rank and self.ranks.is_main:
+                self.counts[rank] = their_counts
+                for record in episodes:
+                    self.inbox.put(record)
+
+    def deliver(self, episodes: Episodes) -> None:
+        """Rank 0: add the other ranks' episodes received so far."""
+        while True:
+            try:
+                episodes.add(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def totals(self) -> dict[str, int]:
+        """The other ranks' counters, to add to rank 0's own (empty for a single learner)."""
+        return {key: sum(c[key] for c in self.counts.values())
+                for key in ("worker_restarts", "dropped_steps", "acted_steps")} if self.counts else {}
+
+
+def _explain(exc: BaseException, group: LearnerGroup | None, ranks: Ranks, agent_steps: int) -> BaseException:
+    """A failed collective becomes a message that names the ranks that stopped answering."""
+    if group is None or not isinstance(exc, CollectiveFailed):
+        return exc
+    missing = group.missing_ranks()
+    return FwrlError(
+        f"learner rank {ranks.rank} of {ranks.world_size}: a collective with the other ranks failed, so another "
+        f"rank died or hangs ({missing or exc}). The run stops with a checkpoint at {agent_steps:,} agent steps "
+        "(written by rank 0); continue it with --resume, on any number of learners.")
 
 
 def _seed_everything(seed: int) -> None:

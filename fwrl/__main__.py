@@ -1,0 +1,8 @@
+"""``python -m fwrl ...`` is the ``fwrl`` command (``torchrun --nproc-per-node N -m fwrl train ...``)."""
+
+import sys
+
+from fwrl.launch.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""``fwrl train --learners N``: N learner ranks on this machine, started by torch's elastic launcher.
+
+This is what ``torchrun --standalone --nproc-per-node N -m fwrl train ...``
+does (the same engine, ``torch.distributed.launcher``): a local rendezvous on
+a free port, N processes of the same command with ``RANK`` / ``WORLD_SIZE`` /
+``LOCAL_RANK`` set, no restarts. Each rank then trains with its own share of
+the env workers (``fwrl.launch.train``, ``fwrl.agents.distributed``).
+
+When a rank fails, the launcher stops the others (SIGTERM: they write rank
+0's checkpoint and exit); the exit status is rank 0's, or the failed rank's
+when rank 0 ended cleanly. A stop signal to the launcher (Ctrl-C, SIGTERM,
+SIGHUP) reaches every rank; the status is then 128 + the signal, as for one
+learner.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import Sequence
+
+from fwrl.errors import FwrlError
+
+
+def launch_learners(count: int, argv: Sequence[str]) -> int:
+    """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks; returns the exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if count < 2:
+        raise FwrlError(f"launch_learners needs at least 2 ranks, got {count}.")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"fwrl-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    try:
+        elastic_launch(config, sys.executable)("-m", "fwrl.launch.cli", *argv)
+    except ChildFailedError as exc:
+        for rank, failure in sorted(exc.failures.items()):
+            print(f"fwrl train: learner rank {rank} of {count} {describe_exit(int(failure.exitcode))}",
+                  file=sys.stderr)
+        return exit_status(exc.failures)
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    return 0
+
+
+def describe_exit(code: int) -> str:
+    """``killed by SIGKILL`` / ``stopped by SIGTERM (exit 143)`` / ``exited with status 2``."""
+    import signal
+
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        return f"stopped on {signal.Signals(code - 128).name} (exit {code})"
+    return f"exited with status {code}"
+
+
+def exit_status(failures: dict) -> int:
+    """Rank 0's exit code if it failed, else the first failed rank's (a signal death -N counts as 128 + N)."""
+    rank = 0 if 0 in failures else min(failures)
+    code = int(failures[rank].exitcode)
+    return 128 - code if code < 0 else code

@@ -1,0 +1,129 @@
+"""Several learner ranks as a user runs them (``fwrl train --learners N``, gloo on the CPU): one run
+folder, global agent steps, resume across rank counts, a killed rank, and learning."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+CLI = [sys.executable, "-m", "fwrl.launch.cli"]
+QUICK = ["--env", "memory:cue_delay?delay=2", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
+         "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "10", "--device", "cpu",
+         "--num-threads", "1", "--log-interval", "1"]
+
+
+def _train(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "train", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(run) -> list[dict]:
+    with (run / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def _descendants(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    kids = {int(x) for x in out.split()}
+    for kid in list(kids):
+        kids |= _descendants(kid)
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except (FileNotFoundError, PermissionError):
+        return None
+    return int(env[b"RANK"]) if b"RANK" in env and b"LOCAL_RANK" in env else None
+
+
+def test_two_ranks_write_one_run_and_resume_on_one_and_back_on_two(tmp_path):
+    run = tmp_path / "r"
+    first = _train(*QUICK, "--learners", "2", "--total-steps", "2000", "--runs-dir", str(tmp_path), "--name", "r")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert "2 learner ranks" in first.stdout
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml", "metrics.csv", "tensorboard"]
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    per_update = 4 * 10 * 2  # B x T x ranks: agent steps count every rank's columns
+    assert payload["agent_steps"] == payload["updates"] * per_update >= 2000
+    assert payload["scheduler"]["steps_per_update"] == per_update
+    one = _train("--resume", "--learners", "1", "--total-steps", "4000", "--runs-dir", str(tmp_path), "--name", "r")
+    assert one.returncode == 0, one.stderr[-3000:]
+    middle = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert middle["agent_steps"] >= 4000 and middle["scheduler"]["steps_per_update"] == 4 * 10
+    assert middle["updates"] - payload["updates"] == (middle["agent_steps"] - payload["agent_steps"]) // 40
+    two = _train("--resume", "--learners", "2", "--total-steps", "6000", "--runs-dir", str(tmp_path), "--name", "r")
+    assert two.returncode == 0, two.stderr[-3000:]
+    last = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert last["agent_steps"] >= 6000 and last["scheduler"]["steps_per_update"] == per_update
+    steps = [int(r["agent_steps"]) for r in _rows(run)]
+    assert steps == sorted(steps) and steps[-1] == last["agent_steps"]  # one metrics.csv, global steps
+
+
+def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_leaves_no_process(tmp_path):
+    proc = subprocess.Popen([*CLI, "train", *QUICK, "--learners", "2", "--dist-timeout", "60", "--total-steps",
+                             "100000000", "--runs-dir", str(tmp_path), "--name", "k"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = tmp_path / "k" / "checkpoint.pt"
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():  # the first checkpoint comes right after the first update
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.3)
+        everything = _descendants(proc.pid)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ranks = {_rank_of(int(p)): int(p) for p in children}  # the launcher's children are the ranks (their env
+        # workers inherit RANK too, one level further down)
+        assert 0 in ranks and 1 in ranks, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and took < 60 + 30, (proc.returncode, took)  # inside the process-group timeout
+    assert "learner rank 1" in err, err[-3000:]
+    payload = torch.load(ckpt, weights_only=True)
+    assert payload["updates"] >= 1
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in everything):
+        time.sleep(0.2)
+    assert not [p for p in everything if _alive(p)], "processes outlived the run"
+    resumed = _train("--resume", "--learners", "1", "--total-steps", str(payload["agent_steps"] + 200),
+                     "--runs-dir", str(tmp_path), "--name", "k")
+    assert resumed.returncode == 0 and "stopped by budget" in resumed.stdout, resumed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_two_ranks_learn_the_cue_like_one(tmp_path):
+    """The quickstart task (memory:cue_delay?delay=10) with two learner ranks, each with one worker of
+    the preset's two and the preset's batch: success >= 0.9 within 300k global agent steps, like the
+    single-learner test (first of seeds 1-3)."""
+    from learning_attempts import reaches
+
+    def success(seed: int) -> float:
+        name = f"s{seed}"
+        result = _train("--preset", "quickstart", "--learners", "2", "--num-threads", "1", "--seed", str(seed),
+                        "--runs-dir", str(tmp_path), "--name", name, "--log-interval", "10", timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows = [r for r in _rows(tmp_path / name) if r["mean_success"] not in ("", "nan")]
+        assert int(rows[-1]["agent_steps"]) >= 300_000
+        return float(rows[-1]["mean_success"])
+
+    passed, scores = reaches(success, 0.9)
+    assert passed, f"two-rank success {scores} after 300k steps"
