@@ -73,7 +73,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     """A valid non-default value for each setting, given as a flag, lands in the printed config."""
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
-              "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True,
+              "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo",
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}
     argv = ["train", "--print-config"]
     for wrapper in values["env_wrappers"]:

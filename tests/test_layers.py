@@ -1,7 +1,8 @@
 """The package's import graph: layers in one direction, no cycles (imports read with ``ast``).
 
 Layers, lowest first: ``fwrl`` itself, ``fwrl.errors`` and ``fwrl.utils`` <
-``envs`` < ``kernels`` < ``memory_modules`` < ``agents`` < ``launch``. Data flows
+``envs`` < ``kernels`` < ``memory_modules`` < ``agents`` < ``launch`` < ``fwrl.__main__``
+(``python -m fwrl``, the command line's entry point). Data flows
 one way (envs -> agents -> launch): a module may import its own layer and
 lower ones, never a higher one, and no set of modules imports each other in
 a circle (imports inside functions count too: they are cycles all the same).
@@ -14,8 +15,9 @@ from pathlib import Path
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fwrl"
-LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch")
-RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5}
+LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch", "__main__")
+RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5,
+        "__main__": 6}
 
 
 def module_name(path: Path) -> str:

@@ -116,3 +116,16 @@ def test_atomic_write_replaces_whole_files_with_open_permissions(tmp_path):
     assert path.read_bytes() == b"one" and sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()
     assert Path(path).exists()
+
+
+def test_the_same_command_twice_makes_two_runs(tmp_path):
+    """Without --name the run folder gets a name of its own (-2, -3, ...), so re-running a command
+    works; with --name a folder holding a run is refused (--resume continues it)."""
+    cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", *QUICK, "--total-steps", "200", "--runs-dir",
+           str(tmp_path)]
+    for _ in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory-cue-delay-lstm", "memory-cue-delay-lstm-2"]
+    named = subprocess.run(cmd + ["--name", "memory-cue-delay-lstm"], capture_output=True, text=True, timeout=180)
+    assert named.returncode == 2 and "already holds a run" in named.stderr

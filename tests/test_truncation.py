@@ -108,7 +108,7 @@ def test_learned_values_see_past_the_time_limit_only_with_bootstrapping(tmp_path
     bootstrapping every value approaches 1 / (1 - 0.9) = 10; treating the cut as the end, values
     of a few steps' reward (phase averages of 1 .. 6.5) instead."""
     from fwrl.launch.config import TrainConfig
-    from fwrl.launch.evaluate import load_agent
+    from fwrl.launch.agent import load_agent
     from fwrl.launch.train import train
 
     length = 10

@@ -13,7 +13,8 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   reference in fp32 while the part's time lasts;
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
   stem, one worker per core) for lstm, delta_net, rdn, srwm and elstm with
-  RTRL, the env ceiling measured once on the same workers;
+  RTRL, the env ceiling measured once on the same workers; then two learner
+  ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
 - ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (``rfwp-atari``),
   then ``fwrl evaluate`` and ``fwrl plot``.
 
@@ -289,7 +290,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
-                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 45, "--warmup", 15]
+                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 40, "--warmup", 12]
     rows, ceiling = [], None
     for core, extra in LEARNER_CORES:
         path = part.out / f"learner-{core}.json"
@@ -315,9 +316,10 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     goals = [goal_line("lstm agent steps/s / env ceiling", lstm and lstm["of_ceiling"], GOALS["lstm_of_ceiling"], ""),
              goal_line("rdn agent steps/s / lstm's", rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"]
                        if rdn and lstm else None, GOALS["rdn_of_lstm"], "")]
+    overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
     (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling, "rows": rows,
-                                                        "goals": goals}, indent=2))
+                                                        "goals": goals, "two_learner_ranks": overhead}, indent=2))
     _plot_learner(part.out / "learner.png", rows, ceiling, meta)
     md = header("GPU suite: learner throughput on Atari Pong", meta)
     md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --core CORE`; env ceiling (random actions, "
@@ -327,7 +329,31 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     md += table(rows, ("core", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag", "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
+    if overhead:
+        md += (f"\n## Two learner ranks sharing the device ({'cpu' if part.dry else 'one GPU'}, gloo)\n\n"
+               f"`python benchmarks/multi_learner_overhead.py`: Pong / nature / lstm, B 8 x T 80 per rank. One "
+               f"rank: {overhead['one_rank']['update_ms']:.1f} ms per update; two: "
+               f"{overhead['two_ranks']['update_ms']:.1f} ms, of which the all-reduce of the "
+               f"{overhead['one_rank']['gradient_mib']:.1f} MiB gradient is {overhead['two_ranks']['allreduce_ms']:.1f} ms "
+               f"({100 * overhead['allreduce_share_of_two_rank_update']:.1f}%).\n")
     (part.out / "learner.md").write_text(md)
+
+
+def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:
+    """Two learner ranks on this device: update time against the gradient all-reduce (issue 16)."""
+    path = part.out / "multi-learner.json"
+    argv = [sys.executable, "benchmarks/multi_learner_overhead.py", "--json", path,
+            "--updates", 3 if part.dry else 20, "--device", "cpu" if part.dry else "cuda"]
+    try:
+        result = part.run(argv, timeout=120, check=False)
+    except (TimeoutError, subprocess.TimeoutExpired) as exc:
+        part.log(f"two learner ranks: {exc}")
+        return None
+    if result.returncode != 0 or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    path.unlink()
+    return data
 
 
 def _plot_learner(path: Path, rows: list[dict[str, Any]], ceiling: float | None, meta: dict[str, Any]) -> None:

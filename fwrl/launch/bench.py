@@ -11,6 +11,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -51,14 +52,15 @@ def _check_window(seconds: float, warmup: float) -> None:
 
 def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds: float,
                       warmup: float = 3.0, seed: int = 0, backend: str = "local",
-                      backend_options: dict | None = None) -> EnvBenchResult:
+                      backend_options: dict | None = None,
+                      progress: Callable[[str], None] | None = None) -> EnvBenchResult:
     """Step ``env`` with uniformly random actions through a worker pool, no model.
 
     The pool is started, every worker resets its envs, then ``warmup`` seconds
     are stepped but not counted, then steps are counted for ``seconds``. This
     is the ceiling of training throughput on the same workers: agent steps/s
     of ``fwrl train`` divided by this number is the fraction left after
-    inference and learning.
+    inference and learning. ``progress(text)`` hears where it is, twice a second.
     """
     from fwrl.envs.registry import describe_env
     from fwrl.envs.backends import make_pool
@@ -77,8 +79,17 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
         pool.start()
         answered: set[int] = set()
         startup = warm_end = end = None
+        last_report = 0.0
         while True:
             now = time.monotonic()
+            if progress is not None and now - last_report >= 0.5:
+                last_report = now
+                if startup is None:
+                    progress(f"starting workers: {len(answered)} of {num_workers} have reset their envs")
+                elif not counting:
+                    progress(f"warming up {now - (warm_end - warmup):.0f} / {warmup:g} s")
+                else:
+                    progress(f"measuring {now - window_start:.0f} / {seconds:g} s: {steps:,} env steps")
             if startup is None and len(answered) == num_workers:
                 startup = now - begin
                 warm_end = now + warmup
@@ -120,8 +131,9 @@ def bench_envs(args: argparse.Namespace) -> int:
                   f"{args.envs_per_worker} envs, {warmup:g} s warm-up, {args.seconds:g} s measured ...")
     backend = args.backend
     options = {"address": args.ray_address} if backend == "ray" else None
-    r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup,
-                          backend=backend, backend_options=options)
+    with console.status("starting workers ...") as status:
+        r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup,
+                              backend=backend, backend_options=options, progress=status.update)
     table = Table("measure", "value", title=f"fwrl bench envs: {r.env}")
     table.add_row("env steps/s", f"{r.steps_per_second:,.0f}", style="bold")
     table.add_row("env steps/s per worker", f"{r.steps_per_second / r.num_workers:,.0f}")
@@ -260,12 +272,12 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     if ceiling_seconds > 0:
         console.print(f"env ceiling: {config.env} with random actions, {config.num_workers} workers x "
                       f"{config.envs_per_worker} envs, {ceiling_seconds:g} s ...")
-        with console.status("stepping envs with random actions ..."):
+        with console.status("stepping envs with random actions ...") as status:
             ceiling = measure_env_steps(config.env, config.num_workers, config.envs_per_worker, ceiling_seconds,
                                         warmup=min(3.0, ceiling_seconds / 2), seed=config.seed,
                                         backend=config.backend,
                                         backend_options={"address": config.ray_address}
-                                        if config.backend == "ray" else None)
+                                        if config.backend == "ray" else None, progress=status.update)
     console.print(f"training {config.env} / {config.core} ({config.stem} stem) on {config.device}: "
                   f"{warmup:g} s warm-up, {seconds:g} s measured ...")
     result = measure_throughput(config, seconds, warmup, progress=_BenchProgress(console, warmup, seconds))
