@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from processes import alive, children, descendants
 
 CLI = [sys.executable, "-m", "fwrl.launch.cli"]
 QUICK = ["--env", "memory:cue_delay?delay=2", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
@@ -24,22 +25,6 @@ def _train(*args, timeout=300) -> subprocess.CompletedProcess:
 def _rows(run) -> list[dict]:
     with (run / "metrics.csv").open() as f:
         return list(csv.DictReader(f))
-
-
-def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    kids = {int(x) for x in out.split()}
-    for kid in list(kids):
-        kids |= _descendants(kid)
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _rank_of(pid: int) -> int | None:
@@ -84,9 +69,8 @@ def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_leaves_no_process(tmp
         while not ckpt.exists():  # the first checkpoint comes right after the first update
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.3)
-        everything = _descendants(proc.pid)
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        ranks = {_rank_of(int(p)): int(p) for p in children}  # the launcher's children are the ranks (their env
+        everything = descendants(proc.pid)
+        ranks = {_rank_of(p): p for p in children(proc.pid)}  # the launcher's children are the ranks (their env
         # workers inherit RANK too, one level further down)
         assert 0 in ranks and 1 in ranks, ranks
         os.kill(ranks[1], signal.SIGKILL)
@@ -101,9 +85,9 @@ def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_leaves_no_process(tmp
     payload = torch.load(ckpt, weights_only=True)
     assert payload["updates"] >= 1
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(p) for p in everything):
+    while time.monotonic() < deadline and any(alive(p) for p in everything):
         time.sleep(0.2)
-    assert not [p for p in everything if _alive(p)], "processes outlived the run"
+    assert not [p for p in everything if alive(p)], "processes outlived the run"
     resumed = _train("--resume", "--learners", "1", "--total-steps", str(payload["agent_steps"] + 200),
                      "--runs-dir", str(tmp_path), "--name", "k")
     assert resumed.returncode == 0 and "stopped by budget" in resumed.stdout, resumed.stderr[-2000:]

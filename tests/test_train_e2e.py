@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from processes import alive, descendants
 
 pytest.importorskip("ale_py", reason="Atari tests need ale-py (pip install 'fwrl[atari]')")
 
@@ -51,22 +52,6 @@ def test_train_pong_then_resume(tmp_path):
     assert yaml.safe_load((run / "config.yaml").read_text())["total_steps"] == 128
 
 
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    kids = {int(x) for x in out.split()}
-    for kid in list(kids):
-        kids |= _children(kid)
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
     proc = subprocess.Popen([*CLI, "train", *PONG, "--total-steps", "100000000", "--checkpoint-interval", "1",
@@ -79,14 +64,14 @@ def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
         time.sleep(0.5)
     assert ckpt.exists(), "no checkpoint written within 180 s"
     time.sleep(2)
-    workers = _children(proc.pid)
+    workers = descendants(proc.pid)
     assert len(workers) >= 2
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+    while time.monotonic() < deadline and any(alive(p) for p in workers):
         time.sleep(0.2)
-    assert not [p for p in workers if _alive(p)], "env workers outlived the learner"
+    assert not [p for p in workers if alive(p)], "env workers outlived the learner"
     payload = torch.load(ckpt, weights_only=True)
     assert payload["format"] == "fwrl-checkpoint-v1"
     assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")], "half-written files left"

@@ -113,12 +113,13 @@ class InferenceLoop:
         self.k = pool.envs_per_worker
         self.timer = timer if timer is not None else StageTimer(self.device)
         self._staging = _Staging(self.device, pool.num_slots)
+        self._no_values = torch.zeros(pool.num_slots, device=self.device)
         self._graphed = None
         if graph:
             from fwrl.agents.inference_graph import GraphedActing
 
             self._graphed = GraphedActing(self.model, self.device, greedy)
-        self._offsets = torch.arange(self.k)
+        self._offsets = np.arange(self.k)
         # Dynamic batching: act on whichever workers are ready, but give the
         # others up to ``batch_wait`` seconds to join until ``min_batch``
         # workers are ready: a forward over 4 slots costs little more than over 1.
@@ -139,10 +140,11 @@ class InferenceLoop:
                           state_in: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per slot: where the episode was cut by a time limit, the acting weights' value of its
         final observation (the state carries on from the cut episode: no reset); 0 elsewhere."""
-        values = torch.zeros(len(env["reward"]), device=self.device)
+        n = len(env["reward"])
         cut = np.flatnonzero(np.concatenate([_field(r, "truncated") for r in results]))
         if len(cut) == 0:
-            return values
+            return self._no_values[:n]  # never written: the store copies it
+        values = torch.zeros(n, device=self.device)
         index = torch.from_numpy(cut).to(self.device)
         inputs = {"obs": torch.from_numpy(np.concatenate([r.final_obs for r in results])[cut]),
                   "reward": env["reward"].index_select(0, index),
@@ -172,7 +174,8 @@ class InferenceLoop:
         k = self.k
         workers = [r.worker for r in results]
         with timer.stage("rollout_bookkeeping", device_work=True):
-            slots = (torch.tensor(workers)[:, None] * k + self._offsets).flatten().to(self.device)
+            slots = torch.from_numpy((np.asarray(workers)[:, None] * k + self._offsets).ravel()).to(
+                self.device, non_blocking=True)
             env = self._staging.upload(results)
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             if self.store is not None:

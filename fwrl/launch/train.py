@@ -243,6 +243,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         last_log = last_ckpt = time.monotonic()
         last_steps = first_steps = learner.stats.agent_steps
         first_updates = learner.stats.updates
+        wrote_first = False
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         if config.eval_every > 0 and main:
             from fwrl.launch.evaluate import PeriodicEvaluator
@@ -282,10 +283,10 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 stopper.reason = "time limit"
                 break
             # the first checkpoint soon after the first update, then every interval
-            first_one = learner.stats.updates > first_updates and checkpoints.written == 0
+            first_one = not wrote_first and learner.stats.updates > first_updates
             if first_one or now - last_ckpt >= config.checkpoint_interval:
                 checkpoints.request(run_dir / "checkpoint.pt")
-                last_ckpt = now
+                last_ckpt, wrote_first = now, True
             if next_milestone and learner.stats.agent_steps >= next_milestone:
                 checkpoints.request(run_dir / f"checkpoint-{learner.stats.agent_steps}.pt")
                 next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
