@@ -153,8 +153,8 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.train).
 ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
-LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_optimiser",
-                "learner_publish")
+LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
+                "learner_optimiser", "learner_publish")
 
 
 @dataclass

@@ -69,7 +69,8 @@ class Progress:
         "acting time": (("env_wait", "envs"), ("inference_forward", "forward"), ("rollout_bookkeeping", "store"),
                         ("actor_other", "other")),
         "learner time": (("learner_idle", "idle"), ("learner_gather", "gather"), ("learner_forward", "forward"),
-                         ("learner_backward", "backward"), ("learner_optimiser", "optimiser"),
+                         ("learner_backward", "backward"), ("learner_allreduce", "all-reduce"),
+                         ("learner_optimiser", "optimiser"),
                          ("learner_publish", "publish")),
     }
 
