@@ -43,7 +43,9 @@ class _Staging:
 
     On CUDA they are concatenated into pinned host buffers (allocated on first
     use for all slots) and copied without blocking on the current stream; the
-    buffers are not written again before that copy has finished.
+    buffers are not written again before that copy has finished. ``host``
+    holds the concatenated host arrays of the last upload (read them before
+    the next one).
     """
 
     def __init__(self, device: torch.device, num_slots: int):
@@ -51,12 +53,14 @@ class _Staging:
         self.num_slots = num_slots
         self.pinned: dict[str, torch.Tensor] | None = None
         self.copied: torch.cuda.Event | None = None
+        self.host: dict[str, np.ndarray] = {}
 
     def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
         keys = ENV_KEYS + ((EXTRA_KEY,) if results[0].obs_extra is not None else ())
         arrays = {key: [_field(r, key) for r in results] for key in keys}
         if self.device.type != "cuda":
-            return {key: torch.from_numpy(np.concatenate(parts)) for key, parts in arrays.items()}
+            self.host = {key: np.concatenate(parts) for key, parts in arrays.items()}
+            return {key: torch.from_numpy(value) for key, value in self.host.items()}
         if self.pinned is None:
             self.pinned = {
                 key: torch.empty((self.num_slots, *parts[0].shape[1:]),
@@ -69,7 +73,7 @@ class _Staging:
         out = {}
         for key, parts in arrays.items():
             host = self.pinned[key][:n]
-            np.concatenate(parts, out=host.numpy())
+            self.host[key] = np.concatenate(parts, out=host.numpy())
             out[key] = host.to(self.device, non_blocking=True)
         self.copied = torch.cuda.Event()
         self.copied.record()
@@ -141,7 +145,7 @@ class InferenceLoop:
         """Per slot: where the episode was cut by a time limit, the acting weights' value of its
         final observation (the state carries on from the cut episode: no reset); 0 elsewhere."""
         n = len(env["reward"])
-        cut = np.flatnonzero(np.concatenate([_field(r, "truncated") for r in results]))
+        cut = np.flatnonzero(self._staging.host["truncated"])  # the step's flags, as uploaded
         if len(cut) == 0:
             return self._no_values[:n]  # never written: the store copies it
         values = torch.zeros(n, device=self.device)

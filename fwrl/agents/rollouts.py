@@ -217,15 +217,16 @@ class RolloutStore:
                 self.dropped_steps += self._cursor[w] * k
                 self._life[w], self._cursor[w] = life, 0
         rows = [self._cursor[w] for w in workers]
-        cols, entries = self._entries(workers, rows)
+        _, entries = self._entries(workers, rows)
         for key in self.spec.env_keys:
             self._flat[key].index_copy_(0, entries, _words(env[key].reshape(len(entries), -1)))
-        starting = [i for i, row in enumerate(rows) if row == 0]
-        if starting:
-            self._copy_state(starting, cols, state_in)
         for i, w in enumerate(workers):
             if rows[i] == T:
-                self._finish(w, i, state_in, on_rollout)
+                self._finish(w, on_rollout)
+        # a rollout starts at row 0, and at row T on the page that replaced the finished one
+        starting = [i for i, row in enumerate(rows) if row in (0, T)]
+        if starting:
+            self._copy_state(starting, self.columns_of(workers), state_in)
 
     def record_agent(self, workers: Sequence[int], agent: dict[str, Tensor], version: int) -> None:
         """Write the agent output computed from the obs just recorded (it belongs to the next
@@ -248,10 +249,10 @@ class RolloutStore:
             self.initial_state[name].index_copy_(0, dest, value.index_select(0, take_t))
         self.state_copies += len(take)
 
-    def _finish(self, worker: int, position: int, state_in: dict[str, Tensor],
-                on_rollout: Callable[[Rollout], None] | None) -> None:
-        """Row T of ``worker``'s page is written: start its next page with the overlap row and
-        the state before obs T, and hand the finished page to ``on_rollout``."""
+    def _finish(self, worker: int, on_rollout: Callable[[Rollout], None] | None) -> None:
+        """Row T of ``worker``'s page is written: start its next page with the overlap row (its
+        initial state, the state before obs T, is copied by ``record_env``) and hand the finished
+        page to ``on_rollout``."""
         k, T = self.k, self.spec.unroll_length
         old = self._page[worker]
         new = self._take_page()
@@ -259,10 +260,6 @@ class RolloutStore:
         dst = torch.arange(new * k, (new + 1) * k, device=self.device)
         for flat in self._flat.values():  # row T of the old page is row 0 of the new one
             flat.index_copy_(0, dst, flat.index_select(0, src + T * self._width))
-        part = slice(position * k, (position + 1) * k)
-        for name, value in state_in.items():
-            self.initial_state[name].index_copy_(0, dst, value[part])
-        self.state_copies += k
         self._versions[new][0] = self._versions[old][T]
         self._page[worker], self._cursor[worker] = new, 0
         ready = _record_event(self.device)

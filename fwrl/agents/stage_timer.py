@@ -45,11 +45,6 @@ class StageTimer:
         with self._lock:
             self._seconds[name] += elapsed
 
-    def add(self, name: str, seconds: float) -> None:
-        """Count ``seconds`` measured elsewhere towards ``name``."""
-        with self._lock:
-            self._seconds[name] += seconds
-
     def collect(self) -> tuple[dict[str, float], float]:
         """(seconds per stage, wall seconds) since the last call."""
         with self._lock:

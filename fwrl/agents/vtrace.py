@@ -52,11 +52,6 @@ class VTraceReturns:
     target_action_log_probs: Tensor | None = None
 
 
-def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
-    """log softmax(policy_logits)[action]: logits ``[T, B, A]``, actions ``[T, B]`` -> ``[T, B]``."""
-    return policy.log_prob(policy_logits, actions)
-
-
 def _check_shapes(log_rhos: Tensor, discounts: Tensor, rewards: Tensor,
                   values: Tensor, bootstrap_value: Tensor) -> None:
     if log_rhos.dim() != 2:

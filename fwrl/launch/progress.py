@@ -81,12 +81,8 @@ class Progress:
         self.live: Live | None = None
         self.rate = SmoothedRate()
         self.started = time.monotonic()
-        self.first_elapsed: float | None = None  # time of the run at this session's first row
 
     # ------------------------------------------------------------------ figures
-    def steps_per_second(self) -> float:
-        return self.rate.rate()
-
     def eta(self, row: dict) -> float:
         """Seconds until the step budget (or this session's --max-seconds) at the smoothed rate."""
         left = max(0, self.config.total_steps - int(row.get("agent_steps", 0)))
