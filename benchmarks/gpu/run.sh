@@ -2,17 +2,19 @@
 # Run one part of the GPU suite on a GPU box (or, with --dry-run, the same
 # code at tiny sizes on the CPU, as CI does):
 #
-#     benchmarks/gpu/run.sh [--dry-run] kernels|learner|pong [OUT_DIR]
+#     benchmarks/gpu/run.sh [--dry-run] [--budget SECONDS] kernels|learner|pong [OUT_DIR]
 #
 # Wheels carried in .whl/ (benchmarks/gpu/fetch_wheels.sh) are installed into
-# a private target first; fwrl itself runs from this checkout. Results go to
-# OUT_DIR/<part>/ (default: $OUT/<part> when $OUT is set, as on the device
-# tool's machines, else benchmarks/results/gpu/<part>). FWRL_COMMIT names the
-# commit in the results where the checkout has no .git.
+# a private target first (where the Python is 3.12, as on the box); fwrl itself
+# runs from this checkout. Results go to OUT_DIR/<part>/ (default: $OUT/<part>
+# when $OUT is set, as on the device tool's machines, else
+# benchmarks/results/gpu/<part>). FWRL_COMMIT names the commit in the results
+# where the checkout has no .git.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
-if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+# The wheels are built for the box's Python 3.12; another Python (a dry run here) uses its own packages.
+if compgen -G "$ROOT/.whl/*.whl" > /dev/null && "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
     SITE=${FWRL_SITE:-/tmp/fwrl-site}
     if [[ ! -f "$SITE/.installed" ]]; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
