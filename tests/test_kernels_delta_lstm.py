@@ -1,12 +1,17 @@
 """Fused Triton Delta LSTM against the float64 PyTorch reference (paper 000 App. A.2, Eq. 36-40).
 
 Set up as ``test_kernels_delta_rule.py`` is (interpreter copy of the kernel package,
-sm_90 compile-only check; shared pieces in ``kernel_harness.py``).
+sm_90 compile-only check; shared pieces in ``kernel_harness.py``). The tests marked
+with the ``head_dim`` fixture run twice: the register kernels (d = 16) and the streamed
+kernels of head dims 33..64, forced at d = 10 in row tiles of 4 (forward) and 8
+(backward), so that several tiles and a partly masked last tile are exercised; the
+streamed kernels also run at their real head dims (40, 64) at tiny shapes.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -52,16 +57,30 @@ def _grads(inputs, seed):
 _run = run_with_grads
 _assert_matches = functools.partial(assert_all_close, NAMES)
 
+
+@pytest.fixture(params=["registers", "streamed"])
+def head_dim(request, monkeypatch):
+    """The head dim of a small case: 16 for the register kernels; 10 for the streamed
+    kernels, forced at that size (forward tiles of 4 rows, backward tiles of 8)."""
+    if request.param == "streamed":
+        monkeypatch.setattr(K, "STREAM_ABOVE", 0)
+        monkeypatch.setattr(K, "STREAMED", {16: (4, 1, 8, 2)})
+        assert K._streams(10)
+        return 10
+    assert not K._streams(16)
+    return 16
+
+
 CASES = [(1, "none"), (1, "start"), (2, "none"), (2, "start"), (2, "mid"), (2, "everywhere"),
          (9, "mid")]
 
 
 @pytest.mark.parametrize("grad_mode", ["full", "step"])
-def test_matches_reference(grad_mode):
+def test_matches_reference(grad_mode, head_dim):
     """Values and gradients of every input, with resets at the start, inside the sequence
     (the backward replays the segments before them) and at every step."""
     for T, pattern in CASES:
-        inputs = _inputs(T, 2, 1, 16, seed=T)
+        inputs = _inputs(T, 2, 1, head_dim, seed=T)
         reset = resets(T, 2, pattern)
         grads = _grads(inputs, 100 + T)
         ref = _run(delta_lstm_reference, inputs, reset, grads, grad_mode=grad_mode)
@@ -70,13 +89,15 @@ def test_matches_reference(grad_mode):
         _assert_matches(ref, got, label=f"T={T} resets={pattern} {grad_mode}")
 
 
-@pytest.mark.parametrize("d", [12, 32])
+@pytest.mark.parametrize("d", [12, 32, 40, 64])
 def test_odd_and_largest_head_dims_and_partial_losses(d):
-    """d = 12 (masked lanes) and the largest supported d = 32; only y or only the final
-    state in the loss."""
-    T = 3
+    """d = 12 (masked lanes), the largest register d = 32, and the streamed kernels at
+    d = 40 (masked lanes and rows) and the largest supported d = 64; only y or only the
+    final state in the loss."""
+    assert K._streams(d) == (d > 32)
+    T = 3 if d <= 40 else 2
     inputs = _inputs(T, 2, 1, d, seed=d)
-    reset = torch.tensor([[False, True], [True, False], [False, True]])
+    reset = torch.tensor([[False, True], [True, False], [False, True]])[:T]
     gy, gW, gc, gyT = _grads(inputs, 7)
     for which, grads in (("y only", [gy, None, None, None]), ("state only", [None, gW, gc, gyT])):
         ref = _run(delta_lstm_reference, inputs, reset, grads)
@@ -84,9 +105,9 @@ def test_odd_and_largest_head_dims_and_partial_losses(d):
         _assert_matches(ref, got, label=f"d={d} {which}")
 
 
-def test_split_sequence_equals_one_call():
+def test_split_sequence_equals_one_call(head_dim):
     T, T1 = 6, 3
-    inputs = [t.float() for t in _inputs(T, 1, 2, 16, seed=8)]
+    inputs = [t.float() for t in _inputs(T, 1, 2, head_dim, seed=8)]
     reset = resets(T, 1, "mid")
     grads = [g.float() for g in _grads(inputs, 3)]
 
@@ -108,10 +129,11 @@ def test_split_sequence_equals_one_call():
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_reversal_rebuilds_the_initial_state():
-    """Undoing 30 updates of all six matrices from the fp32 records gives back W0."""
-    T = 30
-    inputs = [t.float() for t in _inputs(T, 1, 1, 16, seed=21)]
+def test_reversal_rebuilds_the_initial_state(head_dim):
+    """Undoing 30 (streamed: 12) updates of all six matrices from the fp32 records gives
+    back W0."""
+    T = 30 if head_dim == 16 else 12
+    inputs = [t.float() for t in _inputs(T, 1, 1, head_dim, seed=21)]
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, WT, cT, yT, records = K._forward(*inputs, reset, store=True)
     *_, rebuilt = K._backward(*inputs[:5], records, WT, torch.zeros_like(y), torch.zeros_like(WT),
@@ -120,10 +142,10 @@ def test_reversal_rebuilds_the_initial_state():
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
 
 
-def test_extreme_inputs_stay_finite():
+def test_extreme_inputs_stay_finite(head_dim):
     """Logits of +-80, saturated rates and a peaked recurrent softmax."""
     T = 5
-    inputs = _inputs(T, 2, 1, 16, seed=13)
+    inputs = _inputs(T, 2, 1, head_dim, seed=13)
     q, k, beta = inputs[0], inputs[1], inputs[3]
     q[:, 0] = 80.0 * torch.sign(q[:, 0])
     k[:, 0] = -80.0
@@ -138,10 +160,11 @@ def test_extreme_inputs_stay_finite():
     _assert_matches(ref, got, atol=1e-4, label="extreme")
 
 
-def test_low_precision_inputs():
-    """bf16 q, k, v, beta with an fp32 state, against the reference on the same rounded inputs."""
+def test_low_precision_inputs(head_dim):
+    """bf16 q, k, v, beta with an fp32 state, against the reference on the same rounded inputs
+    (the streamed kernels carry y_{t-1} in fp32, not through the bf16 output)."""
     T = 4
-    inputs = _inputs(T, 2, 1, 16, seed=4)
+    inputs = _inputs(T, 2, 1, head_dim, seed=4)
     for i in range(4):
         inputs[i] = inputs[i].to(torch.bfloat16).double()
     reset = resets(T, 2, "mid")
@@ -161,9 +184,9 @@ def test_low_precision_inputs():
         torch.testing.assert_close(g.double(), r, **tol, msg=lambda m: f"{name}: {m}")
 
 
-def test_inference_path_and_determinism():
+def test_inference_path_and_determinism(head_dim):
     T = 3
-    inputs = [t.float() for t in _inputs(T, 2, 1, 16, seed=5)]
+    inputs = [t.float() for t in _inputs(T, 2, 1, head_dim, seed=5)]
     reset = resets(T, 2, "mid")
     with torch.no_grad():
         got = K.delta_lstm_triton(*(t[:1] for t in inputs[:4]), *inputs[4:], reset[:1])
@@ -186,8 +209,10 @@ def test_supports_and_dispatch(monkeypatch):
     q, k, v, beta, W0 = inputs[:5]
     assert K.supports(q, k, v, beta, W0) is None
     assert "grad_mode" in K.supports(q, k, v, beta, W0, grad_mode="none")
-    big = [t.float() for t in _inputs(1, 1, 1, 64)]
-    assert "head_dim of at most 32" in K.supports(*big[:5])
+    for d in (33, 48, 64):  # the streamed kernels
+        assert K.supports(*[t.float() for t in _inputs(1, 1, 1, d)][:5]) is None
+    big = [t.float() for t in _inputs(1, 1, 1, 65)]
+    assert "head_dim of at most 64" in K.supports(*big[:5])
     assert "dtype" in K.supports(q.double(), k, v, beta, W0)
     assert "k has shape" in K.supports(q, k[..., :8], v, beta, W0)
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -203,7 +228,7 @@ def test_supports_and_dispatch(monkeypatch):
 
 @needs_compiling_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d", [16, 32])
+@pytest.mark.parametrize("d", [16, 32, 48, 64])
 def test_cuda_matches_reference(d, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     delta_lstm_triton = load_kernel_module(KERNEL, interpret=False).delta_lstm_triton
@@ -219,10 +244,48 @@ def test_cuda_matches_reference(d, monkeypatch):
         _assert_matches(ref, [g.cpu() for g in got], atol=1e-4, rtol=1e-3, label=grad_mode)
 
 
-# Shipped configurations: the preset head dim 32 (Atari defaults) and 16.
+# Shipped configurations: the preset head dim 32 (Atari defaults) and 16 (register
+# kernels); 48 and 64 (streamed kernels).
 COMPILE_CASES = [(16, "bf16"), (32, "bf16"), (32, "fp32")]
+STREAMED_COMPILE_CASES = [(48, "fp32"), (48, "bf16"), (64, "fp32"), (64, "bf16")]
 # The integer arguments of this module's kernels are i32 (the head dim D is a constant).
 _compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
+
+
+def _io_types(dtype):
+    io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK", "DV", "DBETA")}
+    io.update(RESET="*i8", START="*i32")
+    return io
+
+
+def _assert_no_spills(compiled, label):
+    stack, local = stack_and_local_bytes(compiled)
+    assert stack == 0 and local == 0, (
+        f"Delta LSTM {label} spills registers: stack {stack} B, local {local} B"
+    )
+
+
+_BLOCKED = re.compile(r"#(\w+) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], "
+                      r"threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]")
+
+
+def _assert_tiles_owned_once(compiled, br, bd, label):
+    """The streamed kernels update each matrix tile in place (load, then store the same
+    addresses, no barrier between): every [BR, BD] fp32 tile load and store must use one
+    layout that gives each element to exactly one thread (no replica may read an element
+    another thread has already overwritten)."""
+    ttgir = compiled.asm["ttgir"]
+    layouts = {name: [[int(x) for x in part.split(",")] for part in parts]
+               for name, *parts in _BLOCKED.findall(ttgir)}
+    used = set(re.findall(rf"tt\.(?:load|store) .*: tensor<{br}x{bd}x!tt\.ptr<f32>, #(\w+)>",
+                          ttgir))
+    assert len(used) == 1, f"{label}: tile loads and stores use the layouts {used}"
+    (name,) = used
+    spt, tpw, wpc = layouts[name]
+    covered = [a * b * c for a, b, c in zip(spt, tpw, wpc)]
+    assert covered[0] <= br and covered[1] <= bd, (
+        f"{label}: layout {name} covers {covered} > the [{br}, {bd}] tile (replicated)"
+    )
 
 
 @needs_compiling_triton
@@ -230,18 +293,23 @@ def test_compiles_for_sm90_without_spills():
     skip_without_sm90_toolchain()
     C = load_kernel_module(KERNEL, interpret=False)
     for d, dtype in COMPILE_CASES:
+        assert not C._streams(d)
         bd, fwd_warps, bwd_warps = C._block_sizes(d)
-        io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK", "DV",
-                                       "DBETA")}
-        io.update(RESET="*i8", START="*i32")
-        fwd = _compile_sm90(C._forward_kernel, io, dict(D=d, BD=bd, STORE=True, REPS=1e-6),
-                            fwd_warps)
-        bwd = _compile_sm90(C._backward_kernel, io,
+        fwd = _compile_sm90(C._forward_kernel, _io_types(dtype),
+                            dict(D=d, BD=bd, STORE=True, REPS=1e-6), fwd_warps)
+        bwd = _compile_sm90(C._backward_kernel, _io_types(dtype),
                             dict(D=d, BD=bd, FULL=True, WRITE_REBUILT=False, REPS=1e-6),
                             bwd_warps)
-        for name, compiled in (("forward", fwd), ("backward", bwd)):
-            stack, local = stack_and_local_bytes(compiled)
-            assert stack == 0 and local == 0, (
-                f"Delta LSTM {name} kernel for d={d} ({dtype}) spills registers: "
-                f"stack {stack} B, local {local} B"
-            )
+        _assert_no_spills(fwd, f"forward kernel for d={d} ({dtype})")
+        _assert_no_spills(bwd, f"backward kernel for d={d} ({dtype})")
+    for d, dtype in STREAMED_COMPILE_CASES:
+        assert C._streams(d)
+        bd, fwd_rows, fwd_warps, bwd_rows, bwd_warps = C._streamed_sizes(d)
+        fwd = _compile_sm90(C._forward_streamed_kernel, _io_types(dtype),
+                            dict(D=d, BD=bd, BR=fwd_rows, STORE=True, REPS=1e-6), fwd_warps)
+        bwd = _compile_sm90(C._backward_streamed_kernel, _io_types(dtype),
+                            dict(D=d, BD=bd, BR=bwd_rows, FULL=True, REPS=1e-6), bwd_warps)
+        for label, compiled, rows in (("forward", fwd, fwd_rows), ("backward", bwd, bwd_rows)):
+            label = f"streamed {label} kernel for d={d} ({dtype})"
+            _assert_no_spills(compiled, label)
+            _assert_tiles_owned_once(compiled, rows, bd, label)

@@ -1,7 +1,10 @@
 """Fused Triton SRWM against the float64 PyTorch reference (paper 002, Eq. 5-8).
 
 Set up as ``test_kernels_delta_rule.py`` is (interpreter copy of the kernel module,
-sm_90 compile-only check; shared pieces in ``kernel_harness.py``).
+sm_90 compile-only check; shared pieces in ``kernel_harness.py``). Both paths are
+tested: the whole matrix in one program's registers, and the split path of
+``srwm_split`` (W^y's rows over programs), forced at small head dims with
+``split_rows`` and taken on its own by SR-DeltaNet at d = 64 (Dy = 193).
 """
 
 from __future__ import annotations
@@ -82,30 +85,51 @@ def test_matches_reference(grad_mode):
         _assert_matches(ref, got, label=f"T={T} resets={pattern} {input_map}")
 
 
-def test_sr_delta_net_shape_and_partial_losses():
+@pytest.mark.parametrize("grad_mode", ["full", "step"])
+def test_split_path_matches_reference(grad_mode):
+    """The split path forced at d = 4 with Dy = 13 (SR-DeltaNet's 3d + 1) in chunks of 4
+    rows (the last chunk holds one row), over the reset patterns and input maps."""
+    for T, pattern, input_map in CASES:
+        inputs = _inputs(T, 2, 1, 4, 13, seed=T)
+        reset = resets(T, 2, pattern)
+        grads = _grads(inputs, 100 + T)
+        kwargs = dict(input_map=input_map, grad_mode=grad_mode)
+        ref = _run(srwm_reference, inputs, reset, grads, **kwargs)
+        got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, split_rows=4,
+                   **kwargs)
+        _assert_matches(ref, got, label=f"split T={T} resets={pattern} {input_map}")
+
+
+@pytest.mark.parametrize("split_rows", [None, 4])
+def test_sr_delta_net_shape_and_partial_losses(split_rows):
     """Dy = 3d + 1 (SR-DeltaNet's y-part), odd head dim, two heads; only y or only the
-    final offsets in the loss."""
-    T, d = 5, 12
+    final offsets in the loss. The split path at d = 5: Dy = 16, four full chunks."""
+    T, d = 5, (12 if split_rows is None else 5)
     inputs = _inputs(T, 2, 2, d, 3 * d + 1, seed=3)
     reset = resets(T, 2, "mid")
     grads = _grads(inputs, 7)
     for which, g in (("outputs only", [grads[0]] + [None] * 4), ("offsets only", [None] + grads[1:])):
         ref = _run(srwm_reference, inputs, reset, g)
-        got = _run(K.srwm_triton, inputs, reset, g, dtype=torch.float32)
+        got = _run(K.srwm_triton, inputs, reset, g, dtype=torch.float32, split_rows=split_rows)
         _assert_matches(ref, got, label=which)
 
 
-@pytest.mark.parametrize("d,dy", [(32, 97), (64, 64)])
-def test_large_heads(d, dy):
-    """SR-DeltaNet's SRWM at d = 32 (Dy = 3d + 1) and the SRWM at its largest head dim, with
-    resets (the backward replays row 0 from S + O_0 at t = 1, row 1 from S at t = 2)."""
+@pytest.mark.parametrize("d,dy,grad_mode", [(32, 97, "full"), (64, 64, "full"),
+                                            (64, 193, "full"), (64, 193, "step"),
+                                            (40, 121, "full")])
+def test_large_heads(d, dy, grad_mode):
+    """SR-DeltaNet's SRWM at d = 32 (Dy = 3d + 1), the SRWM at its largest head dim, and
+    SR-DeltaNet at d = 64 and 40 (the split path, taken on its own), with resets (the
+    backward replays row 0 from S + O_0 at t = 1, row 1 from S at t = 2)."""
     T = 3
     inputs = _inputs(T, 2, 1, d, dy, seed=d)
     reset = torch.tensor([[False, True], [True, False], [False, True]])
     grads = _grads(inputs, d)
-    ref = _run(srwm_reference, inputs, reset, grads)
-    got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32)
-    _assert_matches(ref, got, label=f"d={d} Dy={dy}")
+    expected_rows = K.SPLIT_ROWS if dy == 3 * d + 1 and d > 32 else None
+    assert K._split_rows(d, dy, None) == expected_rows
+    ref = _run(srwm_reference, inputs, reset, grads, grad_mode=grad_mode)
+    got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, grad_mode=grad_mode)
+    _assert_matches(ref, got, label=f"d={d} Dy={dy} {grad_mode}")
 
 
 def test_split_sequence_equals_one_call():
@@ -133,21 +157,24 @@ def test_split_sequence_equals_one_call():
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_reversal_rebuilds_the_initial_state():
-    """Undoing 100 self-modifications from the fp32 records gives back S + O_0."""
+@pytest.mark.parametrize("split_rows", [None, 32])
+def test_reversal_rebuilds_the_initial_state(split_rows):
+    """Undoing 100 self-modifications from the fp32 records gives back S + O_0 (on the
+    split path: every chunk of W^y and the core rows)."""
     T = 100
-    x, *rest = (t.float() for t in _inputs(T, 1, 1, 16, seed=21))
+    x, *rest = (t.float() for t in _inputs(T, 1, 1, 16, 3 * 16 + 1, seed=21))
     S = torch.cat(rest[:4], dim=1)
     O0 = torch.cat(rest[4:], dim=2)
     reset = torch.zeros(T, 1, dtype=torch.bool)
-    y, OT, records = K._forward(x, S, O0, reset, fmap=2, store=True)
+    y, OT, records = K._forward(x, S, O0, reset, fmap=2, store=True, split_rows=split_rows)
     *_, rebuilt = K._backward(x, S, O0, records, OT, torch.zeros_like(y), torch.zeros_like(OT),
-                              fmap=2, full=True, rebuild=True)
+                              fmap=2, full=True, rebuild=True, split_rows=split_rows)
     W0 = S + O0
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
 
 
-def test_extreme_inputs_stay_finite():
+@pytest.mark.parametrize("split_rows", [None, 8])
+def test_extreme_inputs_stay_finite(split_rows):
     """Input logits of +-80, saturated rates (sigmoid of +-80) and peaked q, k."""
     T = 6
     inputs = _inputs(T, 2, 1, 16, seed=13)
@@ -161,7 +188,8 @@ def test_extreme_inputs_stay_finite():
     grads = _grads(inputs, 2)
     for input_map in ("softmax", "identity"):
         ref = _run(srwm_reference, inputs, reset, grads, input_map=input_map)
-        got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, input_map=input_map)
+        got = _run(K.srwm_triton, inputs, reset, grads, dtype=torch.float32, input_map=input_map,
+                   split_rows=split_rows)
         if input_map == "softmax":
             _assert_matches(ref, got, atol=1e-4, label=input_map)
         else:  # logits of +-80 times weights: only finiteness is meaningful here
@@ -169,17 +197,18 @@ def test_extreme_inputs_stay_finite():
                 assert torch.isfinite(g).all(), f"{input_map}: {name} is not finite"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16])
-def test_low_precision_inputs(dtype):
+@pytest.mark.parametrize("dtype,split_rows", [(torch.bfloat16, None), (torch.bfloat16, 4)])
+def test_low_precision_inputs(dtype, split_rows):
     """bf16 x with fp32 slow weights and state, against the reference on the same rounded x."""
     T = 5
-    inputs = _inputs(T, 2, 1, 16, seed=4)
+    inputs = _inputs(T, 2, 1, 16, 10, seed=4)
     inputs[0] = inputs[0].to(dtype).double()
     reset = resets(T, 2, "mid")
     grads = _grads(inputs, 9)
     ref = _run(srwm_reference, inputs, reset, grads)
     leaves = [inputs[0].to(dtype).requires_grad_()] + [t.float().requires_grad_() for t in inputs[1:]]
-    y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset)
+    y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset,
+                            split_rows=split_rows)
     assert y.dtype == dtype and all(o.dtype == torch.float32 for o in offs)
     loss = sum((o.double() * g).sum() for o, g in zip([y, *offs], grads))
     d = torch.autograd.grad(loss, leaves)
@@ -192,12 +221,14 @@ def test_low_precision_inputs(dtype):
         torch.testing.assert_close(g.double(), r, **tol, msg=lambda m: f"{name}: {m}")
 
 
-def test_inference_path_and_determinism():
+@pytest.mark.parametrize("split_rows", [None, 16])
+def test_inference_path_and_determinism(split_rows):
     T = 3
-    inputs = [t.float() for t in _inputs(T, 2, 1, 16, seed=5)]
+    inputs = [t.float() for t in _inputs(T, 2, 1, 16, 3 * 16 + 1, seed=5)]
     reset = resets(T, 2, "mid")
     with torch.no_grad():
-        y, offs = K.srwm_triton(inputs[0][:1], *inputs[1:5], tuple(inputs[5:]), reset[:1])
+        y, offs = K.srwm_triton(inputs[0][:1], *inputs[1:5], tuple(inputs[5:]), reset[:1],
+                                split_rows=split_rows)
         y_r, offs_r = srwm_reference(inputs[0][:1].double(), *(t.double() for t in inputs[1:5]),
                                      tuple(t.double() for t in inputs[5:]), reset[:1])
     for a, b in zip([y, *offs], [y_r, *offs_r]):
@@ -205,7 +236,8 @@ def test_inference_path_and_determinism():
     results = []
     for _ in range(2):
         leaves = [t.clone().requires_grad_() for t in inputs]
-        y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset)
+        y, offs = K.srwm_triton(leaves[0], *leaves[1:5], tuple(leaves[5:]), reset,
+                                split_rows=split_rows)
         results.append(torch.autograd.grad(y.sum() + sum(o.square().sum() for o in offs), leaves))
     for a, b in zip(*results):
         assert torch.equal(a, b)
@@ -223,7 +255,12 @@ def test_supports_and_dispatch(monkeypatch):
     wide = [t.float() for t in _inputs(1, 1, 1, 32, 97)]  # SR-DeltaNet at d = 32
     assert K.supports(wide[0], *wide[1:5]) is None
     wider = [t.float() for t in _inputs(1, 1, 1, 64, 193)]  # SR-DeltaNet at d = 64
-    assert "registers" in K.supports(wider[0], *wider[1:5])
+    assert K.supports(wider[0], *wider[1:5]) is None  # the split path
+    beyond = [t.float() for t in _inputs(1, 1, 1, 65, 196)]  # SR-DeltaNet at d = 65
+    assert "head_dim of at most 64" in K.supports(beyond[0], *beyond[1:5])
+    assert K._split_rows(32, 97, None) is None and K._split_rows(33, 100, None) == K.SPLIT_ROWS
+    with pytest.raises(ValueError, match="power of two"):
+        K._split_rows(16, 49, 3)
     assert "dtype" in K.supports(x.double(), *slow)
     assert "W_q" in K.supports(x, slow[0], slow[1][:, :8], *slow[2:])
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -242,9 +279,10 @@ def test_supports_and_dispatch(monkeypatch):
 
 @needs_compiling_triton
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d,dy", [(16, 16), (16, 49), (32, 32), (32, 97), (64, 64)])
+@pytest.mark.parametrize("d,dy", [(16, 16), (16, 49), (32, 32), (32, 97), (64, 64), (64, 193)])
 def test_cuda_matches_reference(d, dy, monkeypatch):
-    """On a GPU: the compiled kernels at rollout-like shapes, both grad modes."""
+    """On a GPU: the compiled kernels at rollout-like shapes, both grad modes (SR-DeltaNet
+    at d = 64, Dy = 193, on the split path)."""
     monkeypatch.delenv("TRITON_INTERPRET")
     srwm_triton = load_kernel_module(KERNEL, interpret=False).srwm_triton
     T, B, H = 51, 4, 2
@@ -287,4 +325,38 @@ def test_compiles_for_sm90_without_spills():
             assert stack == 0 and local == 0, (
                 f"SRWM {name} kernel for d={d}, Dy={dy} ({dtype}) spills registers: "
                 f"stack {stack} B, local {local} B"
+            )
+
+
+# The split path (srwm_split) as the dispatch takes it: SR-DeltaNet at d = 64
+# (Dy = 193) and d = 40 (Dy = 121), and shapes beyond WARPS at head dims 16 and
+# 32 (padded Dy of 256), with the default rows per program.
+SPLIT_COMPILE_CASES = [(64, 193, "fp32"), (64, 193, "bf16"), (40, 121, "bf16"),
+                       (16, 200, "fp32"), (24, 200, "bf16")]
+
+
+@needs_compiling_triton
+def test_split_kernels_compile_for_sm90_without_spills():
+    skip_without_sm90_toolchain()
+    C = load_kernel_module(KERNEL, interpret=False)
+    P = C.split_forward.__globals__  # the srwm_split module of the same package copy
+    for d, dy, dtype in SPLIT_COMPILE_CASES:
+        rows = C._split_rows(d, dy, None)
+        assert rows == C.SPLIT_ROWS, f"d={d}, Dy={dy} does not take the split path"
+        bd, core_warps, y_warps = P["split_config"](d, rows)
+        io = {n: f"*{dtype}" for n in ("X", "Y", "DX", "DYOUT")}
+        io.update(RESET="*i8", START="*i32")
+        sizes = dict(D=d, DY=dy, NREC=C._num_records(d, dy), BD=bd, FMAP=2)
+        bwd = dict(FULL=True, WRITE_REBUILT=False)
+        kernels = (
+            ("core forward", P["_core_forward_kernel"], sizes, core_warps[0]),
+            ("core backward", P["_core_backward_kernel"], dict(sizes, **bwd), core_warps[1]),
+            ("W^y forward", P["_y_forward_kernel"], dict(sizes, BC=rows), y_warps[0]),
+            ("W^y backward", P["_y_backward_kernel"], dict(sizes, BC=rows, **bwd), y_warps[1]),
+        )
+        for name, kernel, constexprs, warps in kernels:
+            stack, local = stack_and_local_bytes(_compile_sm90(kernel, io, constexprs, warps))
+            assert stack == 0 and local == 0, (
+                f"SRWM split {name} kernel for d={d}, Dy={dy} ({dtype}, {warps} warps) spills "
+                f"registers: stack {stack} B, local {local} B"
             )

@@ -168,6 +168,42 @@ def _recurrent_softmax_backward(h, df, mask, EPS: tl.constexpr):
     return tl.where(mask, dh, 0.0)
 
 
+# --------------------------------------------------------------------------- blocks
+
+
+@triton.jit
+def _pick(vec, idx, i: tl.constexpr):
+    """Element i of a small vector as a scalar."""
+    return _sum(tl.where(idx == i, vec, 0.0), 0)
+
+
+@triton.jit
+def _block(row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """Offsets and mask of rows [row0, row0 + rows) of a [*, D] matrix, as [BR, BD]."""
+    orr = tl.arange(0, BR)
+    od = tl.arange(0, BD)
+    return (row0 + orr[:, None]) * D + od[None, :], (orr[:, None] < rows) & (od[None, :] < D)
+
+
+@triton.jit
+def _runtime_zero(flag):
+    """0, computed from the loaded 0/1 byte ``flag``.
+
+    Added to the row offset of reads inside a time loop (e.g. slow weights at
+    resets and replays): the address tensors then depend on a value the compiler
+    cannot see and are formed at each read, instead of being hoisted out of the
+    loop where they would hold registers for all of it.
+    """
+    return tl.minimum(flag.to(tl.int32), 0)
+
+
+@triton.jit
+def _load_rows(base, row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """Rows [row0, row0 + rows) of the [*, D] matrix at ``base`` as an fp32 [BR, BD] block."""
+    p, m = _block(row0, rows, BR, BD, D)
+    return tl.load(base + p, mask=m, other=0.0).to(tl.float32)
+
+
 # --------------------------------------------------------------------------- Python helpers
 
 
@@ -239,3 +275,9 @@ def launch_options(num_warps: int) -> dict:
 def warps_for(elements: int, per_warp: int, low: int = 1, high: int = 8) -> int:
     """A power of two of warps, ``elements / per_warp`` clamped to [low, high]."""
     return min(high, max(low, triton.next_power_of_2(max(1, elements // per_warp))))
+
+
+def padded(n: int) -> int:
+    """``n`` padded to a power of two, 16 at least: the block size every kernel lays a
+    head dim (or a row count) out in."""
+    return max(16, triton.next_power_of_2(n))

@@ -47,8 +47,8 @@ from fwrl.kernels.reference.feature_maps import (
 
 from .common import (
     FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _recurrent_softmax,
-    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, replay_starts,
-    tensor_reasons,
+    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, padded,
+    replay_starts, tensor_reasons,
 )
 
 # Largest head dim (and key feature size) the kernels run without spilling
@@ -221,8 +221,8 @@ def _backward_kernel(
 
 def _block_sizes(d: int, dk: int) -> tuple[int, int, int, int]:
     """(BD, BK, forward warps, backward warps) for head dim d and key features dk (WARPS)."""
-    bd = max(16, triton.next_power_of_2(d))
-    bk = max(16, triton.next_power_of_2(dk))
+    bd = padded(d)
+    bk = padded(dk)
     fwd, bwd = WARPS[(min(bd, bk), max(bd, bk))]
     return bd, bk, fwd, bwd
 

@@ -53,8 +53,8 @@ from fwrl.errors import unknown_choice
 from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
 from .common import (
-    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat,
-    aligned, launch_options, replay_starts, tensor_reasons, warps_for,
+    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat, aligned,
+    launch_options, padded, replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
@@ -225,7 +225,7 @@ def _block_sizes(dk: int, dv: int, split: int = 1) -> tuple[int, int, int, int]:
     (head dim 128: four programs of 32 rows even at split 1). The warps keep
     both kernels free of spills on sm_90 (``tests/test_kernels_delta_rule.py``).
     """
-    bk = max(16, triton.next_power_of_2(dk))
+    bk = padded(dk)
     bv = min(max(1, triton.next_power_of_2(triton.cdiv(dv, split))), MAX_BLOCK_ELEMENTS // bk)
     return bk, bv, warps_for(bk * bv, 512, high=4), warps_for(bk * bv, 512)
 
@@ -313,7 +313,7 @@ def _feature_map_backward(x: Tensor, dphi_parts: Tensor, fmap: int) -> Tensor:
     n = T * B * H
     _feature_map_backward_kernel[(n,)](
         x, dphi_parts, dx, n, nv, D,
-        BD=max(16, triton.next_power_of_2(D)), FMAP=fmap, EPS=SUM_NORM_EPS, **launch_options(1),
+        BD=padded(D), FMAP=fmap, EPS=SUM_NORM_EPS, **launch_options(1),
     )
     return dx
 

@@ -47,7 +47,7 @@ from fwrl.kernels.reference.rdn import GRAD_MODES
 
 from .common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
-    aligned, launch_options, replay_starts, tensor_reasons,
+    aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
@@ -200,7 +200,7 @@ def _backward_kernel(
 
 def _block_sizes(d: int) -> tuple[int, int, int]:
     """(BD, forward warps, backward warps) for head dim d (WARPS)."""
-    bd = max(16, triton.next_power_of_2(d))
+    bd = padded(d)
     return (bd, *WARPS[bd])
 
 

@@ -18,8 +18,11 @@ padded to the power of two of the total row count; the input map, both
 softmaxes and the sigmoids run in the kernel. The kernel carries the full
 weights W = S + O; the offsets O are formed once on entry and exit, and S is
 read from memory (where it stays in cache) only at resets, so it takes no
-registers. The rows cannot be split over programs: every row block feeds
-q and k, which every row's update reads.
+registers. W^q, W^k and W^b cannot be split over programs: each feeds q and
+k, which every row's update reads. W^y only reads them, so where the whole
+matrix does not fit in registers (SR-DeltaNet, Dy = 3d + 1, at d = 33..64: up
+to 325 x 64) ``srwm_split`` runs [W^q; W^k; W^b] in one program and W^y's rows
+split over several (``srwm_triton`` picks the path; ``split_rows`` forces it).
 
 Backward without storing the T matrices: the forward records, per step and in
 fp32, r, q, k and beta, so ``u`` is recomputed bit for bit and the update is
@@ -40,7 +43,7 @@ The kernel writes g and dz per step (fp32); dS, a sum of outer products over
 (t, b), is two batched GEMMs over those records in PyTorch afterwards:
 deterministic, no atomics, and no [R, D] accumulator in registers (which is
 what lets d = 64 and SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without
-spilling; ``WARPS`` lists the block shapes the kernels take).
+spilling; ``WARPS`` lists the block shapes the register kernels take).
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.srwm import GRAD_MODES, INPUT_MAPS, NUM_RATES
 
 from .common import (
-    _matvec, _sigmoid, _softmax, _softmax_backward, _sum, _vecmat, aligned, launch_options,
-    replay_starts, tensor_reasons,
+    _block, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward, _sum, _vecmat,
+    aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
+from .srwm_split import SPLIT_ROWS, _num_records, split_backward, split_forward
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
@@ -66,32 +70,12 @@ MAX_HEAD_DIM = 64
 # W^y), each compiled for sm_90 without spilling registers (the shipped shapes
 # are checked by tests/test_kernels_srwm.py). It covers the
 # SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
-# shapes (SR-DeltaNet at d = 64: Dy = 193, a 388 x 64 matrix) run on the
-# reference. The backward takes few warps: its per-row vectors are replicated
-# across warps, so more warps cost registers rather than save them.
+# shapes (SR-DeltaNet at d = 64: Dy = 193, a 325 x 64 matrix) take the split
+# path of ``srwm_split``. The backward takes few warps: its per-row vectors are
+# replicated across warps, so more warps cost registers rather than save them.
 WARPS = {(16, 16): (1, 4), (16, 32): (1, 4), (16, 64): (1, 4), (32, 16): (4, 4),
          (32, 32): (4, 4), (32, 64): (2, 4), (32, 128): (4, 8), (64, 16): (4, 8),
          (64, 32): (4, 8), (64, 64): (8, 8)}
-
-
-@triton.jit
-def _pick(vec, idx, i: tl.constexpr):
-    """Element i of a small vector as a scalar."""
-    return _sum(tl.where(idx == i, vec, 0.0), 0)
-
-
-@triton.jit
-def _block(row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
-    """Offsets and mask of rows [row0, row0 + rows) of a [*, D] matrix, as [BR, BD]."""
-    orr = tl.arange(0, BR)
-    od = tl.arange(0, BD)
-    return (row0 + orr[:, None]) * D + od[None, :], (orr[:, None] < rows) & (od[None, :] < D)
-
-
-@triton.jit
-def _runtime_zero(flag):
-    """0, computed from the loaded 0/1 byte ``flag`` (see ``_load_blocks``)."""
-    return tl.minimum(flag.to(tl.int32), 0)
 
 
 @triton.jit
@@ -340,7 +324,18 @@ def _backward_kernel(
 
 def _padded(d: int, dy: int) -> tuple[int, int]:
     """(BD, BY): the head dim and the rows of W^y padded to powers of two (16 at least)."""
-    return max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dy))
+    return padded(d), padded(dy)
+
+
+def _split_rows(d: int, dy: int, split_rows: int | None) -> int | None:
+    """Rows of W^y per program of the split path, or None for the register path: the
+    register path wherever ``WARPS`` has the block shape, unless ``split_rows`` forces
+    the split path (a power of two)."""
+    if split_rows is not None:
+        if split_rows < 1 or split_rows & (split_rows - 1):
+            raise ValueError(f"split_rows must be a power of two, got {split_rows}")
+        return split_rows
+    return None if _padded(d, dy) in WARPS else SPLIT_ROWS
 
 
 def _block_sizes(d: int, dy: int) -> tuple[int, int, int, int]:
@@ -349,19 +344,20 @@ def _block_sizes(d: int, dy: int) -> tuple[int, int, int, int]:
     return (bd, by, *WARPS[(bd, by)])
 
 
-def _num_records(d: int, dy: int) -> int:
-    """fp32 numbers recorded per step: r (Dy + 2D + 4), q, k (D each), beta (4)."""
-    return dy + 4 * d + 2 * NUM_RATES
-
-
-def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, store: bool):
+def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, store: bool,
+             split_rows: int | None = None):
+    """y, O_T and (reset bytes, replay starts, records); ``split_rows``: the split path
+    (``srwm_split``) with that many rows of W^y per program, None: the register path."""
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
+    reset8 = aligned(reset.to(device=x.device, dtype=torch.int8))
+    if split_rows is not None:
+        y, OT, rec = split_forward(x, S, O0, reset8, fmap=fmap, rows=split_rows)
+        return y, OT, (reset8, replay_starts(reset8) if store else reset8, rec)
     bd, by, warps, _ = _block_sizes(D, DY)
     y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
     OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-    reset8 = aligned(reset.to(device=x.device, dtype=torch.int8))
     nrec = _num_records(D, DY)
     rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32) if store else OT
     _forward_kernel[(B * H,)](
@@ -373,24 +369,30 @@ def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, stor
     return y, OT, (reset8, starts, rec)
 
 
-def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild: bool = False):
+def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild: bool = False,
+              split_rows: int | None = None):
     reset8, starts, rec = records
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
-    bd, by, _, warps = _block_sizes(D, DY)
-    dx = torch.empty_like(x)
-    dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-    dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
-    dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
-    rebuilt = torch.empty_like(dO0) if rebuild else dO0
-    _backward_kernel[(B * H,)](
-        x, S, O0, reset8, starts, rec, OT, aligned(dy), aligned(dOT),
-        dx, dO0, dg, dz, rebuilt,
-        T, B, H, D, DY, _num_records(D, DY),
-        BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
-        **launch_options(warps),
-    )
+    if split_rows is not None:
+        dx, dO0, dg, dz, rebuilt = split_backward(
+            x, S, O0, reset8, starts, rec, OT, dy, dOT, fmap=fmap, full=full, rows=split_rows,
+            rebuild=rebuild)
+    else:
+        bd, by, _, warps = _block_sizes(D, DY)
+        dx = torch.empty_like(x)
+        dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+        dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
+        dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
+        rebuilt = torch.empty_like(dO0) if rebuild else dO0
+        _backward_kernel[(B * H,)](
+            x, S, O0, reset8, starts, rec, OT, aligned(dy), aligned(dOT),
+            dx, dO0, dg, dz, rebuilt,
+            T, B, H, D, DY, _num_records(D, DY),
+            BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
+            **launch_options(warps),
+        )
     # dS = sum over (t, b) of g (q - k)^T + dz x^T: two batched GEMMs per head.
     qk = rec[..., R : R + D] - rec[..., R + D : R + 2 * D]
     phi_x = apply_feature_map("softmax" if fmap == 2 else "identity", x.float())
@@ -402,10 +404,10 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
 
 class _SRWMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, S, O0, reset, fmap, full):
-        y, OT, records = _forward(x, S, O0, reset, fmap=fmap, store=True)
+    def forward(ctx, x, S, O0, reset, fmap, full, split_rows):
+        y, OT, records = _forward(x, S, O0, reset, fmap=fmap, store=True, split_rows=split_rows)
         ctx.save_for_backward(x, S, O0, OT, *records)
-        ctx.options = dict(fmap=fmap, full=full)
+        ctx.options = dict(fmap=fmap, full=full, split_rows=split_rows)
         ctx.dtypes = (S.dtype, O0.dtype)
         return y, OT
 
@@ -413,7 +415,7 @@ class _SRWMFunction(torch.autograd.Function):
     def backward(ctx, dy, dOT):
         x, S, O0, OT, *records = ctx.saved_tensors
         dx, dS, dO0 = _backward(x, S, O0, records, OT, dy, dOT, **ctx.options)
-        return dx, dS.to(ctx.dtypes[0]), dO0.to(ctx.dtypes[1]), None, None, None
+        return dx, dS.to(ctx.dtypes[0]), dO0.to(ctx.dtypes[1]), None, None, None, None
 
 
 def supports(
@@ -439,12 +441,7 @@ def supports(
     for name, t, rows in (("W_q", W_q, D), ("W_k", W_k, D), ("w_b", w_b, NUM_RATES)):
         if tuple(t.shape) != (H, rows, D):
             return f"{name} has shape {tuple(t.shape)}; expected {(H, rows, D)}"
-    bd, by = _padded(D, W_y.shape[1])
-    if (bd, by) not in WARPS:
-        return (f"the SRWM matrix of {W_y.shape[1] + 2 * D + NUM_RATES} x {D} (padded "
-                f"{by + 2 * bd + NUM_RATES} x {bd}) is not one the kernel keeps in registers "
-                "(use a smaller head_dim: SR-DeltaNet runs fused up to head_dim 32, the SRWM "
-                "up to 64)")
+    # Any Dy: shapes without a WARPS entry take the split path (W^y over programs).
     return tensor_reasons((("x", x), ("W_y", W_y), ("W_q", W_q), ("W_k", W_k), ("w_b", w_b)))
 
 
@@ -459,12 +456,17 @@ def srwm_triton(
     *,
     input_map: str = "softmax",
     grad_mode: str = "full",
+    split_rows: int | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
     """Fused SRWM (paper 002 Eq. 5-8, App. A); returns (y [T, B, H, Dy] in x's dtype,
     final offsets, fp32).
 
     Same arguments as ``srwm_reference``. The sub-matrices are stacked once per
     call (S [H, R, D], offsets [B, H, R, D]); the kernel state is fp32.
+    ``split_rows``: None runs the whole matrix in one program's registers where
+    ``WARPS`` has its block shape and otherwise the split path of ``srwm_split``
+    (W^y over programs, ``SPLIT_ROWS`` rows each: SR-DeltaNet at head dims
+    33..64); a power of two forces the split path with that many rows per program.
     """
     if input_map not in INPUT_MAPS:
         raise unknown_choice("SRWM input map", input_map, INPUT_MAPS)
@@ -476,8 +478,9 @@ def srwm_triton(
     O0 = aligned(torch.cat(tuple(offsets), dim=2))
     x = aligned(x)
     fmap = KERNEL_INPUT_MAPS[input_map]
+    split = _split_rows(x.shape[3], rows[0], split_rows)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, S, O0)):
-        y, OT = _SRWMFunction.apply(x, S, O0, reset, fmap, grad_mode == "full")
-    else:  # inference (typically T = 1): no records
-        y, OT, _ = _forward(x, S, O0, reset, fmap=fmap, store=False)
+        y, OT = _SRWMFunction.apply(x, S, O0, reset, fmap, grad_mode == "full", split)
+    else:  # inference (typically T = 1): no records (the split path still records q, k, beta)
+        y, OT, _ = _forward(x, S, O0, reset, fmap=fmap, store=False, split_rows=split)
     return y, tuple(OT.split(rows, dim=2))

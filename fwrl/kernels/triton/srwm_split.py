@@ -1,0 +1,458 @@
+"""Fused SRWM with W^y split over programs by rows (SR-DeltaNet at head dims 33..64).
+
+Same maths as ``srwm.py`` (paper 002, Eq. 5-8 with the four learning rates of
+App. A, Eq. 9-11); per (batch row, head), with A = W_{t-1} after the step's
+reset (a reset puts W back to the slow weights S):
+
+    x          = phi(x_t)                                      (softmax or identity)
+    [q~; k~; b~] = [A^q; A^k; A^b] x                           (Eq. 5)
+    q, k       = softmax(q~), softmax(k~);  beta = sigmoid(b~) in R^4
+    r^M        = A^M (q - k),  W^M_t = A^M + beta_M r^M k^T    for M in q, k, b  (Eq. 6-8)
+    y          = A^y x,  r^y = A^y (q - k),  W^y_t = A^y + beta_y r^y k^T        (Eq. 5-8)
+
+The block ``C = [W^q; W^k; W^b]`` (2D + 4 rows, at most 132 x 64) is a closed
+system: q, k and beta come from C x, and C's own update reads only C. W^y
+(Dy rows: 3d + 1 = 193 for SR-DeltaNet at d = 64, too many for one program's
+registers) is driven by x, q, k and beta_y but never feeds back, and each of
+its rows is independent of the others given them. So:
+
+* forward: ``_core_forward_kernel`` (one program per (batch, head), C in
+  registers) records per step, in fp32, r^q, r^k, r^b, q, k and beta (the
+  record layout of ``srwm.py``); then ``_y_forward_kernel`` (grid (batch x
+  head, Dy / BC)) carries BC rows of W^y per program, reads x, q, k, beta_y,
+  writes y and records r^y for its rows.
+
+* backward, in reverse order, without stored matrices (each kernel undoes its
+  own rows' updates, A = W_t - u k^T with u = beta r, loads S at a reset and
+  replays the segment before a reset at t >= 1 from S (+ O_0) with
+  ``common.replay_starts``, as ``srwm.py`` does). ``_y_backward_kernel``
+  carries G^y = dL/dW^y_t for its rows; with dy the output gradient,
+  u = beta_y r^y and g = beta_y (G^y k):
+
+      d beta_y = sum over the rows of (G^y k) * r^y
+      d q      = (A^y)^T g,   d k = (G^y)^T u - (A^y)^T g,   d x = (A^y)^T dy
+      dA^y     = g (q - k)^T + dy x^T,   G^y_{t-1} = keep_t (G^y + dA^y)  (0 for grad_mode step)
+
+  Each program writes its rows' partial d q, d k, d x (before phi's
+  backward) and d beta_y per step; the wrapper sums them over the chunks with
+  ``torch.sum`` (deterministic, no atomics). ``_core_backward_kernel`` then
+  runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
+  d k, d beta and d x before the softmax / sigmoid / phi backward.
+
+As in ``srwm.py``, the kernels write g and dz per step and dS is two batched
+GEMMs over the records afterwards (``srwm._backward``).
+
+``srwm.py`` imports ``_num_records`` from here (this module is the lower of the two).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fwrl.kernels.reference.srwm import NUM_RATES
+
+from .common import (
+    _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward,
+    _sum, _vecmat, aligned, launch_options, padded, warps_for,
+)
+
+# Rows of W^y per program of the split kernels (a power of two). 64 rows at
+# d = 64 compile for sm_90 without spilling (tests/test_kernels_srwm.py checks
+# the shipped shapes) and give 4 programs per (batch, head) at Dy = 193.
+SPLIT_ROWS = 64
+# Warps (forward, backward) of the C = [W^q; W^k; W^b] kernels per padded head
+# dim, and of the W^y chunk kernels per (padded head dim, rows per program);
+# the chunk kernels of other (forced) chunk sizes take ``warps_for``.
+CORE_WARPS = {16: (1, 4), 32: (4, 4), 64: (4, 8)}
+Y_WARPS = {(16, 64): (1, 2), (32, 64): (2, 4), (64, 64): (4, 4)}
+
+
+@triton.jit
+def _load_core(base, row0, D: tl.constexpr, BD: tl.constexpr):
+    """W^q, W^k, W^b of the stacked matrix at ``base`` (they start at row ``row0`` = Dy)."""
+    return (_load_rows(base, row0, D, BD, BD, D), _load_rows(base, row0 + D, D, BD, BD, D),
+            _load_rows(base, row0 + 2 * D, 4, 4, BD, D))
+
+
+@triton.jit
+def _core_forward_kernel(
+    X, S, O0, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets [B,H,R,D]
+    OT, REC,  # outputs: final offsets (rows Dy..R), records (all but r^y)
+    T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
+    BD: tl.constexpr, FMAP: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    b = i_bh // H
+    h = i_bh % H
+    R: tl.constexpr = DY + 2 * D + 4
+    od = tl.arange(0, BD)
+    o4 = tl.arange(0, 4)
+    md = od < D
+    s_base = S + h * R * D
+    o_base = O0 + i_bh * R * D
+    Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
+    Oq, Ok, Ob = _load_core(o_base, DY, D, BD)
+    Wq = Sq + Oq
+    Wk = Sk + Ok
+    Wb = Sb + Ob
+    for t in range(T):
+        row = t * B * H + i_bh
+        reset_byte = tl.load(RESET + t * B + b)
+        if reset_byte != 0:
+            Wq, Wk, Wb = _load_core(s_base, DY + _runtime_zero(reset_byte), D, BD)
+        x = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
+        if FMAP == 2:
+            x = _softmax(x, md)
+        q = _softmax(_matvec(Wq, x), md)
+        k = _softmax(_matvec(Wk, x), md)
+        beta = _sigmoid(_matvec(Wb, x))
+        qk = q - k
+        rq = _matvec(Wq, qk)
+        rk = _matvec(Wk, qk)
+        rb = _matvec(Wb, qk)
+        rec = REC + row * NREC
+        tl.store(rec + DY + od, rq, mask=md)
+        tl.store(rec + DY + D + od, rk, mask=md)
+        tl.store(rec + DY + 2 * D + o4, rb)
+        tl.store(rec + R + od, q, mask=md)
+        tl.store(rec + R + D + od, k, mask=md)
+        tl.store(rec + R + 2 * D + o4, beta)
+        Wq = Wq + (_pick(beta, o4, 1) * rq)[:, None] * k[None, :]
+        Wk = Wk + (_pick(beta, o4, 2) * rk)[:, None] * k[None, :]
+        Wb = Wb + (_pick(beta, o4, 3) * rb)[:, None] * k[None, :]
+    t_base = OT + i_bh * R * D
+    Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
+    pq, mwq = _block(DY, D, BD, BD, D)
+    pk, mwk = _block(DY + D, D, BD, BD, D)
+    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
+    tl.store(t_base + pq, Wq - Sq, mask=mwq)
+    tl.store(t_base + pk, Wk - Sk, mask=mwk)
+    tl.store(t_base + pb, Wb - Sb, mask=mwb)
+
+
+@triton.jit
+def _y_forward_kernel(
+    X, S, O0, RESET, REC,  # inputs (REC: q, k, beta of the core kernel)
+    Y, OT,  # outputs: y [T,B,H,DY] and the final offsets (rows of this chunk); r^y into REC
+    T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
+    BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    row0 = tl.program_id(1) * BC  # this program's rows of W^y: [row0, row0 + BC) and < DY
+    b = i_bh // H
+    h = i_bh % H
+    R: tl.constexpr = DY + 2 * D + 4
+    od = tl.arange(0, BD)
+    oc = tl.arange(0, BC)
+    md = od < D
+    rows = DY - row0
+    mc = oc < rows
+    s_base = S + h * R * D
+    W = (_load_rows(s_base, row0, rows, BC, BD, D)
+         + _load_rows(O0 + i_bh * R * D, row0, rows, BC, BD, D))
+    for t in range(T):
+        row = t * B * H + i_bh
+        reset_byte = tl.load(RESET + t * B + b)
+        if reset_byte != 0:
+            W = _load_rows(s_base, row0 + _runtime_zero(reset_byte), rows, BC, BD, D)
+        x = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
+        if FMAP == 2:
+            x = _softmax(x, md)
+        rec = REC + row * NREC
+        q = tl.load(rec + R + od, mask=md, other=0.0)
+        k = tl.load(rec + R + D + od, mask=md, other=0.0)
+        by = tl.load(rec + R + 2 * D)
+        tl.store(Y + row * DY + row0 + oc, _matvec(W, x).to(Y.dtype.element_ty), mask=mc)
+        r = _matvec(W, q - k)
+        tl.store(rec + row0 + oc, r, mask=mc)
+        W = W + (by * r)[:, None] * k[None, :]
+    p, m = _block(row0, rows, BC, BD, D)
+    tl.store(OT + i_bh * R * D + p, W - _load_rows(s_base, row0, rows, BC, BD, D), mask=m)
+
+
+@triton.jit
+def _y_backward_kernel(
+    X, S, O0, RESET, START, REC, OT,  # forward inputs and records
+    DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
+    DO0, DG, PART, REBUILT,  # outputs (PART [chunks,T,B,H,3D+1]: partial dq, dk, dx, dbeta_y)
+    T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
+    BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
+    WRITE_REBUILT: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1).to(tl.int64)
+    row0 = tl.program_id(1) * BC
+    b = i_bh // H
+    h = i_bh % H
+    R: tl.constexpr = DY + 2 * D + 4
+    NP: tl.constexpr = 3 * D + 1
+    od = tl.arange(0, BD)
+    oc = tl.arange(0, BC)
+    md = od < D
+    rows = DY - row0
+    mc = oc < rows
+    s_base = S + h * R * D
+    o_base = O0 + i_bh * R * D
+    # W^y_T = S + O_T (the final offsets are what the forward returned).
+    W = (_load_rows(s_base, row0, rows, BC, BD, D)
+         + _load_rows(OT + i_bh * R * D, row0, rows, BC, BD, D))
+    G = _load_rows(DOT + i_bh * R * D, row0, rows, BC, BD, D)
+    for i in range(T):
+        t = T - 1 - i
+        row = t * B * H + i_bh
+        reset_byte = tl.load(RESET + t * B + b)
+        reset = reset_byte != 0
+        rec = REC + row * NREC
+        r = tl.load(rec + row0 + oc, mask=mc, other=0.0)
+        q = tl.load(rec + R + od, mask=md, other=0.0)
+        k = tl.load(rec + R + D + od, mask=md, other=0.0)
+        by = tl.load(rec + R + 2 * D)
+        u = by * r
+        # The rows this step read (a reset step read S, loaded exactly).
+        if reset:
+            A = _load_rows(s_base, row0 + _runtime_zero(reset_byte), rows, BC, BD, D)
+        else:
+            A = W - u[:, None] * k[None, :]
+        x_in = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
+        if FMAP == 2:
+            x = _softmax(x_in, md)
+        else:
+            x = tl.where(md, x_in, 0.0)
+        du = _matvec(G, k)
+        g = by * du
+        dq = _vecmat(A, g)
+        dz = tl.load(DYOUT + row * DY + row0 + oc, mask=mc, other=0.0).to(tl.float32)
+        part = PART + (chunk * T * B * H + row) * NP
+        tl.store(part + od, dq, mask=md)
+        tl.store(part + D + od, _vecmat(G, u) - dq, mask=md)
+        tl.store(part + 2 * D + od, _vecmat(A, dz), mask=md)
+        tl.store(part + 3 * D, _sum(du * r, 0))
+        tl.store(DG + row * R + row0 + oc, g, mask=mc)
+        if FULL:
+            G = tl.where(reset, 0.0, G + g[:, None] * (q - k)[None, :] + dz[:, None] * x[None, :])
+        else:
+            G = tl.full([BC, BD], 0.0, tl.float32)
+        # The rows before this step. After a reset at t >= 1: replay the segment
+        # that ends at t - 1 from its start (S, plus O_0 for the first segment
+        # when step 0 did not reset).
+        start = tl.load(START + t * B + b)
+        if start >= 0:
+            zero = _runtime_zero(reset_byte)
+            W = _load_rows(s_base, row0 + zero, rows, BC, BD, D)
+            if (start == 0) & (tl.load(RESET + b) == 0):
+                W += _load_rows(o_base, row0 + zero, rows, BC, BD, D)
+            for j in range(start, t):  # no reset inside (start, t): a segment
+                rj = REC + (j * B * H + i_bh) * NREC
+                kj = tl.load(rj + R + D + od, mask=md, other=0.0)
+                uj = tl.load(rj + R + 2 * D) * tl.load(rj + row0 + oc, mask=mc, other=0.0)
+                W += uj[:, None] * kj[None, :]
+        else:
+            W = A
+    p, m = _block(row0, rows, BC, BD, D)
+    tl.store(DO0 + i_bh * R * D + p, G, mask=m)
+    if WRITE_REBUILT:  # the rows before step 0 (S + O_0), for the reversal test
+        tl.store(REBUILT + i_bh * R * D + p, W, mask=m)
+
+
+@triton.jit
+def _core_backward_kernel(
+    X, S, O0, RESET, START, REC, OT,  # forward inputs and records
+    EXT, DOT,  # summed gradients from W^y's rows [T,B,H,3D+1]; d offsets_T [B,H,R,D]
+    DX, DO0, DG, DZ, REBUILT,  # outputs (DG [T,B,H,R] rows Dy..R, DZ [T,B,H,2D+4])
+    T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
+    BD: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr, WRITE_REBUILT: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    b = i_bh // H
+    h = i_bh % H
+    R: tl.constexpr = DY + 2 * D + 4
+    NZ: tl.constexpr = 2 * D + 4
+    NP: tl.constexpr = 3 * D + 1
+    od = tl.arange(0, BD)
+    o4 = tl.arange(0, 4)
+    md = od < D
+    s_base = S + h * R * D
+    o_base = O0 + i_bh * R * D
+    Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
+    Oq, Ok, Ob = _load_core(OT + i_bh * R * D, DY, D, BD)
+    Wq = Sq + Oq
+    Wk = Sk + Ok
+    Wb = Sb + Ob
+    Gq, Gk, Gb = _load_core(DOT + i_bh * R * D, DY, D, BD)
+    for i in range(T):
+        t = T - 1 - i
+        row = t * B * H + i_bh
+        reset_byte = tl.load(RESET + t * B + b)
+        reset = reset_byte != 0
+        rec = REC + row * NREC
+        rq = tl.load(rec + DY + od, mask=md, other=0.0)
+        rk = tl.load(rec + DY + D + od, mask=md, other=0.0)
+        rb = tl.load(rec + DY + 2 * D + o4)
+        q = tl.load(rec + R + od, mask=md, other=0.0)
+        k = tl.load(rec + R + D + od, mask=md, other=0.0)
+        beta = tl.load(rec + R + 2 * D + o4)
+        bq = _pick(beta, o4, 1)
+        bk = _pick(beta, o4, 2)
+        bb = _pick(beta, o4, 3)
+        uq = bq * rq
+        uk = bk * rk
+        ub = bb * rb
+        if reset:
+            Aq, Ak, Ab = _load_core(s_base, DY + _runtime_zero(reset_byte), D, BD)
+        else:
+            Aq = Wq - uq[:, None] * k[None, :]
+            Ak = Wk - uk[:, None] * k[None, :]
+            Ab = Wb - ub[:, None] * k[None, :]
+        x_in = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
+        if FMAP == 2:
+            x = _softmax(x_in, md)
+        else:
+            x = tl.where(md, x_in, 0.0)
+        ext = EXT + row * NP
+        duq = _matvec(Gq, k)
+        duk = _matvec(Gk, k)
+        dub = _matvec(Gb, k)
+        dbeta = tl.where(o4 == 0, tl.load(ext + 3 * D), 0.0)
+        dbeta += tl.where(o4 == 1, _sum(duq * rq, 0), 0.0)
+        dbeta += tl.where(o4 == 2, _sum(duk * rk, 0), 0.0)
+        dbeta += tl.where(o4 == 3, _sum(dub * rb, 0), 0.0)
+        gq = bq * duq
+        gk = bk * duk
+        gb = bb * dub
+        dq = _vecmat(Aq, gq) + _vecmat(Ak, gk) + _vecmat(Ab, gb)
+        dk = (_vecmat(Gq, uq) + _vecmat(Gk, uk) + _vecmat(Gb, ub) - dq
+              + tl.load(ext + D + od, mask=md, other=0.0))
+        dq += tl.load(ext + od, mask=md, other=0.0)
+        dzq = _softmax_backward(q, dq)
+        dzk = _softmax_backward(k, dk)
+        dzb = dbeta * beta * (1.0 - beta)
+        dx = (_vecmat(Aq, dzq) + _vecmat(Ak, dzk) + _vecmat(Ab, dzb)
+              + tl.load(ext + 2 * D + od, mask=md, other=0.0))
+        if FMAP == 2:
+            dx = _softmax_backward(x, dx)
+        tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
+        dg = DG + row * R
+        tl.store(dg + DY + od, gq, mask=md)
+        tl.store(dg + DY + D + od, gk, mask=md)
+        tl.store(dg + DY + 2 * D + o4, gb)
+        dz = DZ + row * NZ
+        tl.store(dz + od, dzq, mask=md)
+        tl.store(dz + D + od, dzk, mask=md)
+        tl.store(dz + 2 * D + o4, dzb)
+        if FULL:
+            qk = q - k
+            Gq = tl.where(reset, 0.0, Gq + gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :])
+            Gk = tl.where(reset, 0.0, Gk + gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :])
+            Gb = tl.where(reset, 0.0, Gb + gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :])
+        else:
+            Gq = tl.full([BD, BD], 0.0, tl.float32)
+            Gk = tl.full([BD, BD], 0.0, tl.float32)
+            Gb = tl.full([4, BD], 0.0, tl.float32)
+        start = tl.load(START + t * B + b)
+        if start >= 0:
+            zero = _runtime_zero(reset_byte)
+            Wq, Wk, Wb = _load_core(s_base, DY + zero, D, BD)
+            if (start == 0) & (tl.load(RESET + b) == 0):
+                Iq, Ik, Ib = _load_core(o_base, DY + zero, D, BD)
+                Wq += Iq
+                Wk += Ik
+                Wb += Ib
+            for j in range(start, t):  # no reset inside (start, t): a segment
+                rj = REC + (j * B * H + i_bh) * NREC
+                kj = tl.load(rj + R + D + od, mask=md, other=0.0)
+                betaj = tl.load(rj + R + 2 * D + o4)
+                uqj = _pick(betaj, o4, 1) * tl.load(rj + DY + od, mask=md, other=0.0)
+                ukj = _pick(betaj, o4, 2) * tl.load(rj + DY + D + od, mask=md, other=0.0)
+                ubj = _pick(betaj, o4, 3) * tl.load(rj + DY + 2 * D + o4)
+                Wq += uqj[:, None] * kj[None, :]
+                Wk += ukj[:, None] * kj[None, :]
+                Wb += ubj[:, None] * kj[None, :]
+        else:
+            Wq = Aq
+            Wk = Ak
+            Wb = Ab
+    base = i_bh * R * D
+    pq, mwq = _block(DY, D, BD, BD, D)
+    pk, mwk = _block(DY + D, D, BD, BD, D)
+    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
+    tl.store(DO0 + base + pq, Gq, mask=mwq)
+    tl.store(DO0 + base + pk, Gk, mask=mwk)
+    tl.store(DO0 + base + pb, Gb, mask=mwb)
+    if WRITE_REBUILT:
+        tl.store(REBUILT + base + pq, Wq, mask=mwq)
+        tl.store(REBUILT + base + pk, Wk, mask=mwk)
+        tl.store(REBUILT + base + pb, Wb, mask=mwb)
+
+
+def _num_records(d: int, dy: int) -> int:
+    """fp32 numbers recorded per step: r (Dy + 2D + 4), q, k (D each), beta (4)."""
+    return dy + 4 * d + 2 * NUM_RATES
+
+
+def split_config(d: int, rows: int) -> tuple[int, tuple[int, int], tuple[int, int]]:
+    """(BD, core kernel warps (fwd, bwd), W^y chunk kernel warps (fwd, bwd)) for head dim d
+    and ``rows`` rows of W^y per program."""
+    bd = padded(d)
+    y_warps = Y_WARPS.get((bd, rows))
+    if y_warps is None:  # a forced chunk size (tests): warps for its block
+        y_warps = (warps_for(rows * bd, 1024), warps_for(rows * bd, 512))
+    return bd, CORE_WARPS[bd], y_warps
+
+
+def split_forward(x: Tensor, S: Tensor, O0: Tensor, reset8: Tensor, *, fmap: int, rows: int):
+    """y [T,B,H,Dy] (x's dtype), final offsets O_T [B,H,R,D] (fp32) and the records
+    [T,B,H,NREC] (fp32; always written: the W^y kernel reads q, k, beta from them)."""
+    T, B, H, D = x.shape
+    R = S.shape[1]
+    DY = R - 2 * D - NUM_RATES
+    bd, (core_warps, _), (y_warps, _) = split_config(D, rows)
+    nrec = _num_records(D, DY)
+    y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
+    OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+    rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32)
+    _core_forward_kernel[(B * H,)](
+        x, S, O0, reset8, OT, rec, T, B, H, D, DY, nrec,
+        BD=bd, FMAP=fmap, **launch_options(core_warps),
+    )
+    _y_forward_kernel[(B * H, triton.cdiv(DY, rows))](
+        x, S, O0, reset8, rec, y, OT, T, B, H, D, DY, nrec,
+        BD=bd, BC=rows, FMAP=fmap, **launch_options(y_warps),
+    )
+    return y, OT, rec
+
+
+def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, *, fmap: int, full: bool,
+                   rows: int, rebuild: bool):
+    """dx, dO_0 [B,H,R,D], g [T,B,H,R], dz = [d q~; d k~; d b~] [T,B,H,2D+4] and (only with
+    ``rebuild``) the rebuilt S + O_0, from the W^y chunk kernel, a sum over its chunks and
+    the core kernel."""
+    T, B, H, D = x.shape
+    R = S.shape[1]
+    DY = R - 2 * D - NUM_RATES
+    bd, (_, core_warps), (_, y_warps) = split_config(D, rows)
+    nrec = _num_records(D, DY)
+    chunks = triton.cdiv(DY, rows)
+    dx = torch.empty_like(x)
+    dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+    dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
+    dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
+    part = torch.empty(chunks, T, B, H, 3 * D + 1, device=x.device, dtype=torch.float32)
+    rebuilt = torch.empty_like(dO0) if rebuild else dO0
+    dy, dOT = aligned(dy), aligned(dOT)
+    _y_backward_kernel[(B * H, chunks)](
+        x, S, O0, reset8, starts, rec, OT, dy, dOT,
+        dO0, dg, part, rebuilt,
+        T, B, H, D, DY, nrec,
+        BD=bd, BC=rows, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, **launch_options(y_warps),
+    )
+    ext = aligned(part.sum(dim=0))  # fixed-order reduction: deterministic
+    _core_backward_kernel[(B * H,)](
+        x, S, O0, reset8, starts, rec, OT, ext, dOT,
+        dx, dO0, dg, dz, rebuilt,
+        T, B, H, D, DY, nrec,
+        BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, **launch_options(core_warps),
+    )
+    return dx, dO0, dg, dz, rebuilt
