@@ -63,5 +63,5 @@ def test_kernels_part_dry_run(tmp_path):
     data = json.loads((folder / "kernels.json").read_text())
     assert "passed" in data["tests"]
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}
-    assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"}
+    assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
     assert any(g["goal"].startswith("delta_rule") for g in data["goals"])

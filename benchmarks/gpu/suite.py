@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("kernels", "learner", "pong")
-KERNEL_CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm")
+KERNEL_CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
 DTYPES = ("fp32", "bf16")
 # The goal shapes (B, T, H, D) for every recurrence, beside each one's preset shapes.
 GOAL_SHAPES = ((32, 51, 4, 32), (256, 101, 8, 64))

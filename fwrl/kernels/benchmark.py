@@ -62,17 +62,23 @@ from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.rdn import rdn_reference
 from fwrl.kernels.reference.srwm import srwm_reference
 
-CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm")
+CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
+# The Triton module of each core where it is not the core's own name: SR-DeltaNet's
+# self-referential matrix is the SRWM recurrence with Dy = 3d + 1 output rows (its
+# Delta Net layer's q, k, v, beta), which above d = 32 takes the split path.
+KERNEL_MODULES = {"sr_delta_net": "srwm"}
 # Preset shapes (B, T, H, D) per core: rollouts of T = unroll + 1 for a learner
 # batch B. Delta rule: Linear Transformer / Delta Net (Atari 4 x 32, ProcGen
 # 8 x 16, and a large 8 x 64); SRWM: ProcGen, 8 heads of 16; RDN / Delta RNN:
-# Atari 4 x 32 and the larger 8 x 32; Delta LSTM: 4 x 32 (FWPConfig defaults).
+# Atari 4 x 32 and the larger 8 x 32; Delta LSTM: 4 x 32 (FWPConfig defaults);
+# SR-DeltaNet: ProcGen, 8 heads of 16 (the SRWM family's defaults).
 CORE_SHAPES = {
     "delta_rule": ((32, 51, 4, 32), (32, 51, 8, 16), (256, 101, 8, 64)),
     "srwm": ((32, 51, 8, 16), (256, 101, 8, 16)),
     "rdn": ((32, 51, 4, 32), (256, 101, 8, 32)),
     "delta_rnn": ((32, 51, 4, 32), (256, 101, 8, 32)),
     "delta_lstm": ((32, 51, 4, 32), (256, 101, 4, 32)),
+    "sr_delta_net": ((32, 51, 8, 16), (256, 101, 8, 16)),
 }
 DRY_RUN_SHAPE = (2, 3, 1, 8)
 # Speed-up of the fused kernel over the eager reference the issue asks for (H100).
@@ -146,8 +152,9 @@ def _inputs(core: str, shape, dtype: torch.dtype, device, seed: int = 0) -> tupl
         tensors = (randn(T, B, H, D, dt=dtype), randn(T, B, H, D, dt=dtype),
                    randn(T, B, H, D, dt=dtype), randn(T, B, H, dt=dtype),
                    randn(B, H, D, D, scale=0.1))
-    elif core == "srwm":  # x, W_y, W_q, W_k, w_b (std 1/sqrt(D) as in the core), zero offsets
-        slow = tuple(randn(H, rows, D, scale=D**-0.5) for rows in (D, D, D, 4))
+    elif core in ("srwm", "sr_delta_net"):  # x, W_y, W_q, W_k, w_b (std 1/sqrt(D)), zero offsets
+        dy = D if core == "srwm" else 3 * D + 1
+        slow = tuple(randn(H, rows, D, scale=D**-0.5) for rows in (dy, D, D, 4))
         tensors = (randn(T, B, H, D, dt=dtype), *slow, *(zeros(B, *w.shape) for w in slow))
     elif core == "rdn":  # xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0
         tensors = (*(randn(T, B, H, D, dt=dtype) for _ in range(3)), randn(T, B, H, dt=dtype),
@@ -180,13 +187,14 @@ def _flat_srwm(fn: Callable) -> Runner:
 REFERENCES: dict[str, Callable] = {
     "delta_rule": delta_rule_reference, "srwm": _flat_srwm(srwm_reference),
     "rdn": rdn_reference, "delta_rnn": delta_rnn_reference, "delta_lstm": delta_lstm_reference,
+    "sr_delta_net": _flat_srwm(srwm_reference),
 }
 
 
 def _core_kwargs(core: str, args) -> dict:
     if core == "delta_rule":
         return dict(rule=args.rule, feature_map=_feature_map(core, args), grad_mode=args.grad_mode)
-    if core == "srwm":
+    if core in ("srwm", "sr_delta_net"):
         return dict(input_map="softmax", grad_mode=args.grad_mode)
     if core == "delta_lstm":
         return dict(grad_mode=args.grad_mode)
@@ -212,8 +220,9 @@ def _triton_runners(core: str, args, inputs) -> dict[str, tuple[Runner | None, s
     """name -> (runner, note, extra row fields) for the fused kernel (one per split for
     the delta rule); runner None where the kernel cannot run (the note says why)."""
     kwargs = _core_kwargs(core, args)
+    kernel = KERNEL_MODULES.get(core, core)
     try:
-        module = importlib.import_module(f"fwrl.kernels.triton.{core}")
+        module = importlib.import_module(f"fwrl.kernels.triton.{kernel}")
     except ImportError as exc:
         return {"triton": (None, f"Triton kernel unavailable: {exc}", {})}
     *tensors, _ = inputs
@@ -223,12 +232,12 @@ def _triton_runners(core: str, args, inputs) -> dict[str, tuple[Runner | None, s
         "rdn": lambda: (*tensors[:5], tensors[8]),
         "delta_rnn": lambda: (*tensors[:3], tensors[4], tensors[5]),
         "delta_lstm": lambda: tuple(tensors[:5]),
-    }[core]()
+    }[kernel]()
     reason = module.supports(*supports_args, **kwargs)
     if reason is not None:
         return {"triton": (None, f"the kernel cannot run here: {reason}", {})}
-    fn = getattr(module, f"{core}_triton")
-    if core == "srwm":
+    fn = getattr(module, f"{kernel}_triton")
+    if kernel == "srwm":
         fn = _flat_srwm(fn)
     if core != "delta_rule":
         return {"triton": (lambda *a: tuple(fn(*a, **kwargs)), "", {})}
