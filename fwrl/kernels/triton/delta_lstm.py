@@ -625,18 +625,9 @@ def _backward_streamed_kernel(
             for r0 in range(0, D, BR):
                 orow = r0 + orr
                 mr = orow < D
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 0, first, start, t, B, H, orow, mr,
-                             od, md, D)
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 1, first, start, t, B, H, orow, mr,
-                             od, md, D)
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 2, first, start, t, B, H, orow, mr,
-                             od, md, D)
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 3, first, start, t, B, H, orow, mr,
-                             od, md, D)
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 4, first, start, t, B, H, orow, mr,
-                             od, md, D)
-                _replay_tile(W0, WORK, K, BETA, REC, i_bh, 5, first, start, t, B, H, orow, mr,
-                             od, md, D)
+                for m in tl.static_range(6):  # the six matrices; nothing carried between them
+                    _replay_tile(W0, WORK, K, BETA, REC, i_bh, m, first, start, t, B, H, orow,
+                                 mr, od, md, D)
             tl.debug_barrier()
     last = carry + (T % 2) * 2 * D
     tl.store(DC0 + i_bh * D + od, tl.load(last + od, mask=md, other=0.0), mask=md)
