@@ -5,8 +5,8 @@ carried wheels first). Each part stays well inside 10 minutes on an H100 with
 16 cores and writes, into ``OUT_DIR/<part>/``, a markdown report, a CSV, a PNG
 and the raw JSON, each headed by the commit, GPU, torch and triton versions:
 
-- ``kernels``: the CUDA tests (every ``tests/test_kernels_*.py`` and
-  ``tests/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
+- ``kernels``: the CUDA tests (the CUDA and sm_90 tests of every
+  ``tests/test_kernels_*.py``, and ``tests/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
   recurrence at its preset shapes and at the issue's two goal shapes, fp32 and
   bf16, against the eager reference and FLA's ``fused_recurrent_delta_rule``
   and ``chunk_delta_rule`` for the delta rule, then ``torch.compile`` of the
