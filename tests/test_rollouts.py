@@ -34,15 +34,16 @@ CORES = {
 
 
 def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None, workers: int = 2,
-             until=lambda rollouts: True):
+             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp")):
     """At least ``n`` rollouts (and more until ``until(rollouts)``) of acting with the model through a
     pool of ``backend`` (default: local), copied out of the store (each page is handed back as soon
-    as it is copied)."""
+    as it is copied). ``obs``: the env's (observation shape, dtype, actions) and the model's stem."""
     torch.manual_seed(0)
-    pool = (backend.pool(env, workers, 2, seed=5, step_timeout=10.0) if backend is not None
-            else LocalWorkerPool(env, workers, 2, seed=5, step_timeout=10.0))
-    model = AgentNet((4,), 3, core, core_options, stem="mlp")
-    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), workers, torch.device("cpu"),
+    shape, dtype, actions, stem = obs
+    pool = (backend.pool(env, workers, 2, seed=5, step_timeout=30.0) if backend is not None
+            else LocalWorkerPool(env, workers, 2, seed=5, step_timeout=30.0))
+    model = AgentNet(shape, actions, core, core_options, stem=stem)
+    store = RolloutStore(RolloutSpec(T, 2, shape, dtype, actions), workers, torch.device("cpu"),
                          model.initial_state(1))
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
     rollouts: list[RolloutData] = []
@@ -80,6 +81,19 @@ def test_replay_from_initial_state_matches_acting(core):
     assert _assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
     assert loop.restarts_seen >= 1 and store.dropped_steps > 0
     assert {r.life for r in rollouts if r.worker == 0} >= {0, 1}, "rollouts of two lives of worker 0"
+
+
+def test_replay_matches_acting_on_atari_frames():
+    """uint8 frames go into the store as int32 words (``rollouts._words``): the learner must see
+    the very frames the actors saw (Pong, nature stem)."""
+    pytest.importorskip("ale_py", reason="needs the Atari envs (pip install 'fwrl[atari]')")
+    model, rollouts, _, _ = _collect("lstm", {"hidden_size": 16}, 4, env="atari:Pong",
+                                     obs=((4, 84, 84), torch.uint8, 6, "nature"))
+    for r in rollouts:
+        frames = r.tensors["obs"]
+        assert frames.dtype == torch.uint8 and frames.shape == (T + 1, 2, 4, 84, 84)
+        assert (frames[1:] != frames[:-1]).any(), "the frames must change from step to step"
+    _assert_replay_matches(model, rollouts)
 
 
 def test_replay_matches_acting_on_both_backends(backend):
