@@ -364,12 +364,7 @@ def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:
     path = part.out / "multi-learner.json"
     argv = [sys.executable, "benchmarks/multi_learner_overhead.py", "--json", path,
             "--updates", 3 if part.dry else 20, "--device", "cpu" if part.dry else "cuda"]
-    try:
-        result = part.run(argv, timeout=120, check=False)
-    except (TimeoutError, subprocess.TimeoutExpired) as exc:
-        part.log(f"two learner ranks: {exc}")
-        return None
-    if result.returncode != 0 or not path.exists():
+    if not part.try_run(argv, timeout=120) or not path.exists():
         return None
     data = json.loads(path.read_text())
     path.unlink()

@@ -354,17 +354,17 @@ def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, stor
     reset8 = aligned(reset.to(device=x.device, dtype=torch.int8))
     if split_rows is not None:
         y, OT, rec = split_forward(x, S, O0, reset8, fmap=fmap, rows=split_rows)
-        return y, OT, (reset8, replay_starts(reset8) if store else reset8, rec)
-    bd, by, warps, _ = _block_sizes(D, DY)
-    y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
-    OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-    nrec = _num_records(D, DY)
-    rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32) if store else OT
-    _forward_kernel[(B * H,)](
-        x, S, O0, reset8, y, OT, rec,
-        T, B, H, D, DY, nrec,
-        BD=bd, BY=by, FMAP=fmap, STORE=store, **launch_options(warps),
-    )
+    else:
+        bd, by, warps, _ = _block_sizes(D, DY)
+        y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
+        OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+        nrec = _num_records(D, DY)
+        rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32) if store else OT
+        _forward_kernel[(B * H,)](
+            x, S, O0, reset8, y, OT, rec,
+            T, B, H, D, DY, nrec,
+            BD=bd, BY=by, FMAP=fmap, STORE=store, **launch_options(warps),
+        )
     starts = replay_starts(reset8) if store else reset8
     return y, OT, (reset8, starts, rec)
 
