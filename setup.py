@@ -9,9 +9,10 @@ EXTRAS = {
     # their runtime dependencies.
     "procgen": ["gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
     "envpool": ["envpool>=1.2"],
+    "minatar": ["minatar>=1.0.15"],
     "ray": ["ray[default]>=2.9"],
     "kernels": ["triton>=3.2"],
-    "test": ["pytest>=8", "hypothesis>=6", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9",
+    "test": ["pytest>=8", "hypothesis>=6", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9", "minatar>=1.0.15",
              "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})

@@ -93,7 +93,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     assert main(argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     expected = {**values, "env": "atari:Breakout?sticky=true&full_action_space=true",
-                "core_options": {"num_heads": 2, "head_dim": 8}}
+                "core_options": {"num_heads": 2, "head_dim": 8, "output_scale": 0.1}}  # the changed default, pinned
     assert printed == expected
     assert TrainConfig.from_dict(printed).to_dict() == printed
 
@@ -147,10 +147,26 @@ def test_old_run_config_still_loads(tmp_path):
                   eval_episodes=10)
     old.write_text(yaml.safe_dump(fields, sort_keys=False))
     config = read_config(old)
-    assert config.core_options == {"num_layers": 4, "hidden_size": 256}
+    # output_scale's default changed (1 -> 0.1) after this config was written: it keeps the old value
+    assert config.core_options == {"num_layers": 4, "hidden_size": 256, "output_scale": 1.0}
     assert config.sticky_actions and not config.full_action_space and config.env == "atari:Pong?sticky=true"
     save_config(config, tmp_path / "again.yaml")
     assert read_config(tmp_path / "again.yaml") == config
+
+
+def test_changed_core_defaults_are_pinned_in_new_runs_and_kept_in_old_ones(tmp_path):
+    """A new run records output_scale (its default changed from 1 to 0.1), so a later default change
+    cannot alter it; a saved config without it predates the change and is read back with 1."""
+    new = build_config(None, {"core": "rdn"})
+    assert new.core_options == {"output_scale": 0.1}
+    assert build_config(None, {"core": "lstm"}).core_options == {}  # the LSTM has no such option
+    save_config(new, tmp_path / "new.yaml")
+    assert read_config(tmp_path / "new.yaml").core_options == {"output_scale": 0.1}
+    old = new.to_dict()
+    old["core_options"] = {}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    assert read_config(tmp_path / "old.yaml").core_options == {"output_scale": 1.0}
+    assert check_resume(read_config(tmp_path / "old.yaml"), {"total_steps": "7"}).core_options == {"output_scale": 1.0}
 
 
 def test_atari_flags_are_settings_that_survive_resume():

@@ -7,6 +7,8 @@ REFERENCE §1:
   then ReLU, flatten, Linear -> 256, ReLU. Frames are uint8 / 255.
 - ``nature`` stem (Nature DQN): Conv 32 8x8/4, Conv 64 4x4/2, Conv 64 3x3/1,
   Linear -> 512, all ReLU.
+- ``minatar`` stem for small frames such as MinAtar's 10x10 (Young & Tian 2019,
+  their network): Conv 16 3x3/1 (no padding), ReLU, flatten, Linear -> 128, ReLU.
 - ``mlp`` stem for flat vector observations: Linear -> 256, ReLU, twice.
 - Core input = concat(stem features, obs_extra, clamp(reward, -1, 1)), where
   ``obs_extra`` is the flat float vector an env with a Dict / Tuple observation
@@ -30,7 +32,9 @@ from fwrl.errors import FwrlError, unknown_choice
 from fwrl.memory_modules import build_core
 from fwrl.memory_modules.base import State
 
-STEMS = ("impala", "nature", "mlp")
+STEMS = ("impala", "nature", "minatar", "mlp")
+# frames whose height or width is below this get the minatar stem under stem auto
+SMALL_FRAME = 32
 
 
 class _ResidualBlock(nn.Module):
@@ -89,6 +93,23 @@ class NatureStem(nn.Module):
         return F.relu(self.fc(self.convs(x).flatten(1)))
 
 
+class MinAtarStem(nn.Module):
+    """The MinAtar paper's network body (Young & Tian 2019): one 3x3 convolution, one linear layer."""
+
+    def __init__(self, obs_shape: tuple[int, ...], channels: int = 16, out_size: int = 128):
+        super().__init__()
+        c, h, w = obs_shape
+        if h < 3 or w < 3:
+            raise FwrlError(f"stem 'minatar' needs frames of at least 3x3, got {h}x{w}.")
+        self.conv = nn.Conv2d(c, channels, 3, stride=1)
+        self.flat_size = channels * (h - 2) * (w - 2)
+        self.fc = nn.Linear(self.flat_size, out_size)
+        self.out_size = out_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(self.fc(F.relu(self.conv(x)).flatten(1)))
+
+
 class MLPStem(nn.Module):
     """Two ReLU layers of 256 for flat vector observations."""
 
@@ -110,11 +131,14 @@ def make_stem(name: str, obs_shape: tuple[int, ...]) -> nn.Module:
         raise FwrlError(f"stem 'mlp' needs flat vector observations, got shape {obs_shape}; use impala or nature.")
     if name != "mlp" and not is_image:
         raise FwrlError(f"stem {name!r} needs image observations (C, H, W), got shape {obs_shape}; use mlp.")
-    return {"impala": ImpalaStem, "nature": NatureStem, "mlp": MLPStem}[name](obs_shape)
+    return {"impala": ImpalaStem, "nature": NatureStem, "minatar": MinAtarStem, "mlp": MLPStem}[name](obs_shape)
 
 
 def default_stem(obs_shape: tuple[int, ...]) -> str:
-    return "impala" if len(obs_shape) == 3 else "mlp"
+    """impala for frames, minatar for frames under 32 pixels high or wide, mlp for vectors."""
+    if len(obs_shape) != 3:
+        return "mlp"
+    return "minatar" if min(obs_shape[1:]) < SMALL_FRAME else "impala"
 
 
 class AgentNet(nn.Module):

@@ -8,6 +8,12 @@ so its registrations are there. Namespaced ids work as in gymnasium
 (``gym:ALE/Pong-v5`` gives the raw Atari screen; use ``atari:Pong`` for the
 IMPALA preprocessing; ``ale_py`` is imported on demand for ``ALE/`` ids).
 
+A package that registers its ids through gymnasium's ``gymnasium.envs`` entry
+points (MinAtar does: ``MinAtar = minatar.gym:register_envs``) works as
+``gym:<Namespace>/<Id>`` (``gym:MinAtar/Breakout-v1``): gymnasium 1.x no longer
+loads those entry points, so fwrl calls the one named after the id's namespace
+when the id is not registered yet (in the learner and in every worker).
+
 Observations and actions are turned into fwrl's fixed layout by
 :mod:`fwrl.envs.layout` (images -> uint8 CHW ``obs``; vectors, ``Discrete``
 and ``MultiDiscrete`` -> float32 ``obs``; ``Dict`` / ``Tuple`` -> the image
@@ -95,13 +101,41 @@ def _entry_module(entry_point: Any) -> str:
     return getattr(entry_point, "__module__", "") or ""
 
 
+ENTRY_POINT_GROUP = "gymnasium.envs"
+_LOADED_PLUGINS: set[str] = set()
+
+
+def load_plugin(namespace: str) -> bool:
+    """Call the ``gymnasium.envs`` entry point named ``namespace`` (a package's ``register_envs``);
+    False when no installed package declares one. An entry point that fails is an error naming it."""
+    if namespace in _LOADED_PLUGINS:
+        return True
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == namespace]
+    for ep in found:
+        try:
+            register = ep.load()
+            if callable(register):
+                register()
+        except Exception as err:  # the package is broken or needs something missing
+            raise FwrlError(f"the gymnasium entry point {ep.name} = {ep.value} failed while registering its "
+                            f"envs: {type(err).__name__}: {err}") from None
+    if found:
+        _LOADED_PLUGINS.add(namespace)
+    return bool(found)
+
+
 def _ensure_registered(env_id: str) -> None:
     """Register ALE envs on demand (they are only registered once ale_py is imported), quietly
-    (also when ``gym:ale_py:ALE/...`` imported ale_py already)."""
+    (also when ``gym:ale_py:ALE/...`` imported ale_py already); register a namespaced id through
+    the package's ``gymnasium.envs`` entry point (:func:`load_plugin`)."""
     if env_id.startswith("ALE/"):
         from fwrl.envs.atari import _import_ale
 
         _import_ale()
+    elif "/" in env_id and env_id not in gym.registry:
+        load_plugin(env_id.split("/", 1)[0])
 
 
 def _unknown_id(name: str, module: str | None, env_id: str) -> FwrlError:

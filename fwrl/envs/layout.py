@@ -55,6 +55,9 @@ SUPPORTED_OBS = (
     "Discrete, MultiDiscrete, and Dict / Tuple of these"
 )
 SUPPORTED_ACTIONS = "Discrete(n) and MultiDiscrete(nvec)"
+WRAPPER_HINT = ("Turn it into one of these with your own wrapper: --env-wrapper MODULE:CALLABLE (a callable taking "
+                "the env and returning a gymnasium.Env).")
+FLAT_SPACES = (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.Discrete, gym.spaces.MultiDiscrete)
 CHANNELS = (1, 3, 4)
 
 Path = tuple  # key path into a Dict / Tuple observation: ("camera", "rgb"), (0,), () for the root
@@ -145,11 +148,17 @@ class FlatEntry:
         return out
 
 
-def image_form(space: gym.Space) -> tuple[bool, float] | None:
-    """``(channels_last, scale)`` if ``space`` is an image Box (module docstring), else None."""
+def image_form(space: gym.Space, chw: bool = False) -> tuple[bool, float] | None:
+    """``(channels_last, scale)`` if ``space`` is an image Box (module docstring), else None.
+
+    ``chw``: a 3-D uint8 Box is a CHW image whatever its number of channels (a family whose
+    frames have game-specific channels, such as MinAtar's 4 to 10, says so).
+    """
     if not isinstance(space, gym.spaces.Box):
         return None
     shape = tuple(space.shape)
+    if chw and len(shape) == 3 and space.dtype == np.uint8:
+        return False, 1.0
     if space.dtype == np.uint8:
         scale = 1.0
     elif np.issubdtype(space.dtype, np.floating):
@@ -189,7 +198,7 @@ def _flat_entry(path: Path, space: gym.Space, offset: int, what: str) -> FlatEnt
         return FlatEntry(path, "multi_discrete", shape, offset, sum(nvec), nvec, start)
     where = f" (entry {path_text(path)!r})" if path else ""
     raise FwrlError(f"{what} has observation space {space}{where}, which fwrl does not support; "
-                    f"supported: {SUPPORTED_OBS}.")
+                    f"supported: {SUPPORTED_OBS}. {WRAPPER_HINT}")
 
 
 def _leaves(space: gym.Space, path: Path = ()) -> list[tuple[Path, gym.Space]]:
@@ -217,6 +226,7 @@ class ObsLayout:
     image: ImageEntry | None
     flat: tuple[FlatEntry, ...]  # into obs_extra when there is an image, else into obs
     composite: bool  # the raw observation is a Dict / Tuple
+    dropped: tuple[str, ...] = ()  # Dict / Tuple entries fwrl cannot encode (e.g. a Text mission), left out
 
     @property
     def obs_shape(self) -> tuple[int, ...]:
@@ -274,21 +284,33 @@ class ObsLayout:
         obs = ({"kind": "image", "shape": list(self.obs_shape), "dtype": "uint8", "entries": [self.image.describe()]}
                if self.image is not None else
                {"kind": "vector", "shape": list(self.obs_shape), "dtype": "float32", "entries": flat})
-        return {"version": LAYOUT_VERSION, "obs": obs,
-                "obs_extra": {"size": self.extra_size, "entries": flat if self.image is not None else []}}
+        out = {"version": LAYOUT_VERSION, "obs": obs,
+               "obs_extra": {"size": self.extra_size, "entries": flat if self.image is not None else []}}
+        if self.dropped:
+            out["dropped"] = list(self.dropped)
+        return out
+
+    def dropped_message(self, what: str = "the env") -> str:
+        """The warning for the entries left out ('' when none was)."""
+        if not self.dropped:
+            return ""
+        return (f"{what}: observation entries {', '.join(self.dropped)} cannot be encoded (supported: "
+                f"{SUPPORTED_OBS}); training without them. To use them, encode them with your own wrapper: "
+                "--env-wrapper MODULE:CALLABLE.")
 
 
 def build_obs_layout(space: gym.Space, *, image_key: str | None = None, size: tuple[int, int] | None = None,
-                     what: str = "the env") -> ObsLayout:
+                     what: str = "the env", chw: bool = False) -> ObsLayout:
     """The layout of ``space`` (module docstring); FwrlError naming the space or keys when it cannot be laid out.
 
     ``image_key``: path of the image entry of a Dict / Tuple observation, ``"none"`` for no image,
     None to pick the one image entry. ``size``: resize the image to ``(H, W)``. ``what`` names the
-    env in messages.
+    env in messages. ``chw``: uint8 3-D Boxes are CHW images with any number of channels
+    (:func:`image_form`).
     """
     composite = isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))
     leaves = _leaves(space)
-    images = {path_text(p): (p, s) for p, s in leaves if image_form(s) is not None}
+    images = {path_text(p): (p, s) for p, s in leaves if image_form(s, chw) is not None}
     if image_key is not None and not composite and image_key != NO_IMAGE:
         raise FwrlError(f"option image_key={image_key!r} applies only to Dict or Tuple observations, but {what} "
                         f"observes {space}.")
@@ -314,7 +336,7 @@ def build_obs_layout(space: gym.Space, *, image_key: str | None = None, size: tu
     image = None
     if chosen is not None:
         path, img_space = chosen
-        channels_last, scale = image_form(img_space)
+        channels_last, scale = image_form(img_space, chw)
         shape = tuple(img_space.shape)
         hw = shape[:2] if channels_last else shape[1:]
         image = ImageEntry(path, shape, str(img_space.dtype), channels_last, scale,
@@ -322,16 +344,21 @@ def build_obs_layout(space: gym.Space, *, image_key: str | None = None, size: tu
     elif size is not None:
         raise FwrlError(f"option size applies only to image observations, but {what} observes {space} "
                         "(no image entry is used).")
-    flat, offset = [], 0
+    flat, offset, dropped = [], 0, []
     for path, sub in leaves:
         if chosen is not None and path == chosen[0]:
+            continue
+        if composite and not isinstance(sub, FLAT_SPACES):  # e.g. a Text mission beside the image
+            dropped.append(f"{path_text(path)} ({type(sub).__name__})")
             continue
         entry = _flat_entry(path, sub, offset, what)
         flat.append(entry)
         offset += entry.size
     if image is None and offset == 0:
-        raise FwrlError(f"{what} has observation space {space}, which holds no values; supported: {SUPPORTED_OBS}.")
-    return ObsLayout(image, tuple(flat), composite)
+        left_out = f" (fwrl cannot encode its entries {', '.join(dropped)})" if dropped else ""
+        raise FwrlError(f"{what} has observation space {space}, which holds no values fwrl can use{left_out}; "
+                        f"supported: {SUPPORTED_OBS}. {WRAPPER_HINT}")
+    return ObsLayout(image, tuple(flat), composite, tuple(dropped))
 
 
 def trivial_obs_layout(obs_shape: Sequence[int], obs_dtype: str) -> dict[str, Any]:

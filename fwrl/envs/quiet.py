@@ -23,3 +23,19 @@ def quiet_import():
         warnings.simplefilter("ignore")
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yield
+
+
+def plain_fwrl_warnings() -> None:
+    """Show fwrl's own warnings as one line, ``fwrl: warning: ...`` (no file, line or source);
+    other libraries' warnings keep Python's format."""
+    if getattr(warnings.formatwarning, "fwrl_plain", False):
+        return
+    python_format = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if category.__module__.startswith("fwrl."):
+            return f"fwrl: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    format_warning.fwrl_plain = True
+    warnings.formatwarning = format_warning

@@ -27,6 +27,7 @@ are imported lazily, so the worker processes only import what they run.
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -43,10 +44,18 @@ FAMILY_MODULES = {
     "atari": "fwrl.envs.atari",
     "procgen": "fwrl.envs.procgen",
     "dmlab": "fwrl.envs.dmlab",
+    "minatar": "fwrl.envs.minatar",
     "gym": "fwrl.envs.gym_env",
     "memory": "fwrl.envs.memory_tasks",
     "chaos": "fwrl.envs.chaos",  # fault injection, a testing aid
 }
+
+
+class ObservationEntriesDropped(UserWarning):
+    """A Dict / Tuple observation had entries fwrl cannot encode; the agent trains without them."""
+
+
+_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,10 @@ def make_env(spec: EnvSpec | str, *, worker_index: int = 0, seed: int = 0, mode:
 
 def _describe_made(spec: EnvSpec, family: EnvFamily, wrappers: Sequence[WrapperSpec]) -> EnvInfo:
     env, obs_layout, action_layout = build_env(spec, wrappers=wrappers)
+    message = obs_layout.dropped_message(f"env {spec.text!r}")
+    if message and message not in _WARNED:  # said once per process, here (workers stay quiet)
+        _WARNED.add(message)
+        warnings.warn(message, ObservationEntriesDropped, stacklevel=3)
     try:
         return EnvInfo(obs_layout.obs_shape, obs_layout.obs_dtype, sum(action_layout.dims), tuple(spec.names),
                        obs_layout.extra_size, action_layout.dims, obs_layout.describe())

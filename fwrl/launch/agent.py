@@ -12,7 +12,7 @@ from fwrl.agents.checkpoint import load_checkpoint, load_model_weights
 from fwrl.agents.model import AgentNet
 from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
-from fwrl.launch.config import TrainConfig
+from fwrl.launch.config import TrainConfig, saved_settings
 
 
 def pick_device(name: str) -> torch.device:
@@ -46,7 +46,7 @@ def load_agent(source: Path, device: torch.device | str = "cpu") -> tuple[nn.Mod
     if source.is_dir() and not path.is_file():
         raise FwrlError(f"{source} holds no checkpoint.pt; pass a run folder of fwrl train or a checkpoint file.")
     payload = load_checkpoint(path, map_location=device)
-    config = TrainConfig.from_dict(payload["config"], source=str(path))
+    config = TrainConfig.from_dict(saved_settings(payload["config"]), source=str(path))
     raw = payload["env_info"]
     info = EnvInfo.from_dict(raw)
     model = build_model(config, info).to(device)

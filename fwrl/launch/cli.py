@@ -150,9 +150,17 @@ def add_info(sub: argparse._SubParsersAction) -> None:
                                    "the model for --env: parameters per module.")
     p.add_argument("--cores", action="store_true", help="list the memory cores and their options (the default)")
     p.add_argument("--presets", action="store_true", help="list the presets")
+    p.add_argument("--preset", metavar="NAME|FILE", help="describe (or probe) the model of this preset")
     add_setting_flags(p, TrainConfig, ("env", "core", "stem"), {"env": None})
     p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="core option, repeatable (e.g. --core-opt num_layers=4)")
+    probe = p.add_argument_group("init probe (with --env)", "How hard the first updates of a fresh agent hit its "
+                                 "policy and value, on one batch acted in --env (fwrl.launch.probe).")
+    probe.add_argument("--probe", action="store_true", help="run the init probe")
+    probe.add_argument("--probe-updates", type=int, default=10, metavar="INT",
+                       help="updates on the probe's batch (default 10)")
+    add_setting_flags(probe, TrainConfig, ("batch_size", "unroll_length", "learning_rate", "entropy_cost",
+                                           "grad_norm_clip", "seed"))
     p.set_defaults(run=run_info)
 
 
@@ -160,10 +168,19 @@ def run_info(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from fwrl.launch.config import build_config
+
     settings = given_settings(args, TrainConfig)
     settings["core_options"] = parse_key_values(args.core_opt, "--core-opt")
-    config = TrainConfig.from_dict(settings, source="on the command line")  # checks core, options, stem, env
-    describe = "env" in settings
+    if args.preset:
+        config = build_config(args.preset, settings)
+    else:
+        config = TrainConfig.from_dict(settings, source="on the command line")  # checks core, options, stem, env
+    describe = "env" in settings or bool(args.preset)
+    if args.probe and not describe:
+        raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
+    if args.probe_updates < 1:
+        raise FwrlError(f"--probe-updates {args.probe_updates} is not valid; valid: an integer >= 1.")
     console = Console()
     if args.cores or (not describe and not args.presets):
         from fwrl.memory_modules import core_names
@@ -201,7 +218,27 @@ def run_info(args: argparse.Namespace) -> int:
         console.print(table)
         console.print(f"observations {info.obs_shape} {info.obs_dtype}, {info.num_actions} actions, "
                       f"tasks: {', '.join(info.task_names)}")
+        if args.probe:
+            _run_probe(config, model, args.probe_updates)
     return 0
+
+
+def _run_probe(config: TrainConfig, model, updates: int) -> None:
+    import torch
+
+    from fwrl.launch.probe import collect_batch, format_probe, probe
+
+    torch.manual_seed(config.seed)
+    print(f"probe: acting {config.batch_size} envs x {config.unroll_length + 1} steps with the fresh agent ...",
+          file=sys.stderr, flush=True)
+    batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed)
+    result = probe(model, batch, updates=updates, learning_rate=config.learning_rate,
+                   rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+                   rmsprop_momentum=config.rmsprop_momentum, grad_norm_clip=config.grad_norm_clip,
+                   discount=config.discount, baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
+                   reward_clip=config.reward_clip)
+    print(format_probe(result, f"init probe: {config.env} / {config.core} / B {config.batch_size}, "
+                               f"T {config.unroll_length}, lr {config.learning_rate:g}, {updates} updates on one batch"))
 
 
 # ----------------------------------------------------------------------------- bench
@@ -357,9 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fwrl.envs.quiet import silence_env_noise
+    from fwrl.envs.quiet import plain_fwrl_warnings, silence_env_noise
 
     silence_env_noise()
+    plain_fwrl_warnings()
     try:
         parser = build_parser()
         argv = list(sys.argv[1:] if argv is None else argv)

@@ -7,7 +7,11 @@ defaults, a preset (a packaged name or a YAML file), ``--config FILE``, then
 flags. A layer that picks another ``core`` drops the core options gathered
 so far (they belong to the old core).
 
-A run's ``config.yaml`` is this model as a mapping. ``--resume`` reloads it;
+A run's ``config.yaml`` is this model as a mapping. Core options whose default
+changed (``CHANGED_CORE_DEFAULTS``) are always written out, so a saved config
+without one predates the change and is read back with the old value
+(:func:`saved_settings`): a checkpoint keeps the model it was trained as.
+``--resume`` reloads it;
 only the keys in ``RESUMABLE_CHANGES`` may differ on the command line (more
 steps, other worker counts, logging), everything that shapes the model or the
 learning problem must stay the same.
@@ -29,7 +33,7 @@ from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.settings import Settings, parse_value, redefault, show
 
-STEM_CHOICES = ("impala", "nature", "mlp", "auto")  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
+STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?|mps")
 THREADS_HELP = ("torch threads of the learner; 0: the allowed cores minus one per local env worker "
                 "(at most half of the cores)")
@@ -48,7 +52,7 @@ class TrainConfig(Settings):
     env: str = Field("atari:Pong", min_length=1, description="env spec, e.g. atari:Pong or memory:cue_delay?delay=10")
     core: str = Field("lstm", min_length=1, description="memory core, one of those fwrl info --cores lists")
     core_options: dict[str, Any] = Field(default_factory=dict, description="options of the core, given as --core-opt KEY=VALUE")
-    stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, mlp for vectors")
+    stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, minatar for frames under 32x32, mlp for vectors")
     env_wrappers: list[str] = Field(default_factory=list, description="module:callable wrapping every env in every worker, applied in order")
     sticky_actions: bool = Field(False, description="Atari: sticky actions, repeat_action_probability 0.25; the env option sticky=true")
     full_action_space: bool = Field(False, description="Atari: all 18 actions; the env option full_action_space=true")
@@ -112,7 +116,8 @@ class TrainConfig(Settings):
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
         options = core_config_class(self.core).from_options(self.core_options, core=self.core)
-        self.core_options = {key: getattr(options, key) for key in self.core_options}
+        pinned = [key for key in CHANGED_CORE_DEFAULTS if key in type(options).model_fields]
+        self.core_options = {key: getattr(options, key) for key in (*self.core_options, *pinned)}
 
     def _fold_atari_flags(self) -> None:
         """``sticky_actions`` / ``full_action_space`` and the env spec's options say the same."""
@@ -186,6 +191,9 @@ class BenchConfig(Settings):
     ceiling_seconds: float = Field(10.0, ge=0, description="throughput: seconds of random-action stepping on the same workers first, the env ceiling; 0: skip it")
     json_path: str | None = Field(None, min_length=1, description="throughput: also write the results and the config to this JSON file")
 
+
+# core option -> the value every run had before its default changed (fwp_block.OUTPUT_SCALE: 1 -> 0.1)
+CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0}
 
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
@@ -303,4 +311,22 @@ def read_config(path: Path) -> TrainConfig:
         raise FwrlError(f"cannot read run config {path}: {exc}.") from None
     if not isinstance(data, dict):
         raise FwrlError(f"run config {path} is not a mapping of settings.")
-    return TrainConfig.from_dict(data, source=str(path))
+    return TrainConfig.from_dict(saved_settings(data), source=str(path))
+
+
+def saved_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a saved run (config.yaml or a checkpoint's config) with the old value of each
+    core option in ``CHANGED_CORE_DEFAULTS`` that the run did not record (it predates the change)."""
+    from fwrl.memory_modules import core_config_class, core_names
+
+    data = dict(data)
+    core = data.get("core", TrainConfig.model_fields["core"].default)
+    if core not in core_names():
+        return data  # TrainConfig names the unknown core
+    fields = core_config_class(core).model_fields
+    options = dict(data.get("core_options") or {})
+    for key, old in CHANGED_CORE_DEFAULTS.items():
+        if key in fields and key not in options:
+            options[key] = old
+    data["core_options"] = options
+    return data

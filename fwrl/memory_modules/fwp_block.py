@@ -23,6 +23,7 @@ from fwrl.kernels.reference.feature_maps import FEATURE_MAPS
 from fwrl.memory_modules.base import Core, CoreConfig, State
 
 GRAD_MODES = ("full", "step")
+OUTPUT_SCALE = 0.1
 
 
 class FWPConfig(CoreConfig):
@@ -43,6 +44,8 @@ class FWPConfig(CoreConfig):
     # LayerNorm before the fast-weight layer; the SRWM cores feed the raw
     # residual stream instead (REFERENCE §2).
     pre_norm: bool = Field(True, description="LayerNorm before the fast-weight layer")
+    output_scale: float = Field(OUTPUT_SCALE, gt=0, description="the policy and value heads read the residual "
+                                "stream times this (1: the papers' code; see fwp_block)")
 
 
 class FastWeightLayer(nn.Module):
@@ -94,6 +97,7 @@ class FWPTransformerCore(Core):
             _Block(config, make_layer(config, i)) for i in range(config.num_layers)
         )
         self.output_size = config.hidden_size
+        self.output_scale = float(config.output_scale)
 
     def initial_state(self, batch_size: int, device=None) -> State:
         state = {}
@@ -110,4 +114,6 @@ class FWPTransformerCore(Core):
             layer_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             x, layer_state = block(x, layer_state, done)
             new_state.update({prefix + k: v for k, v in layer_state.items()})
+        if self.output_scale != 1.0:
+            x = x * self.output_scale
         return x, new_state

@@ -1,0 +1,208 @@
+"""The init probe: how hard the first updates of a fresh agent hit its policy and value.
+
+``fwrl info --env ENV --core CORE --probe`` acts with the freshly initialised
+agent in B envs of ENV for T + 1 steps (after ``warmup`` random steps, so the
+frames are mid-game), then on that one fixed batch (rows as the learner gets
+them: row t + 1 holds the action taken at obs t and its behaviour logits):
+
+- the gradient norm of the IMPALA loss at init, before clipping, in total and
+  for the modules that carry most of it;
+- after one optimiser step (the run's RMSProp, learning rate and clip), the
+  largest change of any logit and of any value over the batch;
+- ``updates`` optimiser steps on the same batch: after each, the policy's
+  mean entropy (nats per step; ln A is uniform) and the mean distance of the
+  value from the batch's discounted returns (clipped rewards, bootstrapped at
+  the end with the initial value), which stay fixed while the model moves.
+
+A stable agent moves a little per update and keeps its entropy; an unstable
+one swings its value by several units and collapses its policy within a few
+updates on one batch (``tests/test_learning_stability.py`` holds every core to
+stated bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fwrl.agents.losses import entropy_loss, impala_loss
+from fwrl.agents.optim import clip_grad_norm, make_optimizer
+from fwrl.envs.registry import make_env
+
+
+@dataclass
+class ProbeResult:
+    """What :func:`probe` measured (see the module docstring)."""
+
+    init_grad_norm: float
+    grad_norm_by_module: list[tuple[str, float]]
+    first_logit_change: float
+    first_value_change: float
+    entropy: list[float] = field(default_factory=list)  # after each update
+    value_error: list[float] = field(default_factory=list)  # after each update
+    initial_entropy: float = 0.0
+    initial_value_error: float = 0.0
+    max_entropy: float = 0.0  # ln of the number of actions (per action dimension, summed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"init_grad_norm": self.init_grad_norm, "grad_norm_by_module": self.grad_norm_by_module,
+                "first_logit_change": self.first_logit_change, "first_value_change": self.first_value_change,
+                "initial_entropy": self.initial_entropy, "initial_value_error": self.initial_value_error,
+                "entropy": self.entropy, "value_error": self.value_error, "max_entropy": self.max_entropy}
+
+
+@torch.no_grad()
+def collect_batch(env: str, model: nn.Module, batch_size: int, unroll_length: int, seed: int = 0,
+                  warmup: int = 100) -> dict[str, Tensor]:
+    """One batch of ``batch_size`` rollouts of ``unroll_length`` steps acted by ``model`` from a zero
+    core state, in the learner's row convention (``obs``, ``reward``, ``done``, ``action``,
+    ``policy_logits`` as ``[T + 1, B, ...]``; row 0 is the first observation). ``warmup`` random
+    steps come first in every env."""
+    envs = [make_env(env, worker_index=i, seed=seed * 1000 + i) for i in range(batch_size)]
+    try:
+        for i, e in enumerate(envs):
+            e.action_space.seed(seed * 1000 + i)
+        obs = [e.reset()[0] for e in envs]
+        for _ in range(warmup):
+            for i, e in enumerate(envs):
+                o, _, terminated, truncated, _ = e.step(e.action_space.sample())
+                obs[i] = e.reset()[0] if terminated or truncated else o
+        model.eval()
+        state = model.initial_state(batch_size)
+        reward = torch.zeros(batch_size)
+        done = torch.ones(batch_size, dtype=torch.bool)
+        rows: dict[str, list[Tensor]] = {"obs": [], "reward": [], "done": [], "action": [], "policy_logits": []}
+        action = logits = None
+        for t in range(unroll_length + 1):
+            frame = torch.as_tensor(np.stack(_frames(obs)))
+            step_in = {"obs": frame[None], "reward": reward[None], "done": done[None]}
+            if isinstance(obs[0], dict):
+                step_in["obs_extra"] = torch.as_tensor(np.stack([o["obs_extra"] for o in obs]))[None]
+            out, state = model(step_in, state)
+            rows["obs"].append(frame)
+            rows["reward"].append(reward)
+            rows["done"].append(done)
+            rows["action"].append(action if action is not None else torch.zeros_like(out["action"][0]))
+            rows["policy_logits"].append(logits if logits is not None else torch.zeros_like(out["policy_logits"][0]))
+            if "obs_extra" in step_in:
+                rows.setdefault("obs_extra", []).append(step_in["obs_extra"][0])
+            action, logits = out["action"][0], out["policy_logits"][0]
+            rewards, dones = [], []
+            for i, e in enumerate(envs):
+                a = action[i]
+                o, r, terminated, truncated, _ = e.step(a.item() if a.dim() == 0 else a.numpy())
+                if terminated or truncated:
+                    o = e.reset()[0]
+                obs[i] = o
+                rewards.append(float(r))
+                dones.append(bool(terminated or truncated))
+            reward = torch.tensor(rewards, dtype=torch.float32)
+            done = torch.tensor(dones)
+        return {key: torch.stack(values) for key, values in rows.items()}
+    finally:
+        for e in envs:
+            e.close()
+
+
+def _frames(obs: list[Any]) -> list[Any]:
+    return [o["obs"] if isinstance(o, dict) else o for o in obs]
+
+
+def discounted_returns(batch: dict[str, Tensor], bootstrap: Tensor, discount: float,
+                       reward_clip: float | None) -> Tensor:
+    """G_t for t < T over the batch: clipped rewards discounted, cut at episode ends, ``bootstrap``
+    [B] (a value of obs T) at the end. Row t + 1 holds the reward of the step taken at obs t."""
+    rewards = batch["reward"][1:]
+    if reward_clip is not None:
+        rewards = rewards.clamp(-reward_clip, reward_clip)
+    not_done = (~batch["done"][1:]).float()
+    out = torch.empty_like(rewards)
+    g = bootstrap
+    for t in reversed(range(rewards.shape[0])):
+        g = rewards[t] + discount * not_done[t] * g
+        out[t] = g
+    return out
+
+
+def _mean_entropy(logits: Tensor, action_dims) -> float:
+    steps = logits.shape[0] * logits.shape[1]
+    return -entropy_loss(logits, action_dims).item() / steps
+
+
+def _module_of(name: str) -> str:
+    """``core.blocks.0.ff.0.weight`` -> ``core.blocks.0.ff``; ``stem.convs.3.bias`` -> ``stem.convs``."""
+    parts = name.split(".")[:-1] or [name]
+    return ".".join(parts[:4 if name.startswith("core.blocks.") else 2])
+
+
+def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, learning_rate: float = 6e-4,
+          rmsprop_alpha: float = 0.99, rmsprop_eps: float = 0.01, rmsprop_momentum: float = 0.0,
+          grad_norm_clip: float = 40.0, discount: float = 0.99, baseline_cost: float = 0.5,
+          entropy_cost: float = 0.01, reward_clip: float | None = 1.0, top: int = 6) -> ProbeResult:
+    """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place."""
+    action_dims = getattr(model, "action_dims", None)
+    B = batch["reward"].shape[1]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, lr=learning_rate, alpha=rmsprop_alpha, eps=rmsprop_eps,
+                               momentum=rmsprop_momentum)
+    loss_kwargs = dict(discount=discount, baseline_cost=baseline_cost, entropy_cost=entropy_cost,
+                       reward_clip=reward_clip, action_dims=action_dims)
+    model.train()
+
+    def forward() -> dict[str, Tensor]:
+        out, _ = model(batch, model.initial_state(B))
+        return out
+
+    with torch.no_grad():
+        start = forward()
+        returns = discounted_returns(batch, start["baseline"][-1], discount, reward_clip)
+
+    def value_error(out: dict[str, Tensor]) -> float:
+        return (out["baseline"][:-1] - returns).abs().mean().item()
+
+    result = ProbeResult(0.0, [], 0.0, 0.0, initial_entropy=_mean_entropy(start["policy_logits"][:-1], action_dims),
+                         initial_value_error=value_error(start),
+                         max_entropy=sum(math.log(n) for n in (action_dims or (start["policy_logits"].shape[-1],))))
+    for update in range(max(1, updates)):
+        out = forward()
+        loss, _ = impala_loss(out, batch, **loss_kwargs)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if update == 0:
+            by_module: dict[str, float] = {}
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    key = _module_of(name)
+                    by_module[key] = by_module.get(key, 0.0) + p.grad.pow(2).sum().item()
+            result.grad_norm_by_module = sorted(((k, math.sqrt(v)) for k, v in by_module.items()),
+                                                key=lambda kv: -kv[1])[:top]
+        norm = float(clip_grad_norm(params, grad_norm_clip))
+        optimizer.step()
+        with torch.no_grad():
+            after = forward()
+        if update == 0:
+            result.init_grad_norm = norm
+            result.first_logit_change = (after["policy_logits"] - out["policy_logits"]).abs().max().item()
+            result.first_value_change = (after["baseline"] - out["baseline"]).abs().max().item()
+        result.entropy.append(_mean_entropy(after["policy_logits"][:-1], action_dims))
+        result.value_error.append(value_error(after))
+    return result
+
+
+def format_probe(result: ProbeResult, title: str) -> str:
+    """The probe as a few lines of text (what ``fwrl info --probe`` prints)."""
+    lines = [title,
+             f"  gradient norm at init (before clipping): {result.init_grad_norm:,.1f}; largest parts: "
+             + ", ".join(f"{name} {norm:,.1f}" for name, norm in result.grad_norm_by_module),
+             f"  first update: logits move by up to {result.first_logit_change:.3f}, "
+             f"values by up to {result.first_value_change:.3f}",
+             f"  entropy per step (uniform {result.max_entropy:.3f}): {result.initial_entropy:.3f} at init, then "
+             + " ".join(f"{h:.3f}" for h in result.entropy),
+             f"  mean |value - discounted return|: {result.initial_value_error:.3f} at init, then "
+             + " ".join(f"{e:.2f}" for e in result.value_error)]
+    return "\n".join(lines)
