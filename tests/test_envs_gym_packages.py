@@ -64,6 +64,31 @@ PACKAGE = {
                 return self._obs(), float(reward), self.t >= self.end, False, {}
 
 
+        class MissionEnv(DictEnv):
+            """DictEnv with a Text entry (a mission string) fwrl cannot encode."""
+
+            def __init__(self):
+                super().__init__()
+                spaces = dict(self.observation_space.spaces, mission=gym.spaces.Text(32))
+                self.observation_space = gym.spaces.Dict(spaces)
+
+            def _obs(self):
+                return {**super()._obs(), "mission": "reach the end"}
+
+
+        class TextOnlyEnv(MissionEnv):
+            """Nothing but a Text observation: no value fwrl can use."""
+
+            def __init__(self):
+                super().__init__()
+                self.observation_space = gym.spaces.Text(32)
+
+            def _obs(self):
+                return "reach the end"
+
+
+        gym.register("FwrlPkg/Mission-v0", entry_point=MissionEnv)
+        gym.register("FwrlPkg/TextOnly-v0", entry_point=TextOnlyEnv)
         gym.register("FwrlPkg/Dict-v0", entry_point=DictEnv)
         gym.register("FwrlPkg/DictLimit-v0", entry_point=DictEnv, max_episode_steps=3)
         gym.register("FwrlPkg/DictMulti-v0", entry_point=DictEnv, kwargs={"multi": True})
@@ -81,6 +106,30 @@ PACKAGE = {
     ''',
 }
 BROKEN = "fwrl_pkgtest_broken"
+PLUGIN = "fwrl_plugtest"
+PLUGIN_MODULE = '''
+    """Registers FwrlPlug/Count-v0 only when its entry point's register_envs is called."""
+    import gymnasium as gym
+    import numpy as np
+
+
+    class CountEnv(gym.Env):
+        observation_space = gym.spaces.Box(0.0, 10.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.full(1, self.t, np.float32), float(action), self.t >= 3, False, {}
+
+
+    def register_envs():
+        gym.register("FwrlPlug/Count-v0", entry_point=CountEnv)
+'''
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +140,12 @@ def package(tmp_path_factory):
     for name, text in PACKAGE.items():
         (root / PKG / name).write_text(textwrap.dedent(text))
     (root / f"{BROKEN}.py").write_text("raise RuntimeError('this package is broken')\n")
+    # a plugin package as MinAtar ships one: its ids are registered by a gymnasium.envs entry point
+    (root / f"{PLUGIN}.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    info = root / f"{PLUGIN}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[gymnasium.envs]\nFwrlPlug = {PLUGIN}:register_envs\n")
     assert PKG not in sys.modules
     yield root
     for name in [m for m in sys.modules if m.startswith(PKG)]:
@@ -270,3 +325,46 @@ def torch_load(path):
     import torch
 
     return torch.load(path, weights_only=True)
+
+
+# ----------------------------------------------------------------------------- entry points, text entries
+
+def test_an_entry_point_package_loads_as_namespace_id(backend, on_path):
+    """gymnasium 1.x no longer calls ``gymnasium.envs`` entry points: fwrl calls the one named after
+    the id's namespace, in the learner and in every worker (nothing imported the module before)."""
+    import gymnasium as gym
+
+    from fwrl.envs import gym_env
+
+    gym.registry.pop("FwrlPlug/Count-v0", None)  # as if never loaded here (the other backend's run did)
+    gym_env._LOADED_PLUGINS.discard("FwrlPlug")
+    sys.modules.pop(PLUGIN, None)
+    info = describe_env("gym:FwrlPlug/Count-v0")
+    assert info.obs_shape == (1,) and info.num_actions == 2
+    out = _run(backend.pool("gym:FwrlPlug/Count-v0", 1, 1, seed=0), lambda i: np.array([1]), 4)
+    assert [float(r["obs"][0, 0]) for r in out] == [0.0, 1.0, 2.0, 0.0, 1.0]  # 3-step episodes, then a reset
+    with pytest.raises(FwrlError, match="unknown gym env id 'FwrlPlug/Nope-v0'"):
+        describe_env("gym:FwrlPlug/Nope-v0")
+
+
+def test_dict_with_a_text_entry_trains_without_it(on_path, tmp_path):
+    """The Text entry is left out with one warning naming it; the image and the rest are used."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    train = subprocess.run(
+        [sys.executable, "-m", "fwrl.launch.cli", "train", "--env", f"gym:{PKG}:FwrlPkg/Mission-v0",
+         "--core", "lstm", "--core-opt", "hidden_size=8", "--num-workers", "1", "--envs-per-worker", "2",
+         "--batch-size", "2", "--unroll-length", "5", "--total-steps", "100", "--device", "cpu",
+         "--num-threads", "1", "--runs-dir", str(tmp_path), "--name", "mission"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
+    warned = [line for line in train.stderr.splitlines() if "mission (Text)" in line]
+    assert len(warned) == 1 and warned[0].startswith("fwrl: warning:") and "--env-wrapper" in warned[0], train.stderr
+    info = torch_load(tmp_path / "mission" / "checkpoint.pt")["env_info"]
+    assert info["extra_size"] == 5 and info["obs_layout"]["dropped"] == ["mission (Text)"]
+
+
+def test_an_unusable_observation_points_to_env_wrapper(on_path):
+    with pytest.raises(FwrlError, match="Text.*--env-wrapper MODULE:CALLABLE"):
+        describe_env(f"gym:{PKG}:FwrlPkg/TextOnly-v0")
