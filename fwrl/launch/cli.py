@@ -383,6 +383,46 @@ def run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- sweep
+
+@command
+def add_sweep(sub: argparse._SubParsersAction) -> None:
+    from fwrl.launch.sweep.arguments import add_sweep_arguments
+
+    p = sub.add_parser("sweep", help="train a grid of runs (games x cores x seeds ...): local, ray or slurm",
+                       description="Train every cell of a grid, each a run folder under SWEEP_DIR/runs/. "
+                                   "Run the same command again to skip finished cells and resume the others.")
+    add_sweep_arguments(p)
+    p.set_defaults(run=run_sweep)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from fwrl.launch.sweep.command import run_sweep as sweep
+
+    return sweep(args)
+
+
+# ----------------------------------------------------------------------------- report
+
+@command
+def add_report(sub: argparse._SubParsersAction) -> None:
+    from fwrl.launch.report.options import ReportConfig
+
+    p = sub.add_parser("report", help="tables, aggregates (IQM, CIs) and figures of sweeps or runs",
+                       description="Per-game scores over seeds, normalised scores, aggregates with stratified "
+                                   "bootstrap CIs (rliable), performance profiles and learning curves of "
+                                   "sweep folders or run folders: markdown, PNG, JSON (and HTML).")
+    p.add_argument("paths", nargs="+", metavar="SWEEP_OR_RUNS", help="sweep folders, run folders, or folders of runs")
+    add_setting_flags(p, ReportConfig)
+    p.set_defaults(run=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from fwrl.launch.report.build import run_report as report
+
+    return report(args)
+
+
 # ----------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:

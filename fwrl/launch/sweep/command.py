@@ -1,0 +1,191 @@
+"""``fwrl sweep``: check the grid, write the sweep folder, run what is left with the chosen executor.
+
+Order of work: read the grid and expand its cells (every cell's config is
+validated as ``fwrl train`` validates one); compare with the sweep folder's
+cells (:func:`fwrl.launch.sweep.plan.check_compatible`); find what is left;
+with the local executor, check each cell as ``fwrl train`` would (env, model,
+device) before anything starts. Only then is the folder written and the cells
+run. ``--status`` and ``--dry-run`` write nothing.
+
+Exit status: 0 when every cell is done (or, slurm, the array was submitted), 1
+when a cell failed, 75 when cells stopped at their time limit (``max_seconds``)
+before their budget, 128 + N after signal N stopped the sweep, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from fwrl.errors import FwrlError, missing_dependency
+from fwrl.launch.flags import given_settings, parse_key_values
+from fwrl.launch.progress import format_duration
+from fwrl.launch.sweep.arguments import grid_from_args
+from fwrl.launch.sweep.cell import EXIT_LATER
+from fwrl.launch.sweep.grid import Cell, expand
+from fwrl.launch.sweep.options import SweepConfig
+from fwrl.launch.sweep.plan import (CellState, Sweep, SweepLock, cell_states, check_compatible, finished, is_sweep,
+                                    load_sweep, to_run, write_sweep)
+from fwrl.launch.sweep.progress import SweepProgress
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    opts = SweepConfig.parse(given_settings(args, SweepConfig))
+    sbatch_options = parse_key_values(args.sbatch_opt, "--sbatch-opt")
+    if sbatch_options and opts.executor != "slurm":
+        raise FwrlError(f"--sbatch-opt applies to --executor slurm only, not --executor {opts.executor}.")
+    if opts.eval_episodes is not None and not opts.evaluate:
+        raise FwrlError(f"--eval-episodes {opts.eval_episodes} sets the episodes of --evaluate; pass --evaluate too.")
+    if opts.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise missing_dependency("ray", "ray", "fwrl sweep --executor ray")
+    path = Path(args.sweep_dir)
+    if path.exists() and not path.is_dir():
+        raise FwrlError(f"sweep folder {path} is a file; choose a folder.")
+    grid = grid_from_args(args, opts)
+    if grid is None:
+        if not is_sweep(path):
+            raise FwrlError(f"{path} holds no sweep (no sweep.yaml) and no grid was given: pass --grid FILE or "
+                            "settings flags, e.g. --env minatar:breakout minatar:asterix --core lstm rdn --seed 1 2.")
+        cells = list(load_sweep(path).cells)
+    else:
+        cells = expand(grid)
+        if is_sweep(path):
+            check_compatible(load_sweep(path), cells)
+    sweep = Sweep(path, tuple(cells))
+    states = cell_states(sweep)
+    if opts.status:
+        print_status(sweep, states)
+        return 1 if any(s.state == "failed" for s in states) else 0
+    todo = to_run(states, opts.evaluate, opts.eval_episodes)
+    if opts.executor == "slurm":
+        from fwrl.launch.sweep.slurm import alive_cells
+
+        alive = alive_cells(sweep)
+        todo = [c for c in todo if c not in alive]
+    if opts.dry_run:
+        return _dry_run(sweep, states, todo, opts, sbatch_options)
+    if opts.executor == "local" and todo:
+        check_cells([sweep.cell(c) for c in todo])
+
+    with SweepLock(path):
+        sweep = write_sweep(path, grid, cells)
+        states = cell_states(sweep)
+        wanted = set(todo)  # what was checked above, less what another process finished meanwhile
+        todo = [c for c in to_run(states, opts.evaluate, opts.eval_episodes) if c in wanted]
+        if not todo:
+            left = [s.name for s in states if not finished(s, opts.evaluate, opts.eval_episodes)]
+            print(f"sweep {path}: nothing to start: {len(states) - len(left)} of {len(states)} cells done"
+                  + (f", {len(left)} running or queued elsewhere" if left else ""), file=sys.stderr)
+            return 0
+        if opts.executor == "slurm":
+            return _submit(sweep, todo, opts, sbatch_options)
+        parallel = opts.parallel
+        if opts.executor == "local":
+            from fwrl.launch.sweep.local import default_parallel, run_local
+
+            parallel = parallel or default_parallel(sweep, todo)
+            progress = SweepProgress(str(path), states, parallel)
+            print(f"sweep {path}: {len(todo)} of {len(states)} cells to run, {parallel} at a time (local)",
+                  file=sys.stderr)
+            code = run_local(sweep, todo, progress, parallel, opts.evaluate, opts.eval_episodes)
+        else:
+            from fwrl.launch.sweep.ray_executor import run_ray
+
+            progress = SweepProgress(str(path), states, parallel or len(todo))
+            print(f"sweep {path}: {len(todo)} of {len(states)} cells to run as Ray tasks "
+                  f"(--ray-address {opts.ray_address})", file=sys.stderr)
+            code = run_ray(sweep, todo, progress, opts.ray_address, opts.cell_cpus, opts.cell_gpus, opts.evaluate,
+                           opts.eval_episodes)
+    return _finish(sweep, code)
+
+
+def check_cells(cells: list[Cell]) -> None:
+    """Check each distinct config (seeds apart) as ``fwrl train`` would before it starts (env, model, device)."""
+    from fwrl.launch.preflight import check_runnable
+
+    seen = set()
+    for cell in cells:
+        key = repr(sorted((k, repr(v)) for k, v in cell.config.to_dict().items() if k != "seed"))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_runnable(cell.config)
+        except FwrlError as exc:
+            raise FwrlError(f"cell {cell.name}: {exc}") from None
+
+
+def _finish(sweep: Sweep, code: int) -> int:
+    """The final summary: counts, failed cells with their logs; the exit status."""
+    states = cell_states(sweep)
+    failed = [s for s in states if s.state == "failed"]
+    for s in failed:
+        status = s.status or {}
+        print(f"  failed: {s.name} ({status.get('phase', 'train')} exit status {status.get('exit_code')}); "
+              f"log {status.get('log')}" + (f"\n          {status['message']}" if status.get("message") else ""),
+              file=sys.stderr)
+    if code:
+        return code
+    if failed:
+        print(f"{len(failed)} cell(s) failed; fix the cause and run the same command again (finished cells are "
+              "skipped, failed and interrupted ones run again)", file=sys.stderr)
+        return 1
+    stopped = [s for s in states if s.state == "interrupted"]
+    if stopped:
+        print(f"{len(stopped)} cell(s) stopped before their budget (max_seconds); run the same command again to "
+              "continue them", file=sys.stderr)
+        return EXIT_LATER
+    return 0
+
+
+def print_status(sweep: Sweep, states: list[CellState]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sweep {sweep.path}", title_justify="left")
+    table.add_column("cell", overflow="fold")  # whole names, folded where the terminal is narrow
+    for column in ("state", "exit", "time", "agent steps", "evaluated"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("log / message", overflow="fold")
+    for s in states:
+        status = s.status or {}
+        seconds = status.get("seconds")
+        steps = status.get("agent_steps")
+        table.add_row(s.name, s.state, "" if status.get("exit_code") is None else str(status["exit_code"]),
+                      format_duration(seconds) if seconds else "", f"{steps:,}" if steps else "",
+                      "yes" if status.get("evaluated") else "",
+                      status.get("message") or (status.get("log", "") if s.state == "failed" else ""))
+    Console().print(table)
+    print(SweepProgress(str(sweep.path), states, 1).summary().split(", ETA")[0])
+
+
+def _dry_run(sweep: Sweep, states: list[CellState], todo: list[str], opts: SweepConfig,
+             sbatch_options: dict[str, str]) -> int:
+    if opts.executor == "slurm":
+        from fwrl.launch.sweep.slurm import array_script
+
+        if not todo:
+            print(f"# sweep {sweep.path}: every cell is done (or queued); nothing to submit", file=sys.stderr)
+            return 0
+        sys.stdout.write(array_script(sweep, todo, opts.evaluate, opts.eval_episodes, opts.cell_cpus,
+                                      opts.cell_gpus, opts.parallel, sbatch_options))
+        return 0
+    state = {s.name: s.state for s in states}
+    print(f"sweep {sweep.path}: {len(todo)} of {len(states)} cells would run ({opts.executor})")
+    for name in todo:
+        print(f"  {state[name]:<12} {name}")
+    return 0
+
+
+def _submit(sweep: Sweep, todo: list[str], opts: SweepConfig, sbatch_options: dict[str, str]) -> int:
+    from fwrl.launch.sweep.slurm import array_script, submit
+
+    script = array_script(sweep, todo, opts.evaluate, opts.eval_episodes, opts.cell_cpus, opts.cell_gpus,
+                          opts.parallel, sbatch_options)
+    job = submit(sweep, script)
+    print(f"sweep {sweep.path}: submitted SLURM job array {job} with {len(todo)} cells (script in "
+          f"{sweep.path / 'slurm'}); `fwrl sweep {sweep.path} --status` shows their progress, and the same "
+          "command again resubmits what is unfinished", file=sys.stderr)
+    return 0

@@ -1,0 +1,237 @@
+"""``fwrl report`` on synthetic runs with known numbers: per-game means and CIs, human-normalised
+scores, IQM / median / mean with stratified bootstrap CIs (checked against direct computations), the
+random-policy baseline and its cache, groups from sweep labels, the files written, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fwrl.launch.cli import main
+from fwrl.launch.config import TrainConfig, config_yaml
+from fwrl.launch.sweep.grid import Cell
+from fwrl.launch.sweep.plan import write_sweep
+
+PONG, BREAKOUT = (-20.7, 14.6), (1.7, 30.5)  # random, human (DQN-zoo table)
+REPS = 5000
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def make_run(folder: Path, env: str, core: str, seed: int, final: float, evaluated: bool = True,
+             **settings) -> Path:
+    """A run folder as fwrl train and fwrl evaluate leave it: config.yaml, metrics.csv, evaluation.json."""
+    folder.mkdir(parents=True)
+    config = TrainConfig.from_dict({"env": env, "core": core, "seed": seed, "total_steps": 1000, **settings})
+    (folder / "config.yaml").write_text(config_yaml(config))
+    with (folder / "metrics.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["time", "agent_steps", "episodes", "mean_return"])
+        for i, steps in enumerate(range(0, 1001, 250)):
+            writer.writerow([i, steps, 10 * i, final * i / 4 - 1.0 * (4 - i)])
+    if evaluated:
+        task = env.split(":", 1)[1].split("?")[0]
+        (folder / "evaluation.json").write_text(json.dumps({
+            "env": env, "episodes": 30, "repeats": 5,
+            "aggregates": [{"task": task, "split": "test", "repeats": 5, "episodes": 150, "mean": final}]}))
+    return folder
+
+
+def iqm(matrix: np.ndarray) -> float:
+    return float(stats.trim_mean(matrix, proportiontocut=0.25, axis=None))
+
+
+def stratified_bootstrap_ci(matrix: np.ndarray, statistic, reps: int, seed: int) -> tuple[float, float]:
+    """Percentile CI of ``statistic`` under resampling of runs within each game (column), done here directly."""
+    rng = np.random.default_rng(seed)
+    n, games = matrix.shape
+    values = []
+    for _ in range(reps):
+        idx = rng.integers(0, n, size=(n, games))
+        values.append(statistic(matrix[idx, np.arange(games)]))
+    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
+
+
+@pytest.fixture(scope="module")
+def atari_report(tmp_path_factory):
+    """Two Atari games x three groups x eight seeds; one run has only training returns."""
+    root = tmp_path_factory.mktemp("atari")
+    rng = np.random.default_rng(7)
+    finals = {  # group -> game -> the seeds' final returns
+        "lstm": {"Pong": rng.normal(-10, 6, 8), "Breakout": rng.normal(8, 4, 8)},
+        "rdn": {"Pong": rng.normal(5, 8, 8), "Breakout": rng.normal(20, 6, 8)},
+        "elstm": {"Pong": np.full(8, 0.0), "Breakout": np.full(8, 16.1)},  # every seed alike: CIs are points
+    }
+    for core, games in finals.items():
+        for game, values in games.items():
+            for seed, value in enumerate(values, start=1):
+                training_only = core == "rdn" and game == "Breakout" and seed == 3
+                make_run(root / "runs" / f"{game}-{core}-{seed}", f"atari:{game}", core, seed, float(value),
+                         evaluated=not training_only)
+    out = root / "report"
+    code, stdout, err = cli("report", str(root / "runs"), "--out", str(out), "--reps", str(REPS), "--html")
+    assert code == 0, err
+    return finals, json.loads((out / "report.json").read_text()), out, stdout
+
+
+def test_per_game_means_cis_and_human_normalised_scores(atari_report):
+    finals, report, out, stdout = atari_report
+    constants = {"atari:Pong": PONG, "atari:Breakout": BREAKOUT}
+    rows = {(r["game"], r["group"]): r for r in report["per_game"]}
+    assert len(rows) == 6
+    for group, games in finals.items():
+        for game, values in games.items():
+            row = rows[(f"atari:{game}", group)]
+            random, human = constants[f"atari:{game}"]
+            assert row["mean"] == pytest.approx(values.mean(), abs=1e-9)
+            assert row["normalised_mean"] == pytest.approx((values.mean() - random) / (human - random), abs=1e-9)
+            if group == "elstm":
+                assert row["ci"] == [values[0], values[0]]
+                continue
+            low, high = stratified_bootstrap_ci(values[:, None], np.mean, 20000, seed=1)
+            width = high - low
+            assert row["ci"][0] == pytest.approx(low, abs=0.08 * width)
+            assert row["ci"][1] == pytest.approx(high, abs=0.08 * width)
+    pong = {run["path"].rsplit("/", 1)[1]: run for run in report["runs"]}
+    assert pong["Pong-lstm-1"]["normalised"]["atari:Pong"] == pytest.approx(
+        (finals["lstm"]["Pong"][0] + 20.7) / (14.6 + 20.7), abs=1e-9)
+    assert pong["Breakout-rdn-2"]["normalised"]["atari:Breakout"] == pytest.approx(
+        (finals["rdn"]["Breakout"][1] - 1.7) / (30.5 - 1.7), abs=1e-9)
+    # the run without evaluation.json counts with its last training return, marked as such
+    assert pong["Breakout-rdn-3"]["scores"]["atari:Breakout"]["source"] == "training"
+    assert rows[("atari:Breakout", "rdn")]["sources"] == ["evaluation", "training"]
+    assert "(n=8)†" in stdout and "-20.7 (published)" in stdout
+
+
+def test_aggregates_equal_a_direct_computation(atari_report):
+    finals, report, out, _ = atari_report
+    aggregates = report["aggregates"]
+    assert aggregates["games"] == ["atari:Breakout", "atari:Pong"]  # in the order the runs came (by folder name)
+    for group, games in finals.items():
+        matrix = np.stack([(games["Breakout"] - BREAKOUT[0]) / (BREAKOUT[1] - BREAKOUT[0]),
+                           (games["Pong"] - PONG[0]) / (PONG[1] - PONG[0])], axis=1)
+        result = aggregates["groups"][group]
+        assert result["IQM"]["point"] == pytest.approx(iqm(matrix), abs=1e-9)
+        assert result["median"]["point"] == pytest.approx(float(np.median(matrix.mean(axis=0))), abs=1e-9)
+        assert result["mean"]["point"] == pytest.approx(float(matrix.mean()), abs=1e-9)
+        if group == "elstm":  # no spread within a game: every resample is the data itself
+            assert (result["IQM"]["low"], result["IQM"]["high"]) == pytest.approx((iqm(matrix), iqm(matrix)))
+            continue
+        for metric, statistic in (("IQM", iqm), ("mean", np.mean)):
+            low, high = stratified_bootstrap_ci(matrix, statistic, 20000, seed=2)
+            width = high - low
+            assert result[metric]["low"] == pytest.approx(low, abs=0.08 * width), (group, metric)
+            assert result[metric]["high"] == pytest.approx(high, abs=0.08 * width), (group, metric)
+    profile = report["profiles"]["groups"]["rdn"]
+    taus = np.array(report["profiles"]["taus"])
+    rdn = np.stack([(finals["rdn"]["Pong"] - PONG[0]) / (PONG[1] - PONG[0]),
+                    (finals["rdn"]["Breakout"] - BREAKOUT[0]) / (BREAKOUT[1] - BREAKOUT[0])], axis=1)
+    assert profile["fraction"] == pytest.approx([(rdn > t).mean() for t in taus])
+
+
+def test_the_report_files(atari_report):
+    _, report, out, _ = atari_report
+    assert {p.name for p in out.iterdir()} >= {"report.md", "report.json", "report.html", "curves.png",
+                                               "aggregates.png", "profiles.png"}
+    for png in ("curves.png", "aggregates.png", "profiles.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (out / "report.md").read_text()
+    for section in ("## Per game", "## Normalised scores", "## Aggregates", "## Learning curves",
+                    "## Published figures", "![learning curves](curves.png)"):
+        assert section in markdown
+    # RFWP's Pong figure for lstm and rdn beside fwrl's (no published Pong figure for elstm)
+    published = [line for line in markdown.splitlines() if line.startswith("| atari:Pong |") and "RFWP" in line]
+    assert sorted(line.split(" | ")[1] for line in published) == ["lstm", "rdn"]
+    page = (out / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 3 and 'src="http' not in page and "curves.png" not in page
+
+
+def test_random_policy_baseline_relative_normalisation_and_its_cache(tmp_path, monkeypatch):
+    game = "memory:cue_delay?delay=2"
+    finals = {"lstm": [1.0, 0.9], "feedforward": [0.5, 0.62]}
+    for core, values in finals.items():
+        for seed, value in enumerate(values, start=1):
+            make_run(tmp_path / "runs" / f"{core}-{seed}", game, core, seed, value)
+    out = tmp_path / "report"
+    code, _, err = cli("report", str(tmp_path / "runs"), "--out", str(out), "--random-episodes", "40")
+    assert code == 0, err
+    cache = json.loads((out / "random_policy.json").read_text())
+    assert cache[game]["episodes"] == 40 and len(cache[game]["returns"]) == 40
+    random = float(np.mean(cache[game]["returns"]))
+    assert 0.2 < random < 0.8  # two cues, a random answer: success half the time
+    report = json.loads((out / "report.json").read_text())
+    assert report["games"][0]["random"] == pytest.approx(random)
+    rows = {r["group"]: r for r in report["per_game"]}
+    best = np.mean(finals["lstm"])
+    assert rows["lstm"]["normalised_mean"] == pytest.approx(1.0)
+    assert rows["feedforward"]["normalised_mean"] == pytest.approx((np.mean(finals["feedforward"]) - random)
+                                                                   / (best - random))
+    assert "relative" in (out / "report.md").read_text()
+
+    def no_env(*args, **kwargs):
+        raise AssertionError("the cached random-policy returns should be used")
+
+    monkeypatch.setattr("fwrl.envs.registry.make_env", no_env)
+    code, _, err = cli("report", str(tmp_path / "runs"), "--out", str(out), "--random-episodes", "40")
+    assert code == 0, err
+    assert json.loads((out / "report.json").read_text())["games"][0]["random"] == pytest.approx(random)
+
+
+def test_groups_of_a_sweep_take_the_cells_labels(tmp_path):
+    sweep = tmp_path / "sw"
+    cells = []
+    for label, settings in (("lstm", {"core": "lstm"}), ("elstm-rtrl", {"core": "elstm",
+                                                                         "core_options": {"grad": "rtrl"}})):
+        for seed in (1, 2):
+            config = TrainConfig.from_dict({"env": "memory:cue_delay?delay=2", "seed": seed, **settings})
+            cells.append(Cell(f"{label}__seed-{seed}", {"core": label, "seed": f"seed-{seed}"}, config))
+    write_sweep(sweep, None, cells)
+    for i, cell in enumerate(cells):
+        make_run(sweep / "runs" / cell.name, cell.config.env, cell.config.core, cell.config.seed, 0.5 + 0.1 * i,
+                 core_options=cell.config.core_options)
+    code, stdout, err = cli("report", str(sweep), "--random-episodes", "0")
+    assert code == 0, err
+    report = json.loads((sweep / "report" / "report.json").read_text())
+    assert [g["label"] for g in report["groups"]] == ["lstm", "elstm-rtrl"]
+    assert [g["seeds"] for g in report["groups"]] == [[1, 2], [1, 2]]
+    assert "| game | random | lstm | elstm-rtrl |" in stdout
+    assert any("no normalised score" in note for note in report["notes"])  # no random baseline asked for
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["EMPTY"], ["holds no runs", "sweep folders"]),
+    (["MISSING"], ["does not exist"]),
+    (["RUNS", "--reps", "5"], ["reps=5", "x >= 100"]),
+    (["RUNS", "--confidence", "1.5"], ["confidence=1.5", "0 < x < 1"]),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, argv, names):
+    (tmp_path / "empty").mkdir()
+    make_run(tmp_path / "runs" / "a", "memory:cue_delay?delay=2", "lstm", 1, 0.5)
+    paths = {"EMPTY": str(tmp_path / "empty"), "MISSING": str(tmp_path / "nope"), "RUNS": str(tmp_path / "runs")}
+    code, _, err = cli("report", *[paths.get(a, a) for a in argv], "--out", str(tmp_path / "out"))
+    assert code == 2 and err.startswith("fwrl: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    for name in names:
+        assert name in err, (name, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_rliable_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    make_run(tmp_path / "runs" / "a", "memory:cue_delay?delay=2", "lstm", 1, 0.5)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else real(name, *a))
+    code, _, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"))
+    assert code == 2 and "pip install 'fwrl[report]'" in err and "rliable" in err
