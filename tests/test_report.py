@@ -235,3 +235,24 @@ def test_missing_rliable_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else real(name, *a))
     code, _, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"))
     assert code == 2 and "pip install 'fwrl[report]'" in err and "rliable" in err
+
+
+def test_one_seed_gets_a_ci_over_its_evaluation_episodes(tmp_path):
+    """A group with one seed in a game (the CPU learning suite): the CI comes from its evaluation
+    episodes' returns (percentile bootstrap of their mean), and says so."""
+    returns = [3.0, 5.0, 4.0, 9.0, 2.0, 6.0, 7.0, 4.0, 5.0, 5.0]
+    run = make_run(tmp_path / "runs" / "b-lstm-1", "atari:Breakout", "lstm", 1, float(np.mean(returns)))
+    result = json.loads((run / "evaluation.json").read_text())
+    result["runs"] = [{"task": "Breakout", "split": "test", "returns": returns}]
+    (run / "evaluation.json").write_text(json.dumps(result))
+    make_run(tmp_path / "runs" / "b-rdn-1", "atari:Breakout", "rdn", 1, 6.0)  # no episode returns: no CI
+    code, stdout, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--reps", "4000")
+    assert code == 0, err
+    rows = {r["group"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["per_game"]}
+    direct = stats.bootstrap((np.array(returns),), np.mean, n_resamples=4000, method="percentile",
+                             rng=np.random.default_rng(0)).confidence_interval
+    low, high = rows["lstm"]["ci"]
+    assert rows["lstm"]["ci_over"] == "episodes" and low < np.mean(returns) < high
+    assert abs(low - direct.low) < 0.25 and abs(high - direct.high) < 0.25
+    assert rows["rdn"]["ci_over"] == "seeds" and rows["rdn"]["ci"] == [None, None]  # NaN as JSON null
+    assert "(n=1, 10 episodes)" in stdout

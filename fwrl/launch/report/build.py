@@ -43,6 +43,8 @@ class GameGroup:
 
     scores: dict[int, float] = field(default_factory=dict)
     sources: set[str] = field(default_factory=set)
+    episode_returns: tuple[float, ...] = ()  # the one seed's evaluation episodes (a CI when there is one seed)
+    ci_over_episodes: bool = False
     mean: float = math.nan
     low: float = math.nan
     high: float = math.nan
@@ -116,10 +118,15 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
                 continue
             cell.scores[run.seed] = score.value
             cell.sources.add(score.source)
+            cell.episode_returns = score.returns
     for g_index, (game, per) in enumerate(cells.items()):
         for i, (label, cell) in enumerate(per.items()):
             cell.mean, cell.low, cell.high = mean_ci(list(cell.scores.values()), opts.reps, opts.confidence,
                                                      opts.seed + 1000 * g_index + i)
+            if len(cell.scores) == 1 and len(cell.episode_returns) > 1:  # one seed: a CI over its episodes
+                _, cell.low, cell.high = mean_ci(list(cell.episode_returns), opts.reps, opts.confidence,
+                                                 opts.seed + 1000 * g_index + i)
+                cell.ci_over_episodes = True
     best = {game: max(c.mean for c in per.values()) for game, per in cells.items()}
     cache = RandomPolicyCache(out / "random_policy.json")
     refs = game_refs(games, best, cache, opts.random_episodes, opts.seed, say)
@@ -173,7 +180,8 @@ def _count(n: int, noun: str) -> str:
 def _cell_text(cell: GameGroup | None) -> str:
     if cell is None or not cell.scores:
         return "-"
-    text = describe_interval(cell.mean, cell.low, cell.high) + f" (n={len(cell.scores)})"
+    n = f"n=1, {len(cell.episode_returns)} episodes" if cell.ci_over_episodes else f"n={len(cell.scores)}"
+    text = describe_interval(cell.mean, cell.low, cell.high) + f" ({n})"
     return text + (TRAINING_MARK if "training" in cell.sources else "")
 
 
@@ -190,7 +198,8 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
             for game in report.games]
     return [doc.Heading(2, "Per game"),
             doc.Paragraph(f"Mean return over seeds with its {report.options.confidence:.0%} bootstrap CI "
-                          f"[low, high]; n: seeds. Final evaluation return (`fwrl evaluate`, evaluation.json) "
+                          f"[low, high]; n: seeds (with one seed, the CI is over its evaluation episodes). "
+                          f"Final evaluation return (`fwrl evaluate`, evaluation.json) "
                           f"where a run has one; {TRAINING_MARK}: training return (mean of the last training "
                           "episodes logged in metrics.csv) for some or all seeds. random: the return of "
                           "uniformly random actions."),
@@ -362,7 +371,8 @@ def report_json(report: Report, figures: dict[str, Path]) -> dict[str, Any]:
                  for r in report.runs],
         "per_game": [{"game": game, "group": label, "seeds": sorted(c.scores), "scores": [c.scores[s] for s in
                                                                                         sorted(c.scores)],
-                      "mean": c.mean, "ci": [c.low, c.high], "normalised_mean": c.normalised,
+                      "mean": c.mean, "ci": [c.low, c.high], "ci_over": "episodes" if c.ci_over_episodes else "seeds",
+                      "normalised_mean": c.normalised,
                       "sources": sorted(c.sources),
                       "published": [{"source": p.source, "metric": p.metric, "value": p.value, "note": p.note}
                                     for p in c.published]}

@@ -43,6 +43,7 @@ class Score:
     value: float
     source: str  # "evaluation" (evaluation.json) or "training" (metrics.csv)
     episodes: int | None = None
+    returns: tuple[float, ...] = ()  # the evaluation episodes' returns (for a CI when a group has one seed)
 
 
 @dataclass
@@ -128,7 +129,11 @@ def _evaluation_scores(result: dict[str, Any]) -> dict[str, Score]:
         if not chosen:
             continue
         value = sum(float(r["mean"]) for r in chosen) / len(chosen)
-        out[game_of(spec, task)] = Score(value, "evaluation", sum(int(r.get("episodes", 0)) for r in chosen))
+        splits = {r["split"] for r in chosen}
+        returns = tuple(float(x) for r in result.get("runs", []) if r.get("task") == task and r.get("split") in splits
+                        for x in r.get("returns", ()))
+        out[game_of(spec, task)] = Score(value, "evaluation", sum(int(r.get("episodes", 0)) for r in chosen),
+                                         returns if len(splits) == 1 else ())
     return out
 
 
