@@ -12,9 +12,11 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   and ``chunk_delta_rule`` for the delta rule, then ``torch.compile`` of the
   reference in fp32 while the part's time lasts;
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
-  stem, one worker per core) for lstm, delta_net, rdn, srwm and elstm with
-  RTRL, the env ceiling measured once on the same workers; then two learner
-  ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
+  stem, one worker per core; the default env path, ale-py's C++ vector env)
+  for lstm, delta_net, rdn, srwm and elstm with RTRL, the env ceiling measured
+  once on the same workers; the env ceiling of each env path (the Python chain
+  and ale-py's vector env, ``fwrl bench envs --paths``) on those workers; then
+  two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
 - ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (``rfwp-atari``),
   then ``fwrl evaluate`` and ``fwrl plot``.
 
@@ -56,6 +58,8 @@ GOALS = {
 }
 LEARNER_CORES = (("lstm", ()), ("delta_net", ()), ("rdn", ()), ("srwm", ()),
                  ("elstm", ("--core-opt", "grad=rtrl")))
+# env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
+ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
 # pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
 # and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
@@ -326,7 +330,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         path.unlink()
         ceiling = ceiling or record["env_ceiling_steps_per_second"]
         shares = record["shares"]
-        rows.append({"core": " ".join([core, *extra[1:]]), "agent_steps_per_s": record["steps_per_second"],
+        rows.append({"core": " ".join([core, *extra[1:]]), "env_path": record.get("env_path"),
+                     "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
                      "peak_memory_mb": record["peak_memory_mb"],
@@ -336,19 +341,27 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     goals = [goal_line("lstm agent steps/s / env ceiling", lstm and lstm["of_ceiling"], GOALS["lstm_of_ceiling"], ""),
              goal_line("rdn agent steps/s / lstm's", rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"]
                        if rdn and lstm else None, GOALS["rdn_of_lstm"], "")]
+    env_paths = _env_path_ceilings(part, workers, 1 if part.dry else 2)
     overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
     (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling, "rows": rows,
-                                                        "goals": goals, "two_learner_ranks": overhead}, indent=2))
+                                                        "goals": goals, "env_paths": env_paths,
+                                                        "two_learner_ranks": overhead}, indent=2))
     _plot_learner(part.out / "learner.png", rows, ceiling, meta)
     md = header("GPU suite: learner throughput on Atari Pong", meta)
-    md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --core CORE`; env ceiling (random actions, "
+    paths_run = sorted({r["env_path"] for r in rows if r.get("env_path")})
+    md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --core CORE` (env path: "
+           f"{', '.join(paths_run) or 'not measured'}); env ceiling (random actions, "
            f"same {workers} workers): **{ceiling and round(ceiling):,} steps/s**\n\n## Goals\n\n")
     md += table(goals, ("goal", "target", "measured", "met"))
     md += "\n## Agent steps/s and where the time goes (shares of each thread's wall time)\n\n"
     md += table(rows, ("core", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag", "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
+    if env_paths:
+        md += (f"\n## Env ceiling by env path (random actions, the same {workers} workers)\n\n"
+               f"`{env_paths['command']}`; per CPU s: env steps per second of the worker processes' CPU time\n\n")
+        md += table(env_paths["rows"], ("env_path", "env_steps_per_s", "per_cpu_second", "cores_busy", "x_none"))
     if overhead:
         md += (f"\n## Two learner ranks sharing the device ({'cpu' if part.dry else 'one GPU'}, gloo)\n\n"
                f"`python benchmarks/multi_learner_overhead.py`: Pong / nature / lstm, B 8 x T 80 per rank. One "
@@ -357,6 +370,24 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                f"{overhead['one_rank']['gradient_mib']:.1f} MiB gradient is {overhead['two_ranks']['allreduce_ms']:.1f} ms "
                f"({100 * overhead['allreduce_share_of_two_rank_update']:.1f}%).\n")
     (part.out / "learner.md").write_text(md)
+
+
+def _env_path_ceilings(part: Part, workers: int, envs_per_worker: int) -> dict[str, Any] | None:
+    """The env ceiling of each of :data:`ENV_PATHS` on the learner part's workers (``fwrl bench envs
+    --paths``), with each one's steps per worker CPU second and its ratio to the Python chain."""
+    path = part.out / "env-paths.json"
+    args = ["bench", "envs", "--env", "atari:Pong", "--num-workers", workers, "--envs-per-worker", envs_per_worker,
+            "--seconds", 2 if part.dry else 10, "--warmup", 1 if part.dry else 3, "--paths", ",".join(ENV_PATHS)]
+    if not part.try_run(fwrl(*args, "--json-path", path), timeout=120 if part.dry else 150) or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    path.unlink()
+    first = {name: runs[0] for name, runs in data["paths"].items()}
+    base = first.get("none", {}).get("steps_per_second")
+    rows = [{"env_path": name, "env_steps_per_s": r["steps_per_second"], "per_cpu_second": r["steps_per_cpu_second"],
+             "cores_busy": r["cores_busy"], "x_none": r["steps_per_second"] / base if base else None}
+            for name, r in first.items()]
+    return {"command": "fwrl " + " ".join(map(str, args)), "rows": rows}
 
 
 def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:

@@ -11,10 +11,20 @@ Options:
 
 - ``sticky=true``: sticky actions, ``repeat_action_probability=0.25``
   (Machado et al. 2018; the RFWP paper, Irie et al. 2021, mentions them);
-- ``full_action_space=true``: all 18 actions instead of the minimal set.
+- ``full_action_space=true``: all 18 actions instead of the minimal set;
+- ``vector=auto|ale|envpool|none``: how each env worker steps its K envs
+  (:mod:`fwrl.envs.vector_paths`): ``ale`` (ale_py's C++ vector env) or
+  ``envpool`` in C++ threads (:mod:`fwrl.envs.atari_vector`, which lists where
+  they differ from the Python chain), ``none`` the Python chain below, ``auto``
+  (default) ale, then envpool, where installed, else none. ``ale`` is first:
+  it stepped Pong with less CPU per env step than envpool on the 2-core
+  development machine (``benchmarks/results/atari_vector.md``), needs nothing
+  beyond the ``atari`` extra, and runs the Python chain's own emulator and ROMs;
+- ``threads=N``: C++ threads per worker on the vector paths (default 1);
+- ``max_frames=N``: the frame cap (default 108 000), e.g. small for tests.
 
 In ``mode="test"`` there is no episodic life: an episode is a full game (the
-evaluation protocol). Episodes are capped by ALE's 108 000 frames. Rewards are
+evaluation protocol). Episodes are capped by ALE's 108 000 frames (``max_frames``). Rewards are
 not clipped here (the learner clips them).
 
 Episode ends (torchbeast protocol): a life loss (train mode) and the frame cap
@@ -34,8 +44,11 @@ from typing import Any
 
 import gymnasium as gym
 
+from fwrl.envs.atari_vector import AleVectorAtari, AtariVectorSettings, EnvpoolAtari, import_ale_vector
 from fwrl.envs.registry import EnvFamily, register_family
 from fwrl.envs.spec import EnvSpec, Option
+from fwrl.envs.vector_paths import (check_threads, import_envpool, library_problem, resolve_path, threads_option,
+                                    vector_option)
 from fwrl.envs.wrappers import AtariPreprocess, EpisodicLife, FireReset, SeedOnFirstReset
 from fwrl.errors import FwrlError, missing_dependency
 
@@ -44,7 +57,10 @@ NOOP_MAX = 30
 FRAME_SKIP = 4
 FRAME_SIZE = 84
 FRAME_STACK = 4
+MAX_FRAMES = 108_000
 MODES = ("train", "test")
+VECTOR_LIBRARIES = ("ale", "envpool")  # the order vector=auto tries them in (see the module docstring)
+VECTOR_CLASSES = {"ale": AleVectorAtari, "envpool": EnvpoolAtari}
 
 
 def _import_ale():
@@ -77,10 +93,17 @@ class AtariFamily(EnvFamily):
     options = {
         "sticky": Option(bool, False, "sticky actions (repeat_action_probability=0.25)"),
         "full_action_space": Option(bool, False, "use all 18 actions, not the minimal set"),
+        "vector": vector_option(VECTOR_LIBRARIES),
+        "threads": threads_option(),
+        "max_frames": Option(int, MAX_FRAMES, "frame cap of an episode (a truncation)"),
     }
 
     def validate(self, spec: EnvSpec) -> dict[str, Any]:
         opts = super().validate(spec)
+        check_threads(opts["threads"], spec.text)
+        if opts["max_frames"] < FRAME_SKIP:
+            raise FwrlError(f"env option max_frames={opts['max_frames']} in {spec.text!r} must be >= {FRAME_SKIP} "
+                            "(one agent step).")
         games = atari_games()
         for game in spec.names:
             if game not in games:
@@ -91,6 +114,7 @@ class AtariFamily(EnvFamily):
                     f"unknown atari game {game!r}.{hint} Valid games (ALE/<Game>-v5 ids "
                     f"of ale_py): {', '.join(games)}."
                 )
+        opts["vector"] = vector_path(opts["vector"])
         return opts
 
     def make(self, spec: EnvSpec, *, worker_index: int, seed: int, mode: str = "train"):
@@ -103,6 +127,7 @@ class AtariFamily(EnvFamily):
             frameskip=1,
             repeat_action_probability=STICKY_PROBABILITY if opts["sticky"] else 0.0,
             full_action_space=opts["full_action_space"],
+            max_num_frames_per_episode=opts["max_frames"],
         )
         env = AtariPreprocess(env, noop_max=NOOP_MAX, skip=FRAME_SKIP, size=FRAME_SIZE)
         if mode == "train":
@@ -111,6 +136,37 @@ class AtariFamily(EnvFamily):
             env = FireReset(env)
         env = gym.wrappers.FrameStackObservation(env, FRAME_STACK)
         return SeedOnFirstReset(env, seed)
+
+    def make_vector(self, spec: EnvSpec, *, worker_index: int, seeds, mode: str = "train"):
+        """The K envs of a worker stepped in C++ threads (``vector=ale|envpool``), or None for ``none``."""
+        if mode not in MODES:
+            raise FwrlError(f"unknown env mode {mode!r}; valid choices: {', '.join(MODES)}.")
+        opts = self.validate(spec)
+        if opts["vector"] == "none":
+            return None
+        settings = AtariVectorSettings(
+            game=spec.name_for_worker(worker_index), rom=rom_id(spec.name_for_worker(worker_index)),
+            episodic_life=mode == "train", sticky=STICKY_PROBABILITY if opts["sticky"] else 0.0,
+            full_action_space=opts["full_action_space"], max_frames=opts["max_frames"], threads=opts["threads"],
+            noop_max=NOOP_MAX, skip=FRAME_SKIP, size=FRAME_SIZE, stack=FRAME_STACK)
+        return VECTOR_CLASSES[opts["vector"]](settings, seeds)
+
+
+def rom_id(game: str) -> str:
+    """ale_py's ROM id of an ``ALE/<game>-v5`` env (``MsPacman`` -> ``ms_pacman``)."""
+    _import_ale()
+    return str(gym.spec(f"ALE/{game}-v5").kwargs["game"])
+
+
+def vector_library_problem(library: str) -> str | None:
+    """Why ``library`` cannot step Atari envs here (None: it can)."""
+    importer = {"ale": import_ale_vector, "envpool": lambda: import_envpool("atari envs with vector=envpool")}
+    return library_problem(importer[library])
+
+
+def vector_path(requested: str) -> str:
+    """The path ``vector=requested`` runs here: ale, envpool or none (see the module docstring)."""
+    return resolve_path(requested, VECTOR_LIBRARIES, vector_library_problem)
 
 
 register_family(AtariFamily())

@@ -1,5 +1,7 @@
-"""K envs stepped together inside one worker (any backend).
+"""K envs stepped together inside one worker (any backend), one Python env chain per slot.
 
+This is the ``vector=none`` group; :mod:`fwrl.envs.vector_group` is its twin for
+envs stepped in C++ threads, and :func:`fwrl.envs.groups.make_group` picks one.
 Tracks per-game returns and lengths, resets envs whose episode ended, and
 writes results into caller-provided arrays (shared memory for the local
 backend, plain numpy for Ray), laid out as :func:`~fwrl.envs.worker_pool.result_fields`
@@ -24,6 +26,9 @@ def worker_seed(seed: int, worker: int, life: int, env_index: int) -> int:
 
 
 class EnvGroup:
+    """K envs of the Python chain (``vector=none``), made with :func:`~fwrl.envs.registry.build_env`
+    and stepped one after the other."""
+
     def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int = 0,
                  wrappers: Sequence[str] = ()):
         self.worker = worker
@@ -62,16 +67,8 @@ class EnvGroup:
         for j, env in enumerate(self.envs):
             obs, _ = env.reset()
             self._write_obs(out, j, obs)
-        for name in FINAL_FIELDS:
-            if name in out:
-                out[name][:] = 0
+        write_start(out, self.task)
         self._final_set[:] = False
-        out["reward"][:] = 0.0
-        out["done"][:] = True
-        out["truncated"][:] = False
-        out["episode_return"][:] = 0.0
-        out["episode_step"][:] = 0
-        out["task"][:] = self.task
         self.returns[:] = 0.0
         self.steps[:] = 0
 
@@ -112,6 +109,20 @@ class EnvGroup:
                 env.close()
             except Exception:  # closing a broken env must not hide the original error
                 pass
+
+
+def write_start(out: dict[str, np.ndarray], task: int) -> None:
+    """The fields of a worker's first result beside ``obs``: every slot starts an episode (``done``),
+    nothing was cut, no reward or return yet, ``final_obs`` fields zero."""
+    for name in FINAL_FIELDS:
+        if name in out:
+            out[name][:] = 0
+    out["reward"][:] = 0.0
+    out["done"][:] = True
+    out["truncated"][:] = False
+    out["episode_return"][:] = 0.0
+    out["episode_step"][:] = 0
+    out["task"][:] = task
 
 
 def spec_task_index(spec: str, worker: int) -> int:

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fwrl.envs.env_group import EnvGroup
+from fwrl.envs.groups import make_group
 from fwrl.envs.worker_pool import StepResult, WorkerPool
 
 _CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
@@ -64,7 +64,7 @@ def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn:
     out = {name: v[lo:hi] for name, v in views.items()}
     group = None
     try:
-        group = EnvGroup(spec, worker, k, seed, mode, life, wrappers)
+        group = make_group(spec, worker, k, seed, mode, life, wrappers)
         group.reset(out)
         conn.send(("ok", []))
         while True:

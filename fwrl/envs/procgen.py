@@ -18,6 +18,13 @@ caveflyer, leaper, jumper, maze, heist, climber, ninja, and it fixes its own
 single level (so num_levels / start_level must not be given); num_levels and
 start_level must be >= 0 (checked against the procgen2 0.10.7 wheel).
 
+Env path (``vector=auto|envpool|none``, :mod:`fwrl.envs.vector_paths`):
+``envpool`` steps each worker's K envs in C++ threads
+(:mod:`fwrl.envs.procgen_vector`; it needs the ``envpool`` extra and the
+system's Qt 5 runtime), ``none`` is the procgen2 chain below, ``auto`` (the
+default) envpool where it loads, else none. ``threads=N``: C++ threads per
+worker on the envpool path (default 1).
+
 Multi-task: ``procgen:bigfish+fruitbot`` - worker i runs game i mod n, and
 ``info["task"]`` is that index; all games share the 15-action head.
 
@@ -46,8 +53,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from fwrl.envs.procgen_vector import EnvpoolProcgen, import_envpool_procgen
 from fwrl.envs.registry import EnvFamily, EnvInfo, register_family
 from fwrl.envs.spec import EnvSpec, Option
+from fwrl.envs.vector_paths import check_threads, library_problem, resolve_path, threads_option, vector_option
 from fwrl.errors import FwrlError, unknown_choice
 
 GAMES = (
@@ -64,6 +73,7 @@ MODE_GAMES = {
 NUM_ACTIONS = 15
 OBS_SHAPE = (3, 64, 64)
 MAX_SEED = 2**31 - 1
+VECTOR_LIBRARIES = ("envpool",)
 
 # (R_min, R_max) per game and distribution (Cobbe et al. 2020, REFERENCE.md section 5)
 NORMALISATION: dict[str, dict[str, tuple[float, float]]] = {
@@ -250,13 +260,25 @@ class ProcgenFamily(EnvFamily):
         "center_agent": Option(bool, True, "centre the view on the agent"),
         "paint_vel_info": Option(bool, False, "paint the agent's velocity in the corner"),
         "use_generated_assets": Option(bool, False, "procedurally generated assets"),
+        "vector": vector_option(VECTOR_LIBRARIES),
+        "threads": threads_option(),
     }
 
     def validate(self, spec: EnvSpec) -> dict[str, Any]:
         opts = super().validate(spec)
         for game in spec.names:
             check_combination(game, opts, set(spec.options))
+        check_threads(opts["threads"], spec.text)
+        opts["vector"] = resolve_path(opts["vector"], VECTOR_LIBRARIES,
+                                      lambda library: library_problem(import_envpool_procgen))
         return opts
+
+    def make_vector(self, spec: EnvSpec, *, worker_index: int, seeds, mode: str = "train"):
+        """The K envs of a worker on EnvPool (``vector=envpool``), or None for the procgen2 chain."""
+        opts = self.validate(spec)
+        if opts["vector"] == "none":
+            return None
+        return EnvpoolProcgen(spec.name_for_worker(worker_index), opts, seeds, opts["threads"])
 
     def make(self, spec: EnvSpec, *, worker_index: int, seed: int, mode: str = "train"):
         opts = self.validate(spec)

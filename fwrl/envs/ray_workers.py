@@ -1,6 +1,6 @@
 """The ``ray`` worker backend: env workers as Ray actors on a cluster's CPU nodes.
 
-Each actor owns one :class:`~fwrl.envs.env_group.EnvGroup` (K envs) and plain
+Each actor owns one group of K envs (:func:`~fwrl.envs.groups.make_group`) and plain
 numpy output arrays; ``step`` writes into them and returns them, so results
 travel through Ray's own object channels. The learner and central inference
 stay in the driver process (ARCHITECTURE.md, Processes), which calls
@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fwrl.envs.env_group import EnvGroup
+from fwrl.envs.groups import make_group
 from fwrl.envs.worker_pool import (FINAL_FIELDS, EpisodeRecord, StepResult, WorkerPool,
                                    WorkersLost as _PoolWorkersLost)
 from fwrl.errors import FwrlError, missing_dependency
@@ -76,7 +76,7 @@ class EnvActor:
         silence_env_noise()
         add_import_paths(import_paths)
         self.out = {name: np.zeros((k, *shape), np.dtype(dtype)) for name, (shape, dtype) in specs.items()}
-        self.group = EnvGroup(spec, worker, k, seed, mode, life, wrappers)
+        self.group = make_group(spec, worker, k, seed, mode, life, wrappers)
 
     def _payload(self) -> dict[str, np.ndarray]:
         """The result arrays, with the final_obs fields for the truncated rows only (see module docstring)."""

@@ -139,6 +139,13 @@ class EnvFamily:
         """Create the env that worker ``worker_index`` runs; ``mode`` is train or test."""
         raise NotImplementedError
 
+    def make_vector(self, spec: EnvSpec, *, worker_index: int, seeds: Sequence[int], mode: str = "train") -> Any:
+        """The envs of worker ``worker_index``, one per seed, stepped together in C++ threads: a
+        :class:`~fwrl.envs.vector_group.VectorEnvs`, or None when the worker should step one
+        :meth:`make` env per slot (the Python chain; the default). Families with a ``vector``
+        option (:mod:`fwrl.envs.vector_paths`) implement it."""
+        return None
+
     def layout_options(self, spec: EnvSpec) -> dict[str, Any]:
         """Options of :func:`~fwrl.envs.layout.build_obs_layout` (``image_key``, ``size``) for ``spec``."""
         return {}

@@ -121,8 +121,9 @@ class WorkerPool:
     def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int, mode: str,
                  step_timeout: float, start_timeout: float, max_start_failures: int = 5,
                  env_wrappers: Sequence[str] = ()):
-        from fwrl.envs.registry import describe_env
+        from fwrl.envs.registry import describe_env, resolve
         from fwrl.envs.user_wrappers import check_wrappers
+        from fwrl.envs.vector_paths import check_vector_wrappers
 
         if num_workers < 1 or envs_per_worker < 1:
             raise FwrlError(
@@ -131,6 +132,7 @@ class WorkerPool:
             )
         self.env = env
         self.env_wrappers = check_wrappers(env_wrappers)  # before any worker starts: a bad one is an error here
+        check_vector_wrappers(resolve(env)[0], self.env_wrappers)
         self.info = describe_env(env, self.env_wrappers)
         self.result_specs = result_fields(self.info.obs_shape, self.info.obs_dtype, self.info.extra_size)
         self.num_workers = num_workers

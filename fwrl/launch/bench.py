@@ -8,10 +8,11 @@ the TrainConfig the CLI resolved exactly as for ``fwrl train``.
 from __future__ import annotations
 
 import argparse
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +35,8 @@ class EnvBenchResult:
     episodes: int
     restarts: int  # worker restarts during the window
     startup_seconds: float  # until every worker had reset its envs
+    env_path: str = "none"  # how the workers stepped their envs: ale, envpool or none (the Python chain)
+    cpu_seconds: float | None = None  # CPU time of the worker processes (all threads) in the window; local only
 
     @property
     def steps_per_second(self) -> float:
@@ -44,10 +47,60 @@ class EnvBenchResult:
         """Mean time between sending a worker its actions and getting its K results back."""
         return 1000.0 * self.seconds * self.num_workers / max(1, self.round_trips)
 
+    @property
+    def steps_per_cpu_second(self) -> float | None:
+        """Env steps per second of worker CPU time: env steps/s per core the workers kept busy."""
+        return self.env_steps / self.cpu_seconds if self.cpu_seconds else None
+
+    @property
+    def cores_busy(self) -> float | None:
+        """Mean number of cores the worker processes used in the window."""
+        return self.cpu_seconds / self.seconds if self.cpu_seconds is not None else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "steps_per_second": self.steps_per_second,
+                "steps_per_cpu_second": self.steps_per_cpu_second, "cores_busy": self.cores_busy,
+                "ms_per_round_trip": self.ms_per_round_trip}
+
 
 def _check_window(seconds: float, warmup: float) -> None:
     if not seconds > 0 or not warmup >= 0:
         raise FwrlError(f"bench envs needs --seconds > 0 and a warm-up >= 0, got {seconds:g} and {warmup:g}.")
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process ``pid``, all its threads (Linux ``/proc``); None where unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _workers_cpu(pool, backend: str) -> dict[int, tuple[int, float]] | None:
+    """``worker -> (pid, CPU seconds)`` of every worker process (local backend only: Ray actors may run
+    on other machines); None where one is unknown."""
+    if backend != "local":
+        return None
+    out = {}
+    for worker in range(pool.num_workers):
+        pid = pool.pid(worker)
+        cpu = process_cpu_seconds(pid)
+        if cpu is None:
+            return None
+        out[worker] = (pid, cpu)
+    return out
+
+
+def _cpu_between(before: dict[int, tuple[int, float]] | None, after: dict[int, tuple[int, float]] | None
+                 ) -> float | None:
+    """Worker CPU seconds between two snapshots; None when a worker was replaced in between."""
+    if before is None or after is None or any(before[w][0] != after[w][0] for w in before):
+        return None
+    return sum(after[w][1] - before[w][1] for w in before)
 
 
 def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds: float,
@@ -60,13 +113,17 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     are stepped but not counted, then steps are counted for ``seconds``. This
     is the ceiling of training throughput on the same workers: agent steps/s
     of ``fwrl train`` divided by this number is the fraction left after
-    inference and learning. ``progress(text)`` hears where it is, twice a second.
+    inference and learning. With the local backend the worker processes' CPU
+    time over the window is measured too (env steps per core). ``progress(text)``
+    hears where it is, twice a second.
     """
-    from fwrl.envs.registry import describe_env
     from fwrl.envs.backends import make_pool
+    from fwrl.envs.groups import env_path
+    from fwrl.envs.registry import describe_env
 
     _check_window(seconds, warmup)
     info = describe_env(env)
+    path = env_path(env)
     rng = np.random.default_rng(seed)
     k = envs_per_worker
     pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, **(backend_options or {}))
@@ -74,6 +131,7 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     counting = False
     steps = round_trips = episodes = restarts0 = 0
     window_start = 0.0
+    cpu0 = None
     try:
         begin = time.monotonic()
         pool.start()
@@ -96,6 +154,7 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
             if warm_end is not None and not counting and now >= warm_end:
                 counting, restarts0, end = True, pool.restarts, now + seconds
                 window_start = now
+                cpu0 = _workers_cpu(pool, backend)
             if counting and now >= end:
                 break
             for r in pool.wait(0.05):
@@ -108,14 +167,106 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
                 pool.act(r.worker, rng.integers(info.num_actions, size=k))
                 acted[r.worker] = True
         window = time.monotonic() - window_start
+        cpu = _cpu_between(cpu0, _workers_cpu(pool, backend))
         return EnvBenchResult(env, num_workers, envs_per_worker, window, steps, round_trips, episodes,
-                              pool.restarts - restarts0, startup)
+                              pool.restarts - restarts0, startup, path, cpu)
     finally:
         pool.close()
 
 
+def parse_env_paths(env: str, text: str | None) -> tuple[str, ...]:
+    """The env paths ``--paths`` names for ``env``: () for none given (the spec as it is), every path
+    that can run here for ``all``, else the comma-separated values of the family's ``vector``
+    option (each checked: unknown ones and libraries that are not installed are errors)."""
+    from fwrl.envs.groups import env_paths, with_env_path
+
+    if text is None:
+        return ()
+    if text.strip() == "all":
+        paths = env_paths(env)
+        if not paths:
+            with_env_path(env, "none")  # raises: the family has no vector option
+        return paths
+    paths = tuple(p.strip() for p in text.split(","))
+    if not all(paths) or len(set(paths)) != len(paths):
+        raise FwrlError(f"--paths {text!r} must be env paths separated by commas, each once (e.g. none,ale), "
+                        "or all.")
+    for path in paths:
+        if path == "auto":
+            raise FwrlError("--paths names the paths to compare: ale, envpool or none (or all), not auto.")
+        with_env_path(env, path)
+    return paths
+
+
+def _check_rounds(rounds: int) -> None:
+    if rounds < 1:
+        raise FwrlError(f"--rounds must be >= 1, got {rounds}.")
+
+
+def measure_env_paths(env: str, paths: Sequence[str], rounds: int, num_workers: int, envs_per_worker: int,
+                      seconds: float, warmup: float, seed: int = 0, backend: str = "local",
+                      backend_options: dict | None = None,
+                      progress: Callable[[str], None] | None = None) -> dict[str, list[EnvBenchResult]]:
+    """:func:`measure_env_steps` for each of ``paths`` (values of the spec's ``vector`` option; ()
+    for the spec as given) on the same workers, the paths alternating, ``rounds`` times; the
+    results by path, in measuring order."""
+    from fwrl.envs.groups import env_path, with_env_path
+
+    _check_window(seconds, warmup)
+    _check_rounds(rounds)
+    specs = {path: with_env_path(env, path) for path in paths} or {env_path(env): env}
+    results: dict[str, list[EnvBenchResult]] = {path: [] for path in specs}
+    for round_ in range(rounds):
+        for path, spec in specs.items():
+            label = f"{path}, round {round_ + 1} of {rounds}: " if len(specs) > 1 or rounds > 1 else ""
+            results[path].append(measure_env_steps(
+                spec, num_workers, envs_per_worker, seconds, warmup=warmup, seed=seed, backend=backend,
+                backend_options=backend_options,
+                progress=None if progress is None else (lambda text, label=label: progress(label + text))))
+    return results
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def env_paths_table(results: dict[str, list[EnvBenchResult]], title: str):
+    """A rich table, one row per env path: means over the rounds (and each round's steps/s when there
+    were several), per worker CPU second, and the ratios to the Python chain (``none``) where it was
+    measured."""
+    from rich.table import Table
+
+    rounds = max(len(runs) for runs in results.values())
+    base = results.get("none")
+    base_rate = _mean([r.steps_per_second for r in base]) if base else None
+    base_core = _mean([r.steps_per_cpu_second for r in base]) if base else None
+    columns = ["path", "steps/s", *(["rounds"] if rounds > 1 else []), "per CPU s", "cores", "ms/trip",
+               "episodes", "restarts", *(["x none", "x none/CPU s"] if base else [])]
+    table = Table(*columns, title=title)
+    for path, runs in results.items():
+        rate = _mean([r.steps_per_second for r in runs])
+        per_core = _mean([r.steps_per_cpu_second for r in runs])
+        cells = [path, _number(rate)]
+        if rounds > 1:
+            cells.append(" ".join(_number(r.steps_per_second) for r in runs))
+        cells += [_number(per_core), _number(_mean([r.cores_busy for r in runs]), 2),
+                  _number(_mean([r.ms_per_round_trip for r in runs]), 1), f"{sum(r.episodes for r in runs):,}",
+                  str(sum(r.restarts for r in runs))]
+        if base:
+            cells += [_number(rate / base_rate if base_rate else None, 2),
+                      _number(per_core / base_core if base_core and per_core else None, 2)]
+        table.add_row(*cells)
+    return table
+
+
 def bench_envs(args: argparse.Namespace) -> int:
-    """``fwrl bench envs``: raw env steps/s through the worker layer, random actions."""
+    """``fwrl bench envs``: raw env steps/s through the worker layer, random actions; with ``--paths``,
+    each env path of the spec on the same workers, alternating (``--rounds``)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -124,21 +275,49 @@ def bench_envs(args: argparse.Namespace) -> int:
     if warmup is None:
         warmup = min(5.0, args.seconds / 4)
     _check_window(args.seconds, warmup)
+    rounds = getattr(args, "rounds", 1)
+    _check_rounds(rounds)
     from fwrl.envs.registry import resolve
 
     resolve(args.env)  # a bad spec fails here, before any process starts
-    console.print(f"stepping {args.env} with random actions: {args.num_workers} workers x "
+    paths = parse_env_paths(args.env, getattr(args, "paths", None))
+    what = f" ({', '.join(paths)}, alternating, {rounds} round{'s' * (rounds > 1)})" if paths else ""
+    console.print(f"stepping {args.env}{what} with random actions: {args.num_workers} workers x "
                   f"{args.envs_per_worker} envs, {warmup:g} s warm-up, {args.seconds:g} s measured ...")
     backend = args.backend
     options = {"address": args.ray_address} if backend == "ray" else None
     with console.status("starting workers ...") as status:
-        r = measure_env_steps(args.env, args.num_workers, args.envs_per_worker, args.seconds, warmup=warmup,
-                              backend=backend, backend_options=options, progress=status.update)
+        results = measure_env_paths(args.env, paths, rounds, args.num_workers, args.envs_per_worker, args.seconds,
+                                    warmup, backend=backend, backend_options=options, progress=status.update)
+    json_path = getattr(args, "json_path", None)
+    if json_path:
+        import json
+
+        from fwrl.utils.files import atomic_write_text
+
+        record = {"env": args.env, "num_workers": args.num_workers, "envs_per_worker": args.envs_per_worker,
+                  "backend": backend, "seconds": args.seconds, "warmup": warmup, "rounds": rounds,
+                  "paths": {path: [r.to_dict() for r in runs] for path, runs in results.items()}}
+        atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
+    if len(results) > 1 or rounds > 1:
+        console.print(env_paths_table(results, f"fwrl bench envs: {args.env}, {args.num_workers} workers x "
+                                               f"{args.envs_per_worker} envs ({backend} backend)"))
+        console.print("steps/s: env steps per second (mean over the rounds); per CPU s: env steps per second of "
+                      "CPU time of the worker processes, all their threads (per core they kept busy; n/a where a "
+                      "worker was restarted, or under Ray); cores: the cores they kept busy; ms/trip: per worker "
+                      "round trip; x none: the ratios to the Python chain.")
+        if json_path:
+            console.print(f"wrote {json_path}")
+        return 0
+    (path, (r,)), = results.items()
     table = Table("measure", "value", title=f"fwrl bench envs: {r.env}")
     table.add_row("env steps/s", f"{r.steps_per_second:,.0f}", style="bold")
     table.add_row("env steps/s per worker", f"{r.steps_per_second / r.num_workers:,.0f}")
     table.add_row("env steps/s per env", f"{r.steps_per_second / (r.num_workers * r.envs_per_worker):,.0f}")
+    table.add_row("env steps per worker CPU second", _number(r.steps_per_cpu_second))
+    table.add_row("worker CPU cores busy", _number(r.cores_busy, 2))
     table.add_row("ms per worker round trip", f"{r.ms_per_round_trip:.2f}")
+    table.add_row("env path", f"{path} ({'the Python chain' if path == 'none' else 'C++ threads'})")
     table.add_row("workers x envs per worker", f"{r.num_workers} x {r.envs_per_worker} ({backend} backend)")
     table.add_row("measured", f"{r.seconds:.1f} s, {r.env_steps:,} env steps, {r.episodes:,} episodes")
     table.add_row("worker restarts", str(r.restarts))
@@ -146,6 +325,8 @@ def bench_envs(args: argparse.Namespace) -> int:
     console.print(table)
     console.print("Training throughput (agent steps/s of fwrl train) divided by env steps/s is the "
                   "fraction left after inference and learning.")
+    if json_path:
+        console.print(f"wrote {json_path}")
     return 0
 
 
@@ -254,64 +435,130 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     return _window_summary(rows, warmup)
 
 
+def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
+    """What ``--json-path`` writes for one measured config."""
+    from fwrl.envs.groups import env_path
+
+    return {"config": config.to_dict(), "env_path": env_path(config.env), "seconds": result.seconds,
+            "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
+            "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
+            "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
+            "policy_lag_mean": result.policy_lag_mean, "policy_lag_max": result.policy_lag_max,
+            "rollout_queue": result.rollout_queue, "peak_memory_mb": result.peak_memory_mb,
+            "shares": result.shares}
+
+
+def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
+                     result: ThroughputResult) -> list[tuple[str, str]]:
+    """The (measure, value) rows of one measured config, as the bench prints them."""
+    rows = [("agent steps/s", f"{result.steps_per_second:,.0f}")]
+    if ceiling is not None:
+        rows += [("env ceiling (random actions, same workers)", f"{ceiling.steps_per_second:,.0f} steps/s"),
+                 ("env ceiling per worker CPU second", _number(ceiling.steps_per_cpu_second)),
+                 ("ratio to the env ceiling", f"{result.steps_per_second / ceiling.steps_per_second:.1%}")]
+    workers = f"{config.num_workers} x {config.envs_per_worker} ({config.backend} backend)"
+    rows += [("workers x envs per worker", workers),
+             ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
+             ("updates in the window", f"{result.updates} in {result.seconds:.1f} s"),
+             ("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}"),
+             ("rollout queue (mean depth)", f"{result.rollout_queue:.2f}"),
+             ("peak memory", f"{result.peak_memory_mb:,.0f} MiB")]
+    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
+        rows.append((f"[bold]{title}[/bold]", "share of wall time"))
+        rows += [(f"  {name}", f"{result.shares[f'share/{name}']:.1%}") for name in names]
+    return rows
+
+
 def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
-                     json_path: str | None = None) -> int:
+                     json_path: str | None = None, paths: str | None = None, rounds: int = 1) -> int:
     """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
     ceiling of the same workers measured in the same run, their ratio, and where the time goes;
-    ``json_path``: also write them (and the config) as JSON."""
+    ``paths`` (``--paths``, as :func:`parse_env_paths` reads it): the same for each env path of
+    the spec, alternating ``rounds`` times, side by side; ``json_path``: also write them (and
+    the config) as JSON (one record, or ``{"paths": {path: [records]}}`` with ``--paths``)."""
     from rich.console import Console
     from rich.table import Table
 
+    from fwrl.envs.groups import env_path, with_env_path
+
     _check_window(seconds, warmup)
+    _check_rounds(rounds)
     if ceiling_seconds < 0:
         raise FwrlError(f"--ceiling-seconds must be >= 0 (0: skip the env ceiling), got {ceiling_seconds:g}.")
+    chosen = parse_env_paths(config.env, paths)
+    configs = ({path: config.model_copy(update={"env": with_env_path(config.env, path)}) for path in chosen}
+               or {env_path(config.env): config})
     console = Console(stderr=True)
     out = Console()
-    workers = f"{config.num_workers} x {config.envs_per_worker}"
-    ceiling = None
-    if ceiling_seconds > 0:
-        console.print(f"env ceiling: {config.env} with random actions, {config.num_workers} workers x "
-                      f"{config.envs_per_worker} envs, {ceiling_seconds:g} s ...")
-        with console.status("stepping envs with random actions ...") as status:
-            ceiling = measure_env_steps(config.env, config.num_workers, config.envs_per_worker, ceiling_seconds,
-                                        warmup=min(3.0, ceiling_seconds / 2), seed=config.seed,
-                                        backend=config.backend,
-                                        backend_options={"address": config.ray_address}
-                                        if config.backend == "ray" else None, progress=status.update)
-    console.print(f"training {config.env} / {config.core} ({config.stem} stem) on {config.device}: "
-                  f"{warmup:g} s warm-up, {seconds:g} s measured ...")
-    result = measure_throughput(config, seconds, warmup, progress=_BenchProgress(console, warmup, seconds))
-    table = Table("measure", "value", title=f"fwrl bench throughput: {config.env} / {config.core}")
-    table.add_row("agent steps/s", f"{result.steps_per_second:,.0f}", style="bold")
-    if ceiling is not None:
-        table.add_row("env ceiling (random actions, same workers)", f"{ceiling.steps_per_second:,.0f} steps/s")
-        table.add_row("ratio to the env ceiling", f"{result.steps_per_second / ceiling.steps_per_second:.1%}",
-                      style="bold")
-    table.add_row("workers x envs per worker", f"{workers} ({config.backend} backend)")
-    table.add_row("batch x unroll", f"{config.batch_size} x {config.unroll_length}")
-    table.add_row("updates in the window", f"{result.updates} in {result.seconds:.1f} s")
-    table.add_row("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}")
-    table.add_row("rollout queue (mean depth)", f"{result.rollout_queue:.2f}")
-    table.add_row("peak memory", f"{result.peak_memory_mb:,.0f} MiB")
-    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
-        table.add_row(f"[bold]{title}[/bold]", "share of wall time")
-        for name in names:
-            table.add_row(f"  {name}", f"{result.shares[f'share/{name}']:.1%}")
-    out.print(table)
+    measured: dict[str, list[tuple[TrainConfig, EnvBenchResult | None, ThroughputResult]]] = {p: [] for p in configs}
+    for round_ in range(rounds):
+        for path, cfg in configs.items():
+            label = f"[{path}, round {round_ + 1} of {rounds}] " if len(configs) > 1 or rounds > 1 else ""
+            ceiling = None
+            if ceiling_seconds > 0:
+                console.print(f"{label}env ceiling: {cfg.env} with random actions, {cfg.num_workers} workers x "
+                              f"{cfg.envs_per_worker} envs, {ceiling_seconds:g} s ...")
+                with console.status("stepping envs with random actions ...") as status:
+                    ceiling = measure_env_steps(cfg.env, cfg.num_workers, cfg.envs_per_worker, ceiling_seconds,
+                                                warmup=min(3.0, ceiling_seconds / 2), seed=cfg.seed,
+                                                backend=cfg.backend,
+                                                backend_options={"address": cfg.ray_address}
+                                                if cfg.backend == "ray" else None, progress=status.update)
+            console.print(f"{label}training {cfg.env} / {cfg.core} ({cfg.stem} stem) on {cfg.device}: "
+                          f"{warmup:g} s warm-up, {seconds:g} s measured ...")
+            result = measure_throughput(cfg, seconds, warmup, progress=_BenchProgress(console, warmup, seconds))
+            measured[path].append((cfg, ceiling, result))
+    if len(measured) == 1 and rounds == 1:
+        (path, [(cfg, ceiling, result)]), = measured.items()
+        table = Table("measure", "value", title=f"fwrl bench throughput: {cfg.env} / {cfg.core} (env path {path})")
+        for name, value in _throughput_rows(cfg, ceiling, result):
+            table.add_row(name, value, style="bold" if name in ("agent steps/s", "ratio to the env ceiling") else None)
+        out.print(table)
+        record = _throughput_record(cfg, ceiling, result)
+    else:
+        out.print(_throughput_paths_table(config, measured))
+        record = {"paths": {path: [_throughput_record(*m) for m in runs] for path, runs in measured.items()}}
     if json_path:
         import json
 
         from fwrl.utils.files import atomic_write_text
 
-        record = {"config": config.to_dict(), "seconds": result.seconds, "agent_steps": result.agent_steps,
-                  "updates": result.updates, "steps_per_second": result.steps_per_second,
-                  "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
-                  "policy_lag_mean": result.policy_lag_mean, "policy_lag_max": result.policy_lag_max,
-                  "rollout_queue": result.rollout_queue, "peak_memory_mb": result.peak_memory_mb,
-                  "shares": result.shares}
         atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
         console.print(f"wrote {json_path}")
     return 0
+
+
+def _throughput_paths_table(config: TrainConfig, measured: dict[str, list[tuple[TrainConfig, EnvBenchResult | None,
+                                                                                ThroughputResult]]]):
+    """Side by side, a column per env path: the mean over the rounds of each measure (each round's
+    agent steps/s in its own row)."""
+    from rich.table import Table
+
+    table = Table("measure", *measured, title=f"fwrl bench throughput: {config.env} / {config.core}, by env path")
+
+    def row(name: str, value: Callable[[TrainConfig, EnvBenchResult | None, ThroughputResult], float | None],
+            fmt: Callable[[float | None], str] = _number, style: str | None = None) -> None:
+        table.add_row(name, *(fmt(_mean([value(*m) for m in runs])) for runs in measured.values()), style=style)
+
+    row("agent steps/s", lambda c, e, r: r.steps_per_second, style="bold")
+    table.add_row("  each round", *(", ".join(f"{r.steps_per_second:,.0f}" for _, _, r in runs)
+                                   for runs in measured.values()))
+    row("env ceiling (steps/s)", lambda c, e, r: e.steps_per_second if e else None)
+    row("env ceiling per worker CPU second", lambda c, e, r: e.steps_per_cpu_second if e else None)
+    row("ratio to the env ceiling", lambda c, e, r: r.steps_per_second / e.steps_per_second if e else None,
+        lambda v: "n/a" if v is None else f"{v:.1%}", style="bold")
+    row("updates per second", lambda c, e, r: r.updates / r.seconds, lambda v: _number(v, 2))
+    row("policy lag (updates, mean)", lambda c, e, r: r.policy_lag_mean, lambda v: _number(v, 2))
+    row("peak memory (MiB)", lambda c, e, r: r.peak_memory_mb)
+    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
+        table.add_row(f"[bold]{title}[/bold]", *(["share of wall time"] * len(measured)))
+        for name in names:
+            row(f"  {name}", lambda c, e, r, key=f"share/{name}": r.shares[key],
+                lambda v: "n/a" if v is None else f"{v:.1%}")
+    first = next(iter(measured.values()))[0][0]
+    table.caption = (f"{first.num_workers} workers x {first.envs_per_worker} envs ({first.backend} backend), "
+                     f"B {first.batch_size} x T {first.unroll_length}, {first.stem} stem, {first.device}")
+    return table
 
 
 # ----------------------------------------------------------------------------- bench kernels

@@ -254,16 +254,33 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                                     + ".")
     add_setting_flags(t, BenchConfig)
     add_train_config_flags(t, BENCH_THROUGHPUT_DEFAULTS, exclude=BENCH_THROUGHPUT_FIXED)
+    _add_env_path_flags(t)
     t.set_defaults(run=run_bench_throughput)
-    e = bsub.add_parser("envs", help="raw env steps/s through the worker layer")
+    e = bsub.add_parser("envs", help="raw env steps/s through the worker layer",
+                        description="Env steps/s of random actions through the env workers (no model), and per "
+                                    "core of the worker processes. --paths compares the env paths of the spec "
+                                    "(vector=ale|envpool|none) on the same workers.")
     add_setting_flags(e, TrainConfig, ("env", "num_workers", "envs_per_worker", "backend", "ray_address"),
                       {**BENCH_ENVS_DEFAULTS, "ray_address": "auto"})
-    add_setting_flags(e, BenchConfig, ("seconds",), {"seconds": 20.0})
+    add_setting_flags(e, BenchConfig, ("seconds", "warmup"), {"seconds": 20.0, "warmup": "min(5, seconds / 4)"})
+    e.add_argument("--json-path", dest="json_path", default=argparse.SUPPRESS, metavar="PATH",
+                   help="also write the figures (per path and round) to this JSON file")
+    _add_env_path_flags(e)
     e.set_defaults(run=run_bench_envs)
     k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU); --help lists its options",
                         add_help=False)
     # its options belong to fwrl.kernels.benchmark, which parses them (see main)
     k.set_defaults(run=run_bench_kernels, passes_unknown_args=True)
+
+
+def _add_env_path_flags(parser: argparse.ArgumentParser) -> None:
+    """``--paths`` and ``--rounds``: compare the env paths of the spec (its ``vector`` option)."""
+    parser.add_argument("--paths", default=None, metavar="PATH[,PATH...]|all",
+                        help="measure each env path of the spec on the same workers, alternating: values of its "
+                             "vector option (ale, envpool, none = the Python chain) or all (every one installed); "
+                             "default: the spec as given")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="with --paths: how many times to measure each path, alternating (default 1)")
 
 
 def run_bench_throughput(args: argparse.Namespace) -> int:
@@ -280,18 +297,22 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
         return 0
     check_runnable(config)
     return bench_throughput(config, seconds=window.seconds, warmup=window.warmup,
-                            ceiling_seconds=window.ceiling_seconds, json_path=window.json_path)
+                            ceiling_seconds=window.ceiling_seconds, json_path=window.json_path, paths=args.paths,
+                            rounds=args.rounds)
 
 
 def run_bench_envs(args: argparse.Namespace) -> int:
     from fwrl.launch.bench import bench_envs
     from fwrl.launch.config import build_config
 
-    window = BenchConfig.parse({"seconds": 20.0, **given_settings(args, BenchConfig)})
+    given = given_settings(args, BenchConfig)
+    window = BenchConfig.parse({"seconds": 20.0, **given})
     config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
     return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
                                          envs_per_worker=config.envs_per_worker, backend=config.backend,
-                                         ray_address=config.ray_address, seconds=window.seconds))
+                                         ray_address=config.ray_address, seconds=window.seconds,
+                                         warmup=window.warmup if "warmup" in given else None,
+                                         json_path=window.json_path, paths=args.paths, rounds=args.rounds))
 
 
 def run_bench_kernels(args: argparse.Namespace) -> int:
