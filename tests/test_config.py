@@ -73,7 +73,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     """A valid non-default value for each setting, given as a flag, lands in the printed config."""
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
-              "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo",
+              "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}
     argv = ["train", "--print-config"]
     for wrapper in values["env_wrappers"]:
@@ -100,7 +100,10 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
 
 def test_stem_choices_are_the_models_stems():
     from fwrl.agents.model import STEMS
-    from fwrl.launch.config import STEM_CHOICES
+    from fwrl.agents.model import INITS
+    from fwrl.launch.config import INIT_CHOICES, STEM_CHOICES
+
+    assert set(INIT_CHOICES) == set(INITS)
 
     assert set(STEM_CHOICES) == {*STEMS, "auto"}
 

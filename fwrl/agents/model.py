@@ -17,10 +17,22 @@ REFERENCE §1:
   one categorical per action dimension (``fwrl.agents.policy``), baseline
   Linear(core_out -> 1).
 - Acting samples from softmax(logits); evaluation is greedy (argmax).
+- Initialisation (``init``): ``torch`` keeps PyTorch's defaults everywhere
+  (torchbeast's choice); ``orthogonal`` gives the stem's convolutions and linear
+  layers orthogonal weights with gain sqrt(2) and zero biases, the last
+  convolution of each impala residual block zero weights (the block starts as
+  the identity), and the heads orthogonal weights with gain 0.01 (policy) and 1
+  (baseline), as the PPO / A2C Atari agents do (Huang et al. 2022, "The 37
+  implementation details of PPO"). The core keeps its own (paper) init. With
+  PyTorch's defaults each ReLU layer shrinks the signal by about 0.4, so on Pong
+  frames the nature stem's features have an rms of 0.014 and vary by 0.0002
+  between frames (impala: 0.034 / 0.001); with ``orthogonal`` 0.52 / 0.010
+  (impala: 0.81 / 0.028): the core sees the ball from the first update.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -33,6 +45,7 @@ from fwrl.memory_modules import build_core
 from fwrl.memory_modules.base import State
 
 STEMS = ("impala", "nature", "minatar", "mlp")
+INITS = ("torch", "orthogonal")
 # frames whose height or width is below this get the minatar stem under stem auto
 SMALL_FRAME = 32
 
@@ -134,6 +147,29 @@ def make_stem(name: str, obs_shape: tuple[int, ...]) -> nn.Module:
     return {"impala": ImpalaStem, "nature": NatureStem, "minatar": MinAtarStem, "mlp": MLPStem}[name](obs_shape)
 
 
+def _orthogonal(layer: nn.Module, gain: float) -> None:
+    weight = torch.empty(layer.weight.shape)  # a plain tensor: the layer's may be channels_last
+    nn.init.orthogonal_(weight, gain)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if layer.bias is not None:
+            layer.bias.zero_()
+
+
+def init_orthogonal(stem: nn.Module, policy: nn.Linear, baseline: nn.Linear) -> None:
+    """The ``orthogonal`` scheme (module docstring) on a stem and the two heads."""
+    for module in stem.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            _orthogonal(module, math.sqrt(2.0))
+    for module in stem.modules():
+        if isinstance(module, _ResidualBlock):
+            with torch.no_grad():
+                module.conv1.weight.zero_()
+                module.conv1.bias.zero_()
+    _orthogonal(policy, 0.01)
+    _orthogonal(baseline, 1.0)
+
+
 def default_stem(obs_shape: tuple[int, ...]) -> str:
     """impala for frames, minatar for frames under 32 pixels high or wide, mlp for vectors."""
     if len(obs_shape) != 3:
@@ -153,8 +189,11 @@ class AgentNet(nn.Module):
         stem: str | None = "impala",
         extra_size: int = 0,
         action_dims: tuple[int, ...] | None = None,
+        init: str = "torch",
     ):
         super().__init__()
+        if init not in INITS:
+            raise unknown_choice("init scheme", init, INITS)
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
         self.extra_size = int(extra_size)
@@ -163,12 +202,15 @@ class AgentNet(nn.Module):
             raise FwrlError(f"action_dims {self.action_dims} do not add up to num_actions={num_actions}.")
         self.stem_name = stem or default_stem(self.obs_shape)
         self.stem = make_stem(self.stem_name, self.obs_shape)
-        self.channels_last = len(self.obs_shape) == 3
-        if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN
-            self.stem.to(memory_format=torch.channels_last)
         self.core = build_core(core, self.stem.out_size + self.extra_size + 1, core_options)
         self.policy = nn.Linear(self.core.output_size, num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)
+        self.init = init
+        if init == "orthogonal":
+            init_orthogonal(self.stem, self.policy, self.baseline)
+        self.channels_last = len(self.obs_shape) == 3
+        if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN
+            self.stem.to(memory_format=torch.channels_last)
 
     def initial_state(self, batch_size: int, device=None) -> State:
         return self.core.initial_state(batch_size, device)

@@ -33,7 +33,8 @@ from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.settings import Settings, parse_value, redefault, show
 
-STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
+STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
+INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?|mps")
 THREADS_HELP = ("torch threads of the learner; 0: the allowed cores minus one per local env worker "
                 "(at most half of the cores)")
@@ -81,6 +82,8 @@ class TrainConfig(Settings):
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")
     dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend of the learner ranks; auto: nccl with one GPU per rank, else gloo")
+    init: Literal[INIT_CHOICES] = Field("torch", description="initialisation of the stem and heads: torch "
+                                        "(PyTorch's defaults) or orthogonal (gain sqrt 2, heads 0.01 / 1)")
     load_vision_from: str = Field("", description="checkpoint whose vision stem to load, R2AC protocol")
     freeze_vision: bool = Field(False, description="do not train the vision stem")
     seed: int = Field(1, ge=0, lt=2**32, description="random seed")
