@@ -1,0 +1,60 @@
+"""The learning suite's dry run (benchmarks/learning/): its CPU grid, with tiny budgets, through
+``fwrl sweep`` (every cell trained and evaluated) and ``fwrl report`` (the per-game table beside the
+random policy's return). The full suite is a benchmark, not a test: benchmarks/learning/README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("minatar", reason="needs MinAtar (pip install 'fwrl[minatar]')")
+pytest.importorskip("rliable", reason="needs rliable (pip install 'fwrl[report]')")
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "benchmarks" / "learning"
+TINY = ["--total-steps", "120", "--num-workers", "1", "--envs-per-worker", "2", "--batch-size", "2",
+        "--unroll-length", "5", "--num-threads", "1", "--device", "cpu"]
+
+
+def _fwrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "fwrl.launch.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_the_grids_name_the_suites_games_and_cores():
+    cpu = yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text())
+    full = yaml.safe_load((SUITE / "minatar-full.yaml").read_text())
+    cores = ["feedforward", "lstm", "delta_net", "rdn", "srwm",
+             {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl"}]
+    assert cpu["env"] == ["minatar:breakout", "minatar:space_invaders"] and cpu["seed"] == [1]
+    assert cpu["core"] == cores and full["core"] == cores
+    assert cpu["total_steps"] == 1_000_000 and full["total_steps"] == 5_000_000 and full["seed"] == [1, 2, 3]
+    assert sorted(full["env"]) == [f"minatar:{g}" for g in ("asterix", "breakout", "freeway", "seaquest",
+                                                             "space_invaders")]
+    same = {k: v for k, v in cpu.items() if k not in ("env", "seed", "total_steps")}
+    assert same == {k: v for k, v in full.items() if k not in ("env", "seed", "total_steps")}
+
+
+@pytest.mark.slow
+def test_dry_run_trains_evaluates_and_reports_every_cell(tmp_path):
+    sweep = tmp_path / "suite"
+    run = _fwrl("sweep", str(sweep), "--grid", str(SUITE / "minatar-cpu.yaml"), *TINY, "--evaluate",
+                "--eval-episodes", "2", "--parallel", "2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    statuses = [json.loads(p.read_text()) for p in (sweep / "status").glob("*.json")]
+    assert len(statuses) == 12 and all(s["state"] == "done" for s in statuses), statuses
+    report = _fwrl("report", str(sweep), "--random-episodes", "5", "--reps", "200")
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    result = json.loads((sweep / "report" / "report.json").read_text())
+    groups = {row["group"] for row in result["per_game"]}
+    assert groups == {"feedforward", "lstm", "delta_net", "rdn", "srwm", "elstm-rtrl"}
+    assert {g["game"] for g in result["games"]} == {"minatar:breakout", "minatar:space_invaders"}
+    assert all(g["random"] is not None for g in result["games"])
+    assert "| minatar:breakout |" in report.stdout
