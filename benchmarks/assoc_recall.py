@@ -317,7 +317,7 @@ def plot(results: list[Result], path: Path, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("png", type=Path, help="where to write the plot (PNG)")
     p.add_argument("--table", type=Path, default=None, help="Markdown table (default: the PNG path with .md)")
     p.add_argument("--tasks", type=parse_task, nargs="+",

@@ -9,7 +9,7 @@ No env workers run, so the figures are the learner's alone. Printed: update
 time with one rank and with two, the all-reduce time and its share of a
 two-rank update, and the gradient size.
 
-    python benchmarks/multi_learner_overhead.py [--device cuda] [--updates 30] [--json out.json]
+    python benchmarks/multi_learner_overhead.py [--device cuda] [--updates 30] [--json-path out.json]
 """
 
 from __future__ import annotations
@@ -106,10 +106,11 @@ def _run(world: int, device: str, updates: int, tmp: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (two ranks share one GPU)")
     parser.add_argument("--updates", type=int, default=30, help="timed updates per rank (median reported)")
-    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--json-path", "--json", dest="json_path", metavar="PATH",
+                        help="also write the figures here (--json: its old name, deprecated)")
     args = parser.parse_args(argv)
     import tempfile
 
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"two ranks: update {two['update_ms']:8.1f} ms, of which all-reduce {two['allreduce_ms']:.1f} ms "
           f"({100 * result['allreduce_share_of_two_rank_update']:.1f}%); "
           f"{result['two_rank_update_over_one']:.2f}x the one-rank update for 2x the columns")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2))
     return 0
 
 

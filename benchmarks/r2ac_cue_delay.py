@@ -116,7 +116,7 @@ def plot(out: Path, rows: list[dict], title: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("out", help="output folder")
     parser.add_argument("--delay", type=int, default=40)
     parser.add_argument("--configs", default="rtrl:10,bptt:10,rtrl:50,bptt:50", help="MODE:UNROLL list")

@@ -165,7 +165,7 @@ def slope(rows: list[dict], key: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--unrolls", default="10,50,100,200", help="comma-separated unroll lengths T")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=256)

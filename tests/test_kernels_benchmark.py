@@ -32,7 +32,7 @@ def test_dry_run_times_every_core_on_cpu(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.abspath(REPO))
     proc = subprocess.run(
         [sys.executable, "-m", "fwrl.launch.cli", "bench", "kernels", "--dry-run", "--core", "all",
-         "--dtype", "fp32", "bf16", "--split", "2", "--json", str(out)],
+         "--dtype", "fp32", "bf16", "--split", "2", "--json-path", str(out)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -198,7 +198,7 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     passes += [(core, ("compiled",), DTYPES[:1]) for core in KERNEL_CORES]
     for core, impls, dtypes in passes:
         path = part.out / f"kernels-{core}-{impls[0]}.json"
-        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json", path]
+        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
             args += ["--dry-run"]
             impls = tuple(i for i in impls if i in ("reference", "triton"))
@@ -393,7 +393,7 @@ def _env_path_ceilings(part: Part, workers: int, envs_per_worker: int) -> dict[s
 def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:
     """Two learner ranks on this device: update time against the gradient all-reduce (issue 16)."""
     path = part.out / "multi-learner.json"
-    argv = [sys.executable, "benchmarks/multi_learner_overhead.py", "--json", path,
+    argv = [sys.executable, "benchmarks/multi_learner_overhead.py", "--json-path", path,
             "--updates", 3 if part.dry else 20, "--device", "cpu" if part.dry else "cuda"]
     if not part.try_run(argv, timeout=120) or not path.exists():
         return None
@@ -492,7 +492,8 @@ PART_FUNCTIONS: dict[str, Callable[[Part, dict[str, Any]], None]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks/gpu/run.sh", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmarks/gpu/run.sh", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     parser.add_argument("--budget", type=float, default=570.0,
                         help="seconds this part may take in all (default 570: inside a 10-minute command)")

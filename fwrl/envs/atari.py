@@ -117,6 +117,10 @@ class AtariFamily(EnvFamily):
         opts["vector"] = vector_path(opts["vector"])
         return opts
 
+    def check_installed(self, spec: EnvSpec) -> None:
+        _import_ale()  # the game list of validate is cached: import it again here
+        self.validate(spec)  # an explicit vector=envpool is checked there
+
     def make(self, spec: EnvSpec, *, worker_index: int, seed: int, mode: str = "train"):
         if mode not in MODES:
             raise FwrlError(f"unknown env mode {mode!r}; valid choices: {', '.join(MODES)}.")

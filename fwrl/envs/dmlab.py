@@ -221,5 +221,9 @@ class DMLabFamily(EnvFamily):
         self.validate(spec)
         return EnvInfo(OBS_SHAPE, "uint8", len(ACTIONS), tuple(spec.names))
 
+    def check_installed(self, spec: EnvSpec) -> None:
+        self.validate(spec)
+        _import_lab()
+
 
 register_family(DMLabFamily())

@@ -273,6 +273,10 @@ class ProcgenFamily(EnvFamily):
                                       lambda library: library_problem(import_envpool_procgen))
         return opts
 
+    def check_installed(self, spec: EnvSpec) -> None:
+        if self.validate(spec)["vector"] == "none":  # envpool (explicit or auto) was checked by validate
+            _import_procgen()
+
     def make_vector(self, spec: EnvSpec, *, worker_index: int, seeds, mode: str = "train"):
         """The K envs of a worker on EnvPool (``vector=envpool``), or None for the procgen2 chain."""
         opts = self.validate(spec)

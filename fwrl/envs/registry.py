@@ -154,6 +154,13 @@ class EnvFamily:
         """Spaces of the env; by default, made once (as workers make it) and closed."""
         return _describe_made(spec, self, ())
 
+    def check_installed(self, spec: EnvSpec) -> None:
+        """Raise FwrlError (naming the extra to install) when a library the env workers need for
+        ``spec`` cannot be imported here; by default :meth:`validate` imports what it needs. Called
+        before any run folder or worker exists (``fwrl.launch.preflight``); ``describe`` need not
+        call it (``fwrl info`` describes envs whose library is missing, e.g. DMLab's spaces)."""
+        self.validate(spec)
+
 
 _FAMILIES: dict[str, EnvFamily] = {}
 
@@ -218,6 +225,14 @@ def _describe_made(spec: EnvSpec, family: EnvFamily, wrappers: Sequence[WrapperS
                        obs_layout.extra_size, action_layout.dims, obs_layout.describe())
     finally:
         env.close()
+
+
+def check_installed(spec: EnvSpec | str) -> EnvSpec:
+    """Validate ``spec`` and check that the libraries its envs need are importable here (a
+    FwrlError naming the extra to install where one is missing); returns the parsed spec."""
+    spec, family = resolve(spec)
+    family.check_installed(spec)
+    return spec
 
 
 def describe_env(spec: EnvSpec | str, wrappers: Sequence[WrapperSpec] = ()) -> EnvInfo:

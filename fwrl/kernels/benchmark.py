@@ -37,7 +37,7 @@ process was started with ``TRITON_INTERPRET=1`` (the kernels then run in
 Triton's interpreter); CI uses it to keep the benchmark from rotting.
 
 Run ``fwrl bench kernels [--core all] [--dtype fp32 bf16] [--split 1 2 auto]
-[--json PATH]`` (or ``python benchmarks/kernels.py ...`` from the repository
+[--json-path PATH]`` (or ``python benchmarks/kernels.py ...`` from the repository
 root; both call :func:`main`). Timing needs a CUDA GPU.
 """
 
@@ -48,6 +48,7 @@ import importlib
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -102,8 +103,15 @@ def _parse_shape(text: str) -> tuple[int, int, int, int]:
     return shape  # type: ignore[return-value]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are FwrlError: ``fwrl: error: ...`` and exit status 2, as every fwrl command."""
+
+    def error(self, message: str):
+        raise FwrlError(f"{message} (see {self.prog} --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fwrl bench kernels", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="fwrl bench kernels", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--core", choices=(*CORES, "all"), nargs="+", default=["delta_rule"],
                    help="recurrences to time (default: delta_rule; all: every one)")
     p.add_argument("--shape", type=_parse_shape, action="append", dest="shapes",
@@ -130,8 +138,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"tiny shape {','.join(map(str, DRY_RUN_SHAPE))} on the CPU, one "
                    "repeat: checks that the benchmark runs (Triton through its interpreter "
                    "when started with TRITON_INTERPRET=1)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json-path", "--json", dest="json_path", metavar="PATH",
+                   help="also write the results as JSON (--json: its old name, deprecated)")
     return p
+
 
 
 # --------------------------------------------------------------------------- inputs
@@ -224,7 +234,8 @@ def _triton_runners(core: str, args, inputs) -> dict[str, tuple[Runner | None, s
     try:
         module = importlib.import_module(f"fwrl.kernels.triton.{kernel}")
     except ImportError as exc:
-        return {"triton": (None, f"Triton kernel unavailable: {exc}", {})}
+        return {"triton": (None, f"Triton kernel unavailable ({exc}); install Triton with: pip install "
+                                 "'fwrl[kernels]'", {})}
     *tensors, _ = inputs
     supports_args = {
         "delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
@@ -485,7 +496,11 @@ def _print_row(row: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``fwrl bench kernels`` and ``benchmarks/kernels.py``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    if any(a == "--json" or a.startswith("--json=") for a in argv):
+        print("fwrl bench kernels: --json is deprecated, use --json-path (the name of every fwrl bench)",
+              file=sys.stderr)
     if args.repeats < 1 or args.warmup < 0:
         raise FwrlError(f"--repeats must be >= 1 and --warmup >= 0 (got {args.repeats}, "
                         f"{args.warmup}).")
@@ -498,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kernel benchmark: {', '.join(_cores(args))}{rule}, grad_mode {args.grad_mode}, "
           f"inputs {' '.join(args.dtype)}, device {device_name}", flush=True)
     results = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.json_path:
+        with open(args.json_path, "w") as f:
             json.dump(dict(device=device_name, results=results), f, indent=2)
     return 0

@@ -332,10 +332,13 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- bench throughput
 
-# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.train).
+# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.train): each thread's rows are
+# fractions of that thread's wall time and sum to 100% (the last row of each is the rest).
 ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
 LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
-                "learner_optimiser", "learner_publish")
+                "learner_optimiser", "learner_publish", "learner_other")
+THREADS = (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS))
+SHARE_LABEL = "share of this thread's wall time"
 
 
 @dataclass
@@ -382,9 +385,12 @@ class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
     def __init__(self, console, warmup: float, seconds: float):
+        from fwrl.launch.progress import SmoothedRate
+
         self.console, self.warmup, self.seconds = console, warmup, seconds
         self.status = None
         self.last_print = 0.0
+        self.rate = SmoothedRate(10.0)  # over the last 10 s: a 1 s row without an update does not read 0
 
     def start(self) -> None:
         self.status = self.console.status("starting workers ...")
@@ -392,9 +398,19 @@ class _BenchProgress:
 
     def update(self, row: dict) -> None:
         t = float(row.get("time", 0.0))
+        steps = int(row.get("agent_steps", 0))
+        self.rate.add(t, steps)
         phase = (f"warming up {t:.0f} / {self.warmup:g} s" if t < self.warmup
                  else f"measuring {t - self.warmup:.0f} / {self.seconds:g} s")
-        text = f"{phase}: {int(row.get('agent_steps', 0)):,} agent steps, {row.get('steps_per_second', 0) or 0} steps/s"
+        rate = self.rate.rate()
+        if int(row.get("updates", 0)) == 0:
+            speed = f"no update yet ({int(row.get('acted_steps', 0)):,} agent steps acted)"
+        elif rate != rate:  # one row so far
+            speed = "rate known after the next row"
+        else:
+            span = self.rate.samples[-1][0] - self.rate.samples[0][0]
+            speed = f"{rate:,.0f} steps/s over the last {span:.0f} s"
+        text = f"{phase}: {steps:,} agent steps learnt, {speed}"
         if self.console.is_terminal:
             self.status.update(text)
         elif time.monotonic() - self.last_print >= 5.0:
@@ -420,7 +436,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     from fwrl.launch.train import train
 
     _check_window(seconds, warmup)
-    config = config.model_copy(update=dict(max_seconds=warmup + seconds, total_steps=10**12, log_interval=1.0,
+    config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
                                            checkpoint_interval=1e9, milestone_interval=0, eval_every=0))
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
@@ -429,7 +445,8 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table
-        train(config, run, progress=progress)
+        train(config, run, progress=progress, acting_seconds=warmup + seconds)  # the window counts from the
+        # workers' start, not the command's (max_seconds would count start-up too)
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
     return _window_summary(rows, warmup)
@@ -445,7 +462,9 @@ def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, resu
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
             "policy_lag_mean": result.policy_lag_mean, "policy_lag_max": result.policy_lag_max,
             "rollout_queue": result.rollout_queue, "peak_memory_mb": result.peak_memory_mb,
-            "shares": result.shares}
+            "shares": result.shares,
+            "thread_shares": {title.split()[0]: {name: result.shares[f"share/{name}"] for name in names}
+                              for title, names in THREADS}}
 
 
 def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
@@ -463,9 +482,10 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
              ("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}"),
              ("rollout queue (mean depth)", f"{result.rollout_queue:.2f}"),
              ("peak memory", f"{result.peak_memory_mb:,.0f} MiB")]
-    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
-        rows.append((f"[bold]{title}[/bold]", "share of wall time"))
+    for title, names in THREADS:
+        rows.append((f"[bold]{title}[/bold]", SHARE_LABEL))
         rows += [(f"  {name}", f"{result.shares[f'share/{name}']:.1%}") for name in names]
+        rows.append(("  (sum)", f"{sum(result.shares[f'share/{name}'] for name in names):.1%}"))
     return rows
 
 
@@ -550,8 +570,8 @@ def _throughput_paths_table(config: TrainConfig, measured: dict[str, list[tuple[
     row("updates per second", lambda c, e, r: r.updates / r.seconds, lambda v: _number(v, 2))
     row("policy lag (updates, mean)", lambda c, e, r: r.policy_lag_mean, lambda v: _number(v, 2))
     row("peak memory (MiB)", lambda c, e, r: r.peak_memory_mb)
-    for title, names in (("acting thread", ACTOR_ROWS), ("learner thread", LEARNER_ROWS)):
-        table.add_row(f"[bold]{title}[/bold]", *(["share of wall time"] * len(measured)))
+    for title, names in THREADS:
+        table.add_row(f"[bold]{title}[/bold]", *([SHARE_LABEL] * len(measured)))
         for name in names:
             row(f"  {name}", lambda c, e, r, key=f"share/{name}": r.shares[key],
                 lambda v: "n/a" if v is None else f"{v:.1%}")

@@ -7,12 +7,14 @@ only for the copy and the actors not at all) and hands it to a background
 thread, which writes it atomically (temporary file, fsync, rename, folder
 fsync). A request for a path that is still waiting replaces the older
 snapshot. ``flush()`` waits until everything requested is on disk and
-re-raises a write error.
+re-raises a write error. ``write_seconds`` is how long the last write took
+(a time limit keeps it back for the final checkpoint).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +32,7 @@ class CheckpointWriter:
         self._closed = False
         self._error: BaseException | None = None
         self.written = 0
+        self.write_seconds = 0.0  # how long the last write took
         self._thread = threading.Thread(target=self._loop, name="fwrl-checkpoints", daemon=True)
         self._thread.start()
 
@@ -74,8 +77,10 @@ class CheckpointWriter:
                 payload = self._pending.pop(path)
                 self._busy = True
             try:
+                began = time.monotonic()
                 self.write(path, payload)
                 self.written += 1
+                self.write_seconds = time.monotonic() - began
             except BaseException as exc:  # surfaced by the next request / flush
                 with self._cond:
                     self._error = exc

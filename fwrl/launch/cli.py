@@ -44,6 +44,7 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # --total-step is not --total-steps: a typo is an error
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = _NEGATIVE_NUMBER
 
@@ -72,11 +73,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.launch.config import check_resume, config_yaml, read_config
     from fwrl.launch.flags import train_config_from_args, train_overrides
-    from fwrl.launch.preflight import check_runnable
-    from fwrl.agents.distributed import ranks_from_env
     from fwrl.launch.rundir import check_run_dir, prepare_run_dir
 
-    ranks = ranks_from_env()  # set by torchrun, SLURM, or fwrl train --learners in the rank processes
+    # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
     if args.resume:
         if not args.name:
             raise FwrlError("--resume needs --name of the run to continue.")
@@ -85,16 +84,23 @@ def run_train(args: argparse.Namespace) -> int:
         run_dir = check_run_dir(Path(args.runs_dir) / _run_name(args.name), resume=True)
         config = check_resume(read_config(run_dir / "config.yaml"), train_overrides(args))
     else:
-        config = train_config_from_args(args)
+        config = train_config_from_args(args, check_env=not args.print_config)
+        run_dir = None
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
+
+    from fwrl.agents.distributed import ranks_from_env
+    from fwrl.launch.preflight import check_runnable
+
+    ranks = ranks_from_env()  # set by torchrun, SLURM, or fwrl train --learners in the rank processes
+    if run_dir is None:
         if args.name:
             run_dir = Path(args.runs_dir) / _run_name(args.name)
         elif ranks.distributed:  # every rank must find the same folder: no -2, -3 suffixes here
             run_dir = Path(args.runs_dir) / _default_name(config)
         else:  # a name of its own: the same command twice makes two runs
             run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
-    if args.print_config:
-        print(config_yaml(config), end="")
-        return 0
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
@@ -107,18 +113,33 @@ def run_train(args: argparse.Namespace) -> int:
 
     from fwrl.launch.train import train
 
-    result = train(config, run_dir, resume=args.resume)
+    result = train(config, run_dir, resume=args.resume, started=args.started)
     if ranks.is_main:
-        print(
-            f"run {run_dir}: {result.agent_steps:,} agent steps, {result.updates} updates, "
-            f"{result.episodes} episodes, mean return {result.mean_return:.3g}"
-            + (f", success {result.mean_success:.3f}" if result.mean_success == result.mean_success else "")
-            + f" (stopped by {result.stopped_by}); checkpoint {run_dir / 'checkpoint.pt'}"
-            + (f"; {ranks.world_size} learner ranks" if ranks.distributed else "")
-        )
+        per_update = config.batch_size * config.unroll_length * ranks.world_size
+        print(f"run {run_dir}: {_result_text(result, config, per_update)}; checkpoint {run_dir / 'checkpoint.pt'}"
+              + (f"; {ranks.world_size} learner ranks" if ranks.distributed else ""))
     if result.signal:  # the shell's convention: 128 + the signal (130 after Ctrl-C, 143 after SIGTERM)
         return 128 + result.signal
     return 0 if result.stopped_by != "error" else 1
+
+
+def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
+    """The final line's account of a run: steps against the budget, updates, episodes, how it stopped."""
+    import math
+
+    from fwrl.launch.progress import steps_text
+
+    if math.isnan(result.mean_return):
+        episodes = ("no episode finished yet" if result.episodes == 0
+                    else f"{result.episodes:,} episodes (none finished in this session)")
+    else:
+        episodes = (f"{result.episodes:,} episodes, mean return {result.mean_return:.3g}"
+                    + (f", success {result.mean_success:.3f}" if result.mean_success == result.mean_success else ""))
+    stopped = f"stopped by {result.stopped_by} after {result.wall_seconds:.1f} s"
+    if config.max_seconds > 0:
+        stopped += f" (limit {config.max_seconds:g} s, start-up and stop included)"
+    updates = f"{result.updates:,} update{'' if result.updates == 1 else 's'}"
+    return f"{steps_text(result.agent_steps, config.total_steps, steps_per_update)}, {updates}, {episodes}; {stopped}"
 
 
 def _unused_run_dir(runs_dir: Path, name: str) -> Path:
@@ -171,29 +192,30 @@ def run_info(args: argparse.Namespace) -> int:
     from fwrl.launch.config import build_config
 
     settings = given_settings(args, TrainConfig)
-    settings["core_options"] = parse_key_values(args.core_opt, "--core-opt")
-    if args.preset:
-        config = build_config(args.preset, settings)
-    else:
-        config = TrainConfig.from_dict(settings, source="on the command line")  # checks core, options, stem, env
+    options = parse_key_values(args.core_opt, "--core-opt")
     describe = "env" in settings or bool(args.preset)
+    if describe:  # the env first: a misspelt env or a missing library is said before torch is imported
+        from fwrl.launch.config import check_env_first, layered_settings
+
+        check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
+    if args.preset:
+        config = build_config(args.preset, {**settings, "core_options": options})
+    elif settings or options:  # checks core, options, stem, env
+        config = TrainConfig.from_dict({**settings, "core_options": options}, source="on the command line")
     if args.probe and not describe:
         raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
     if args.probe_updates < 1:
         raise FwrlError(f"--probe-updates {args.probe_updates} is not valid; valid: an integer >= 1.")
     console = Console()
     if args.cores or (not describe and not args.presets):
-        from fwrl.memory_modules import core_names
-        from fwrl.memory_modules.base import core_config_class, core_summary
-        from fwrl.utils.settings import valid_text
+        from fwrl.launch.core_catalog import catalogue  # the registry's cores, without importing torch
 
-        for name in core_names():
-            cls = core_config_class(name)
-            table = Table("option", "default", "valid", "meaning", title=f"{name}: {core_summary(name)}",
+        for core in catalogue()["cores"]:
+            table = Table("option", "default", "valid", "meaning", title=f"{core['name']}: {core['summary']}",
                           title_justify="left")
-            for option, info in cls.model_fields.items():
-                table.add_row(option, str(info.default), valid_text(info), info.description or "")
-            if not cls.model_fields:
+            for option in core["options"]:
+                table.add_row(option["name"], option["default"], option["valid"], option["description"])
+            if not core["options"]:
                 table.add_row("(none)", "", "", "")
             console.print(table)
     if args.presets:
@@ -291,7 +313,8 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
 
     window = BenchConfig.parse(given_settings(args, BenchConfig))
     own = args.preset is None and args.config is None  # a preset or config file replaces the bench's defaults
-    config = train_config_from_args(args, base=BENCH_THROUGHPUT_DEFAULTS if own else None)
+    config = train_config_from_args(args, base=BENCH_THROUGHPUT_DEFAULTS if own else None,
+                                    check_env=not args.print_config)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -308,6 +331,9 @@ def run_bench_envs(args: argparse.Namespace) -> int:
     given = given_settings(args, BenchConfig)
     window = BenchConfig.parse({"seconds": 20.0, **given})
     config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
+    from fwrl.launch.preflight import check_workers_runnable
+
+    check_workers_runnable(config.env, config.backend)
     return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
                                          envs_per_worker=config.envs_per_worker, backend=config.backend,
                                          ray_address=config.ray_address, seconds=window.seconds,
@@ -334,22 +360,29 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    from fwrl.launch.preflight import check_workers_runnable
+
+    opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
+    source = Path(args.source)
+    if not source.exists():
+        raise FwrlError(f"{source} does not exist; pass a run folder of fwrl train or a checkpoint file.")
+    if opts.env:  # a bad spec or a missing library is said before torch loads the checkpoint
+        check_workers_runnable(opts.env, opts.backend)
+
     from fwrl.launch import evaluate as ev
     from fwrl.launch.agent import load_agent, pick_device
     from fwrl.launch.eval_protocols import default_num_workers, default_protocol, select_splits
     from fwrl.launch.eval_report import print_table, write_result
     from fwrl.utils.files import check_writable
 
-    opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
-    source = Path(args.source)
-    if not source.exists():
-        raise FwrlError(f"{source} does not exist; pass a run folder of fwrl train or a checkpoint file.")
     device = pick_device(opts.device)
     model, payload, path = load_agent(source, device)
     config = payload["config"]
     env = opts.env or config["env"]
+    wrappers = tuple(config.get("env_wrappers", ()))
+    check_workers_runnable(env, opts.backend, wrappers)  # the run's env: its library, Ray, its wrappers
     if opts.env:
-        ev.check_env_fits(env, model, tuple(config.get("env_wrappers", ())))
+        ev.check_env_fits(env, model, wrappers)
     splits = [s.strip() for s in opts.splits.split(",") if s.strip()] if opts.splits else None
     select_splits(default_protocol(env).splits, splits)
     if opts.out:
@@ -454,9 +487,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def process_started() -> float:
+    """``time.monotonic()`` when this process started (Linux: from ``/proc/self/stat``), else now:
+    where ``--max-seconds`` counts from, so the interpreter's start and the imports count too."""
+    import os
+    import time
+
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0 <= age < 3600 else now
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from fwrl.envs.quiet import plain_fwrl_warnings, silence_env_noise
 
+    started = process_started() if argv is None else None  # in-process calls (tests): from here
+    if started is None:
+        import time
+
+        started = time.monotonic()
     silence_env_noise()
     plain_fwrl_warnings()
     try:
@@ -464,10 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         args, unknown = parser.parse_known_args(argv)
         args.argv = argv  # as typed: fwrl train --learners N runs it again in every rank
+        args.started = started  # fwrl train --max-seconds counts from here
         if getattr(args, "passes_unknown_args", False):
             args.rest = unknown
         elif unknown:
-            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see fwrl {args.command} --help)")
+            command = " ".join(c for c in ("fwrl", args.command, getattr(args, "bench", None)) if c)
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {command} --help)")
         return args.run(args)
     except FwrlError as exc:
         print(f"fwrl: error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.settings import Settings, parse_value, redefault, show
+from fwrl.utils.yaml_files import read_yaml
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
 INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
@@ -65,7 +66,7 @@ class TrainConfig(Settings):
     batch_size: int = Field(32, ge=1, description="rollouts per learner update, B")
     unroll_length: int = Field(50, ge=1, description="agent steps per rollout, T")
     total_steps: int = Field(50_000_000, ge=1, description="agent-step budget; the learning rate decays linearly to 0 over it")
-    max_seconds: float = Field(0.0, ge=0, description="stop with a checkpoint after this many seconds; 0: no limit")
+    max_seconds: float = Field(0.0, ge=0, description="time limit of a session: stop with a checkpoint this many seconds after the command started, start-up and stop included; 0: no limit")
     learning_rate: float = Field(6e-4, gt=0, description="RMSProp learning rate")
     rmsprop_alpha: float = Field(0.99, ge=0, lt=1, description="RMSProp smoothing constant")
     rmsprop_eps: float = Field(0.01, gt=0, description="RMSProp epsilon, added outside the square root")
@@ -113,11 +114,14 @@ class TrainConfig(Settings):
         return self
 
     def _check_core(self) -> None:
-        """The core exists; its options are valid for it (kept as given, typed)."""
-        from fwrl.memory_modules import core_config_class, core_names
+        """The core exists; its options are valid for it (kept as given, typed). An unknown core is
+        refused from the catalogue, before torch is imported (``fwrl.launch.core_catalog``)."""
+        from fwrl.launch.core_catalog import core_names
 
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
+        from fwrl.memory_modules import core_config_class
+
         options = core_config_class(self.core).from_options(self.core_options, core=self.core)
         pinned = [key for key in CHANGED_CORE_DEFAULTS if key in type(options).model_fields]
         self.core_options = {key: getattr(options, key) for key in (*self.core_options, *pinned)}
@@ -215,12 +219,7 @@ def preset_names() -> list[str]:
 def read_settings_file(path: Path, what: str = "config file") -> dict[str, Any]:
     """The settings of a YAML file (a mapping of TrainConfig keys); unknown keys are errors."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise FwrlError(f"cannot read {what} {path}: {reason}.") from None
-    return _settings_mapping(data, f"{what} {path}")
+    return _settings_mapping(read_yaml(path, what), f"{what} {path}")
 
 
 def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
@@ -262,16 +261,34 @@ def merge_settings(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return data
 
 
-def build_config(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
-                 base: Mapping[str, Any] | None = None) -> TrainConfig:
-    """The config of ``base`` < ``preset`` < ``config_file`` < ``overrides`` (see the module docstring)."""
+def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
+                     base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of ``base`` < ``preset`` < ``config_file`` < ``overrides``, merged, not validated."""
     layers = [dict(base or {})]
     if preset:
         layers.append(load_preset(preset))
     if config_file is not None:
         layers.append(read_settings_file(config_file))
     layers.append(dict(overrides))
-    return TrainConfig.from_dict(merge_settings(layers))
+    return merge_settings(layers)
+
+
+def build_config(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
+                 base: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The config of ``base`` < ``preset`` < ``config_file`` < ``overrides`` (see the module docstring)."""
+    return TrainConfig.from_dict(layered_settings(preset, overrides, config_file, base))
+
+
+def check_env_first(settings: Mapping[str, Any], installed: bool = True) -> None:
+    """Check the env of merged settings (spec, family, games, options and, with ``installed``, the
+    libraries its workers need: ``fwrl.envs.registry.check_installed``) before the config is
+    validated, which imports torch for the core's options: a misspelt env or a missing library is
+    said at once. Values that are not a spec string are left to the config's own check."""
+    env = settings.get("env", TrainConfig.model_fields["env"].default)
+    if isinstance(env, str) and env:
+        from fwrl.envs.registry import check_installed, resolve
+
+        check_installed(env) if installed else resolve(env)
 
 
 def check_resume(saved: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
@@ -308,10 +325,7 @@ def save_config(config: TrainConfig, path: Path) -> None:
 
 def read_config(path: Path) -> TrainConfig:
     """A run's config.yaml (also one written by older fwrl versions)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise FwrlError(f"cannot read run config {path}: {exc}.") from None
+    data = read_yaml(path, "run config")
     if not isinstance(data, dict):
         raise FwrlError(f"run config {path} is not a mapping of settings.")
     return TrainConfig.from_dict(saved_settings(data), source=str(path))

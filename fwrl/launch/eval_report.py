@@ -114,6 +114,16 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
 
 
 TABLE_HEADER = ["task", "split", "episodes", "return (mean ± sd)", "normalised x100", "success", "published"]
+OPTIONAL_COLUMNS = ("normalised x100", "success", "published")  # left out where no row has a value
+
+
+def shown_table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the result table, without the optional columns that are empty in
+    every row (a family without normalisation constants or published figures, a task without success)."""
+    rows = table_rows(result)
+    keep = [i for i, name in enumerate(TABLE_HEADER)
+            if name not in OPTIONAL_COLUMNS or any(cells[i] for cells in rows)]
+    return [TABLE_HEADER[i] for i in keep], [[cells[i] for i in keep] for cells in rows]
 
 
 def _title(result: Mapping[str, Any]) -> str:
@@ -125,8 +135,9 @@ def markdown_table(result: Mapping[str, Any]) -> str:
     lines = [f"# Evaluation: {_title(result)}", ""]
     if result.get("checkpoint"):
         lines += [f"Checkpoint `{result['checkpoint']}` at {result.get('agent_steps', 0):,} agent steps.", ""]
-    lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(result)]
+    header, rows = shown_table(result)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     lines += ["", "sd: across repeats where there are several, else across episodes. "
               f"Normalisation: {result['normalisation'] or 'none for this family'}. "
               "Published figures come from the papers' full-length runs (REFERENCE.md section 6)."]
@@ -137,8 +148,9 @@ def print_table(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(*TABLE_HEADER, title=_title(result))
-    for cells in table_rows(result):
+    header, rows = shown_table(result)
+    table = Table(*header, title=_title(result))
+    for cells in rows:
         table.add_row(*cells, style="bold" if cells[0] == "*" or cells[1] == "test" else None)
     Console().print(table)
 

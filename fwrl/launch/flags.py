@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from fwrl.errors import FwrlError
-from fwrl.launch.config import TrainConfig, build_config
+from fwrl.launch.config import TrainConfig, check_env_first, layered_settings
 from fwrl.utils.settings import Settings, base_type, choices_of, range_text
 
 _METAVARS = {int: "INT", float: "FLOAT"}
@@ -120,6 +120,12 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def train_config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> TrainConfig:
-    """``base`` (a command's own defaults) < --preset < --config < flags, validated."""
-    return build_config(args.preset, train_overrides(args), args.config, base)
+def train_config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None,
+                           check_env: bool = False) -> TrainConfig:
+    """``base`` (a command's own defaults) < --preset < --config < flags, validated; with
+    ``check_env``, the env (and the libraries it needs) is checked first, before torch is imported
+    (:func:`~fwrl.launch.config.check_env_first`)."""
+    settings = layered_settings(args.preset, train_overrides(args), args.config, base)
+    if check_env:
+        check_env_first(settings)
+    return TrainConfig.from_dict(settings)

@@ -1,18 +1,38 @@
 """Checks of a training config that need the env, the model or the machine, made before
-any process starts or any file is written (``fwrl train``, ``fwrl bench throughput``)."""
+any process starts or any file is written (``fwrl train``, ``fwrl bench throughput``, the
+local executor of ``fwrl sweep``; :func:`check_workers_runnable` for ``fwrl evaluate`` and
+``fwrl bench envs``). Heavy libraries (torch) are imported only once the cheap checks passed."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-
-from fwrl.envs.registry import EnvInfo, describe_env
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, missing_dependency
-from fwrl.launch.agent import build_model, pick_device
 from fwrl.launch.config import TrainConfig
+
+if TYPE_CHECKING:
+    from fwrl.envs.registry import EnvInfo
+
+
+def check_workers_runnable(env: str, backend: str, wrappers: Sequence[str] = ()) -> None:
+    """Raise FwrlError when env workers of ``backend`` could not run ``env`` here: a bad spec,
+    a library its family needs that is not installed (naming the extra: ``atari`` for ale-py,
+    ``procgen``, ``minatar``, ``envpool`` where ``vector=envpool`` asks for it, DMLab's
+    container recipe, the module of ``gym:<module>:<id>``), Ray for ``--backend ray``, and
+    user env wrappers that cannot be imported."""
+    from fwrl.envs.registry import check_installed
+
+    check_installed(env)
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise missing_dependency("ray", "ray", "--backend ray")
+    if wrappers:
+        from fwrl.envs.user_wrappers import load_wrapper
+
+        for wrapper in wrappers:
+            load_wrapper(wrapper)
 
 
 def learner_ranks(config: TrainConfig) -> int:
@@ -23,16 +43,23 @@ def learner_ranks(config: TrainConfig) -> int:
     return ranks.world_size if ranks.distributed else config.learners
 
 
-def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
+def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     """Raise FwrlError for anything that would stop ``config`` from training here; return the env's info.
 
-    Checks the env (family, games, options, its optional dependency), the
+    Checks the env (family, games, options, its optional dependency; first, before
+    torch is imported: :func:`check_workers_runnable`), the
     device, that the stem suits the observations and the core builds for
     them (on the meta device: nothing is allocated), the worker count of a
     multi-task env, ``load_vision_from`` (read only by a new run, not on
     ``resume``), the Ray backend's dependency, user env wrappers (importable, callable) and that
     ``inference_graph`` has a CUDA device.
     """
+    check_workers_runnable(config.env, config.backend, config.env_wrappers)
+    import torch
+
+    from fwrl.envs.registry import describe_env
+    from fwrl.launch.agent import build_model, pick_device
+
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":
@@ -51,6 +78,4 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> EnvInfo:
                         f"{ranks * games} or fewer learners.")
     if config.load_vision_from and not resume and not Path(config.load_vision_from).is_file():
         raise FwrlError(f"setting load_vision_from={config.load_vision_from!r}: no such checkpoint file.")
-    if config.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise missing_dependency("ray", "ray", "--backend ray")
     return info

@@ -2,9 +2,11 @@
 
 The panel shows the run folder, elapsed time and an ETA, steps/s smoothed
 over the last 30 seconds (so an interval without an update does not read 0),
-"filling the first batch" until the first update, episode statistics and
-losses, and where each thread's time went. It is fed the metrics rows of
-``fwrl.launch.run_metrics``.
+until the first update what the learner waits for ("filling the first batch:
+R of B rollouts of T steps ready", then "first update running"), episode
+statistics and losses, and where each thread's time went. A run past its step
+budget (the learner takes whole batches) says by how much. It is fed the
+metrics rows of ``fwrl.launch.run_metrics``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ def format_duration(seconds: float) -> str:
     return f"{days} d {text}" if days else text
 
 
+def steps_text(steps: int, total: int, per_update: int) -> str:
+    """``1,600 / 2,000 agent steps (80.0%)``; past the budget, by how much (less than one batch of
+    ``per_update`` steps: the learner takes whole batches while it is below the budget)."""
+    if steps <= total:
+        return f"{steps:,} / {total:,} agent steps ({100 * steps / total:.1f}%)"
+    return (f"{steps:,} agent steps: budget {total:,} reached in whole batches of {per_update:,} steps, "
+            f"the last one {steps - total:,} past it")
+
+
 class SmoothedRate:
     """Steps per second over the last ``window`` seconds of (time, steps) samples."""
 
@@ -71,7 +82,7 @@ class Progress:
         "learner time": (("learner_idle", "idle"), ("learner_gather", "gather"), ("learner_forward", "forward"),
                          ("learner_backward", "backward"), ("learner_allreduce", "all-reduce"),
                          ("learner_optimiser", "optimiser"),
-                         ("learner_publish", "publish")),
+                         ("learner_publish", "publish"), ("learner_other", "other")),
     }
 
     def __init__(self, config, run_dir, console: Console | None = None):
@@ -81,6 +92,8 @@ class Progress:
         self.live: Live | None = None
         self.rate = SmoothedRate()
         self.started = time.monotonic()
+        self.deadline = math.inf  # time.monotonic() when --max-seconds runs out (set by train)
+        self.steps_per_update = config.batch_size * config.unroll_length  # x learner ranks (set by train)
 
     # ------------------------------------------------------------------ figures
     def eta(self, row: dict) -> float:
@@ -88,8 +101,8 @@ class Progress:
         left = max(0, self.config.total_steps - int(row.get("agent_steps", 0)))
         rate = self.rate.rate()
         eta = left / rate if rate and rate > 0 else math.nan
-        if self.config.max_seconds > 0:
-            remaining = self.config.max_seconds - (time.monotonic() - self.started)
+        if self.deadline < math.inf:
+            remaining = max(0.0, self.deadline - time.monotonic())
             eta = remaining if math.isnan(eta) else min(eta, remaining)
         return eta
 
@@ -97,13 +110,15 @@ class Progress:
         steps, total = int(row.get("agent_steps", 0)), self.config.total_steps
         if not row:
             return "starting workers ..."
+        batch, unroll = self.config.batch_size, self.config.unroll_length
         if int(row.get("updates", 0)) == 0 or steps == 0:
-            need = self.config.batch_size * self.config.unroll_length
-            return (f"filling the first batch: {int(row.get('acted_steps', 0)):,} agent steps acted, "
-                    f"{need:,} per update")
-        return (f"{steps:,} / {total:,} steps ({100 * steps / total:.1f}%), "
-                f"{_fmt(round(self.rate.rate(), 1))} steps/s, elapsed {format_duration(float(row.get('time', 0)))}, "
-                f"ETA {format_duration(self.eta(row))}")
+            ready = min(batch, int(row.get("rollout_columns", 0)))
+            acted = f"{int(row.get('acted_steps', 0)):,} agent steps acted"
+            if ready < batch:
+                return f"filling the first batch: {ready} of {batch} rollouts of {unroll} steps ready ({acted})"
+            return f"first update running: its batch of {batch} rollouts x {unroll} steps is ready ({acted})"
+        return (f"{steps_text(steps, total, self.steps_per_update)}, {_fmt(round(self.rate.rate(), 1))} steps/s, "
+                f"elapsed {format_duration(float(row.get('time', 0)))}, ETA {format_duration(self.eta(row))}")
 
     # ------------------------------------------------------------------ rendering
     def _table(self, row: dict) -> Table:

@@ -5,7 +5,7 @@ A metrics row (one per ``log_interval``) holds the counters (``time``,
 ``agent_steps``, ``acted_steps``, ``updates``, ``episodes``), the last
 update's losses, episode means of the last 100 episodes (per task and
 normalised where the family has constants), and how the pipeline spent the
-interval: ``share/<stage>`` of each thread's wall time, ``policy_lag_*``,
+interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread), ``policy_lag_*``,
 ``rollout_queue`` and ``peak_memory_mb``.
 """
 
@@ -24,9 +24,10 @@ from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
 from fwrl.launch.rundir import MetricsCSV
 
-# Stage shares of the two threads in metrics rows (fractions of wall time):
-# the acting thread's rest is bookkeeping outside the stages (logging,
-# checkpoints, callbacks); the learner's idle time is waiting for rollouts.
+# Stage shares of the two threads in metrics rows (fractions of each thread's own wall time over
+# the interval; each thread's shares sum to 1): the acting thread's rest is bookkeeping outside
+# the stages (logging, checkpoints, callbacks); the learner's idle time is waiting for rollouts,
+# its rest the time outside its stages (before it started, between updates).
 ACTOR_SHARES = INFERENCE_STAGES
 LEARNER_SHARES = ("learner_idle",) + LEARNER_STAGES
 
@@ -117,7 +118,7 @@ def pipeline_row(actor_timer: StageTimer, learner_timer: StageTimer, queue_depth
     actor, actor_wall = actor_timer.collect()
     learner, learner_wall = learner_timer.collect()
     row = shares(actor, actor_wall, ACTOR_SHARES, rest="actor_other")
-    row.update(shares(learner, learner_wall, LEARNER_SHARES))
+    row.update(shares(learner, learner_wall, LEARNER_SHARES, rest="learner_other"))
     row["rollout_queue"] = round(queue_depth.take(), 2)
     row["peak_memory_mb"] = round(peak_memory_mb(device), 1)
     return row

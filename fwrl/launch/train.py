@@ -55,10 +55,16 @@ class TrainResult:
     agent_steps: int
     updates: int
     episodes: int
-    mean_return: float
+    mean_return: float  # of the last 100 episodes of this session; nan: none finished
     mean_success: float
     stopped_by: str  # "budget" | "time limit" | "signal SIGINT" (SIGTERM, SIGHUP) | "workers lost" | "error"
     signal: int = 0  # the stop signal's number, 0 if none came
+    wall_seconds: float = 0.0  # from ``started`` (the time budget's start) until train() returned
+
+
+# Seconds kept back from a --max-seconds limit, besides the last update and the last checkpoint write
+# (both measured), for stopping: closing the workers, the final metrics row, the panel.
+STOP_ALLOWANCE = 1.0
 
 
 def allowed_cores() -> int:
@@ -109,9 +115,22 @@ def freeze_vision(model: AgentNet) -> None:
         p.requires_grad_(False)
 
 
-def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None) -> TrainResult:
+def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
+          started: float | None = None, acting_seconds: float | None = None) -> TrainResult:
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
-    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``."""
+    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``.
+
+    Budgets: the learner takes whole batches of B x T agent steps (x learner ranks) while it is
+    below ``total_steps``, so a run ends at most one batch past it; acting stops once the
+    rollouts of the last batch are done. ``max_seconds`` limits the whole command, from
+    ``started`` (``time.monotonic()`` when it began; default: now) to the return of this
+    function, start-up and stop included: acting stops when the time left is what the last
+    update, the last checkpoint write and :data:`STOP_ALLOWANCE` took, and the learner starts
+    no update it has no time for (the first update's length is unknown: a limit that ends
+    during it is passed by the rest of it). ``acting_seconds`` (``fwrl bench throughput``):
+    stop acting that many seconds after the workers started, whatever the start-up took."""
+    started = time.monotonic() if started is None else started
+    deadline = started + config.max_seconds if config.max_seconds > 0 else math.inf
     run_dir = Path(run_dir)
     ranks = ranks_from_env()  # several learners: torchrun / SLURM / fwrl train --learners set these
     main = ranks.is_main  # rank 0 writes the run folder: checkpoints, metrics, the panel
@@ -147,6 +166,10 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         scheduler.rebudget(config.total_steps)  # a resumed run may get another budget: its LR from now on
         set_rng_state(payload["rng"])
         counters.update(agent_steps=payload["agent_steps"], updates=payload["updates"], **payload.get("progress", {}))
+        if main:
+            print(f"fwrl train: resuming {run_dir} from its checkpoint at {counters['agent_steps']:,} agent steps "
+                  f"({counters['updates']:,} updates); budget {config.total_steps:,} agent steps",
+                  file=sys.stderr, flush=True)
     elif config.load_vision_from:
         load_vision(model, config.load_vision_from)
     if config.freeze_vision:
@@ -180,16 +203,34 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     errors: list[BaseException] = []
     clock = _Clock(counters["elapsed_seconds"])
     peers = _Peers(ranks)  # the other ranks' episodes and counters, gathered by the learner thread
+    first_updates = learner.stats.updates
+    # the budget's remaining updates need this many rollout columns (of T steps) from this rank's actors
+    columns_needed = -(-max(0, config.total_steps - learner.stats.agent_steps) // steps_per_update) * config.batch_size
+    columns_done = [0]  # rollout columns handed to the learner's queue in this session
+
+    def stop_reserve() -> float:
+        """Seconds to keep for stopping: the last update (the learner may be in one), the last
+        checkpoint's copy and write, and the rest (:data:`STOP_ALLOWANCE`)."""
+        return learner.stats.update_seconds + copy_seconds[0] + checkpoints.write_seconds + STOP_ALLOWANCE
+
+    def on_rollout(rollout) -> None:
+        if rollouts.put(rollout, stop):
+            columns_done[0] += rollout.columns
+
+    copy_seconds = [0.0]  # how long the last snapshot's copy took (a time limit keeps it back)
 
     def snapshot() -> dict:
         """A checkpoint's contents, copied between two updates (the actors go on)."""
         with update_lock:
+            began = time.monotonic()
             if streams.learner is not None:  # the last update's work must be done before it is copied
                 torch.cuda.current_stream(device).wait_stream(streams.learner)
-            return checkpoint_payload(
+            payload = checkpoint_payload(
                 model=model, optimizer=optimizer, scheduler=scheduler, agent_steps=learner.stats.agent_steps,
                 updates=learner.stats.updates, config=config.to_dict(), env_info=info.to_dict(),
                 progress={"elapsed_seconds": clock.elapsed(), "episodes": episodes.count})
+            copy_seconds[0] = time.monotonic() - began
+            return payload
 
     def learner_loop() -> None:
         try:
@@ -199,6 +240,11 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                     if not stop.is_set():
                         with learner_timer.stage("learner_idle"):
                             pieces = rollouts.get_batch(config.batch_size, stop)
+                    if pieces is not None and learner.stats.updates > first_updates and (
+                            time.monotonic() + stop_reserve() > deadline):
+                        pieces = None  # no time left for this update and the stop: leave it
+                        stopper.reason = "time limit"
+                        stop.set()
                     if pieces is None:  # this rank stops: the others stop after the same update
                         learner.vote_stop()
                         break
@@ -222,6 +268,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     old_switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.001)
     progress = (progress or Progress(config, run_dir)) if main else _Quiet()
+    progress.deadline, progress.steps_per_update = deadline, steps_per_update
     sink = MetricsSink(run_dir, progress) if main else _Quiet()
     checkpoints = CheckpointWriter(snapshot)
     pool = make_pool(config.backend, config.env, num_workers, config.envs_per_worker,
@@ -235,11 +282,16 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     thread = threading.Thread(target=learner_loop, name="fwrl-learner", daemon=True)
     try:
         progress.start()
-        pool.start()
+        if time.monotonic() + STOP_ALLOWANCE < deadline:
+            pool.start()
+        else:  # start-up took the whole time limit: no workers are started, the run stops at once
+            stopper.reason = "time limit"
+            stop.set()
         inference = InferenceLoop(inference_model, pool, store, device, weights=weights, timer=actor_timer,
                                   graph=config.inference_graph)
         thread.start()
         clock.start()
+        acting_until = clock.started + acting_seconds if acting_seconds else math.inf
         last_log = last_ckpt = time.monotonic()
         last_steps = first_steps = learner.stats.agent_steps
         first_updates = learner.stats.updates
@@ -253,6 +305,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         def row(sps: float) -> dict:
             peers.deliver(episodes)
             out = _metrics_row(learner, episodes, pool, store, sps, clock.elapsed(), inference.agent_steps)
+            out["rollout_columns"] = columns_done[0]
             for key, value in peers.totals().items():  # every rank's workers count
                 out[key] += value
             out.update(pipeline_row(actor_timer, learner_timer, queue_depth, device))
@@ -263,13 +316,22 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         # ------------------------------------------------------------ the acting loop
         lost: WorkersLost | None = None
         while not stop.is_set():
-            try:
-                inference.step(0.1, on_rollout=lambda r: rollouts.put(r, stop), on_episode=on_episode)
-            except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
-                stopper.reason, lost = "workers lost", exc
-                break
+            if columns_done[0] < columns_needed:
+                try:
+                    inference.step(0.1, on_rollout=on_rollout, on_episode=on_episode)
+                except WorkersLost as exc:  # stop cleanly: final checkpoint below, then the message
+                    stopper.reason, lost = "workers lost", exc
+                    break
+            else:  # the rollouts of the budget's last batch are done: no more acting
+                thread.join(0.1)
             queue_depth.add(rollouts.qsize())
             now = time.monotonic()
+            if now + stop_reserve() >= deadline:
+                stopper.reason = "time limit"
+                break
+            if now >= acting_until:
+                stopper.reason = "time limit"
+                break
             if not main:
                 continue
             if now - last_log >= config.log_interval:
@@ -279,9 +341,6 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 evaluator.maybe_start(learner.stats.agent_steps, inference_model, weights.lock)
                 for eval_row in evaluator.poll():
                     sink.write(eval_row, show=False)
-            if config.max_seconds > 0 and clock.session() >= config.max_seconds:
-                stopper.reason = "time limit"
-                break
             # the first checkpoint soon after the first update, then every interval
             first_one = not wrote_first and learner.stats.updates > first_updates
             if first_one or now - last_ckpt >= config.checkpoint_interval:
@@ -322,7 +381,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         if group is not None:
             group.close()
     return TrainResult(learner.stats.agent_steps, learner.stats.updates, episodes.count,
-                       episodes.mean_return(), episodes.mean_success(), stopper.reason, stopper.signal)
+                       episodes.mean_return(), episodes.mean_success(), stopper.reason, stopper.signal,
+                       time.monotonic() - started)
 
 
 class _Quiet:

@@ -236,7 +236,7 @@ def _clear_failed_start(run_dir: Path, log) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fwrl.launch.sweep.cell",
+    parser = argparse.ArgumentParser(prog="python -m fwrl.launch.sweep.cell", allow_abbrev=False,
                                      description="Train (and evaluate) one cell of an fwrl sweep.")
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("cell")

@@ -40,6 +40,7 @@ import yaml
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.launch.config import TrainConfig, merge_settings
 from fwrl.utils.settings import base_type, show
+from fwrl.utils.yaml_files import read_yaml
 
 SEPARATOR = "__"  # between the labels of a cell's name
 LABEL = "label"
@@ -191,11 +192,7 @@ def read_grid_file(path: Path) -> Grid:
     """The grid of a YAML file (see the module docstring)."""
     path = Path(path)
     source = f"grid file {path}"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise FwrlError(f"cannot read {source}: {reason}.") from None
+    data = read_yaml(path, "grid file")
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

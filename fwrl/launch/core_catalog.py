@@ -1,0 +1,84 @@
+"""The memory cores, their summaries and options, without importing torch.
+
+The cores live in ``fwrl.memory_modules``, whose modules import torch (a few
+seconds). ``fwrl info`` (the core list) and the first check of ``--core``
+read this catalogue instead: ``core_catalog.json`` beside this module, written
+from the registry by ``python -m fwrl.launch.core_catalog``. It carries a
+fingerprint of the sources the core configs are built from
+(:data:`SOURCES`); where they changed since it was written (a core or an
+option added or edited), the catalogue is not used and the registry is
+imported instead, so the answer is always the registry's, only slower, and
+``tests/test_polish.py`` says to write the file again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PACKAGE = Path(__file__).resolve().parents[1]  # fwrl/
+CATALOGUE = Path(__file__).with_name("core_catalog.json")
+# what the cores' names, summaries and option models are built from (relative to fwrl/)
+SOURCES = ("memory_modules", "kernels/reference", "kernels/__init__.py", "kernels/dispatch.py",
+           "utils/settings.py")
+
+
+def fingerprint() -> str:
+    """sha256 of the :data:`SOURCES` (paths and contents, in order)."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        path = PACKAGE / source
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(file.relative_to(PACKAGE).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def live_catalogue() -> dict[str, Any]:
+    """The catalogue read from the registry (imports ``fwrl.memory_modules``, hence torch)."""
+    from fwrl.memory_modules import core_config_class, core_names
+    from fwrl.memory_modules.base import core_summary
+    from fwrl.utils.settings import valid_text
+
+    cores = []
+    for name in core_names():
+        cls = core_config_class(name)
+        options = [{"name": option, "default": str(info.default), "valid": valid_text(info),
+                    "description": info.description or ""} for option, info in cls.model_fields.items()]
+        cores.append({"name": name, "summary": core_summary(name), "options": options})
+    return {"fingerprint": fingerprint(), "cores": cores}
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, Any]:
+    """The shipped catalogue where its fingerprint matches the sources, else :func:`live_catalogue`."""
+    try:
+        data = json.loads((resources.files("fwrl.launch") / CATALOGUE.name).read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and data.get("fingerprint") == fingerprint():
+        return data
+    return live_catalogue()
+
+
+def core_names() -> list[str]:
+    """The registered cores' names, sorted (as ``fwrl.memory_modules.core_names``)."""
+    return [core["name"] for core in catalogue()["cores"]]
+
+
+def write(path: Path = CATALOGUE) -> Path:
+    """Write the catalogue of the registry as it is now."""
+    from fwrl.utils.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(live_catalogue(), indent=1) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {write()}", file=sys.stderr)
