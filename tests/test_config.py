@@ -3,7 +3,9 @@
 import pytest
 import yaml
 
+from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
+from fwrl.launch.agent import build_model, resolve_core_options
 from fwrl.launch.cli import main
 from fwrl.launch.config import (TrainConfig, build_config, check_resume, load_preset, preset_names, read_config,
                                 save_config)
@@ -93,7 +95,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     assert main(argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     expected = {**values, "env": "atari:Breakout?sticky=true&full_action_space=true",
-                "core_options": {"num_heads": 2, "head_dim": 8, "output_scale": 0.1}}  # the changed default, pinned
+                "core_options": {"num_heads": 2, "head_dim": 8, "output_scale": None}}  # the changed default, pinned
     assert printed == expected
     assert TrainConfig.from_dict(printed).to_dict() == printed
 
@@ -150,7 +152,7 @@ def test_old_run_config_still_loads(tmp_path):
                   eval_episodes=10)
     old.write_text(yaml.safe_dump(fields, sort_keys=False))
     config = read_config(old)
-    # output_scale's default changed (1 -> 0.1) after this config was written: it keeps the old value
+    # output_scale's default changed (1 -> auto) after this config was written: it keeps the old value
     assert config.core_options == {"num_layers": 4, "hidden_size": 256, "output_scale": 1.0}
     assert config.sticky_actions and not config.full_action_space and config.env == "atari:Pong?sticky=true"
     save_config(config, tmp_path / "again.yaml")
@@ -158,13 +160,22 @@ def test_old_run_config_still_loads(tmp_path):
 
 
 def test_changed_core_defaults_are_pinned_in_new_runs_and_kept_in_old_ones(tmp_path):
-    """A new run records output_scale (its default changed from 1 to 0.1), so a later default change
-    cannot alter it; a saved config without it predates the change and is read back with 1."""
+    """A new config records output_scale (its default changed from 1 to auto: None), training fixes
+    auto to the value for its stem (0.1 for images, 1 for vectors) before it writes the run folder,
+    so a later change of the rule cannot alter a run; a saved config without it predates the change
+    and is read back with 1."""
     new = build_config(None, {"core": "rdn"})
-    assert new.core_options == {"output_scale": 0.1}
+    assert new.core_options == {"output_scale": None}
     assert build_config(None, {"core": "lstm"}).core_options == {}  # the LSTM has no such option
     save_config(new, tmp_path / "new.yaml")
-    assert read_config(tmp_path / "new.yaml").core_options == {"output_scale": 0.1}
+    assert read_config(tmp_path / "new.yaml").core_options == {"output_scale": None}
+    images = EnvInfo(obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, task_names=("pong",))
+    vectors = EnvInfo(obs_shape=(7,), obs_dtype="float32", num_actions=2, task_names=("t",))
+    assert resolve_core_options(new, images).core_options == {"output_scale": 0.1}
+    assert resolve_core_options(new, vectors).core_options == {"output_scale": 1.0}
+    assert build_model(new, images).core.output_scale == 0.1 and build_model(new, vectors).core.output_scale == 1.0
+    stemmed = build_config(None, {"core": "rdn", "stem": "nature", "core_options": {"output_scale": 0.5}})
+    assert resolve_core_options(stemmed, images).core_options == {"output_scale": 0.5}  # given: kept
     old = new.to_dict()
     old["core_options"] = {}
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))

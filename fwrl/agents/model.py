@@ -41,7 +41,8 @@ from torch import Tensor, nn
 
 from fwrl.agents import policy
 from fwrl.errors import FwrlError, unknown_choice
-from fwrl.memory_modules import build_core
+from fwrl.memory_modules import build_core, core_config_class
+from fwrl.memory_modules.fwp_block import auto_output_scale
 from fwrl.memory_modules.base import State
 
 STEMS = ("impala", "nature", "minatar", "mlp")
@@ -170,6 +171,15 @@ def init_orthogonal(stem: nn.Module, policy: nn.Linear, baseline: nn.Linear) -> 
     _orthogonal(baseline, 1.0)
 
 
+def with_output_scale(core: str, options: Mapping[str, Any] | None, image_stem: bool) -> dict[str, Any]:
+    """``options`` with a fast-weight core's ``output_scale`` resolved where it is auto (unset or
+    None): 0.1 behind an image stem, 1 behind the MLP stem (``fwp_block.auto_output_scale``)."""
+    options = dict(options or {})
+    if options.get("output_scale") is None and "output_scale" in core_config_class(core).model_fields:
+        options["output_scale"] = auto_output_scale(image_stem)
+    return options
+
+
 def default_stem(obs_shape: tuple[int, ...]) -> str:
     """impala for frames, minatar for frames under 32 pixels high or wide, mlp for vectors."""
     if len(obs_shape) != 3:
@@ -202,6 +212,7 @@ class AgentNet(nn.Module):
             raise FwrlError(f"action_dims {self.action_dims} do not add up to num_actions={num_actions}.")
         self.stem_name = stem or default_stem(self.obs_shape)
         self.stem = make_stem(self.stem_name, self.obs_shape)
+        core_options = with_output_scale(core, core_options, image_stem=self.stem_name != "mlp")
         self.core = build_core(core, self.stem.out_size + self.extra_size + 1, core_options)
         self.policy = nn.Linear(self.core.output_size, num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)

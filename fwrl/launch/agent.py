@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.checkpoint import load_checkpoint, load_model_weights
-from fwrl.agents.model import AgentNet
+from fwrl.agents.model import AgentNet, default_stem, with_output_scale
 from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
 from fwrl.launch.config import TrainConfig, saved_settings
@@ -37,6 +37,15 @@ def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
     stem = None if config.stem == "auto" else config.stem
     return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem,
                     extra_size=info.extra_size, action_dims=info.action_dims, init=config.init)
+
+
+def resolve_core_options(config: TrainConfig, info: EnvInfo) -> TrainConfig:
+    """``config`` with the core options that depend on the env fixed (a fast-weight core's auto
+    ``output_scale``: 0.1 behind an image stem, 1 behind the MLP stem), so the run folder records
+    the value the run trained with and a later change of the rule cannot change it."""
+    stem = default_stem(info.obs_shape) if config.stem == "auto" else config.stem
+    options = with_output_scale(config.core, config.core_options, image_stem=stem != "mlp")
+    return config.model_copy(update={"core_options": options})
 
 
 def load_agent(source: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, dict[str, Any], Path]:

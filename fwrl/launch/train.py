@@ -43,7 +43,7 @@ from fwrl.envs.backends import make_pool
 from fwrl.envs.registry import describe_env
 from fwrl.envs.worker_pool import WorkersLost
 from fwrl.errors import FwrlError
-from fwrl.launch.agent import build_model, pick_device
+from fwrl.launch.agent import build_model, pick_device, resolve_core_options
 from fwrl.launch.checkpointing import CheckpointWriter
 from fwrl.launch.config import TrainConfig, save_config
 from fwrl.launch.progress import Progress
@@ -146,6 +146,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+    config = resolve_core_options(config, info)  # the run records the output_scale it trains with
     group = (LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed
              else None)
 
