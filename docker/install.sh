@@ -64,7 +64,7 @@ case "$EXTRAS" in
     *[!a-z0-9,_-]*) echo "install.sh: bad --extras '$EXTRAS' (comma-separated names)" >&2; exit 2 ;;
 esac
 TARGET="$SRC"
-if [ -n "$EXTRAS" ]; then TARGET="$SRC[$EXTRAS]"; fi
+if [ -n "$EXTRAS" ]; then TARGET="${SRC}[${EXTRAS}]"; fi
 "$PY" -m pip install ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} "$TARGET"
 
 # smoke test of the installed package (from /, not the source tree): it imports,

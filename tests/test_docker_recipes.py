@@ -6,7 +6,9 @@
 - the YAML manifests parse, and every ``fwrl ...`` command in the manifests and
   the SLURM script parses with the real CLI parser;
 - every file a Dockerfile copies exists, and every Dockerfile installs through
-  docker/install.sh.
+  docker/install.sh, with the base image, torch's source and the extras as build args.
+
+docker/smoke.sh builds and runs them for real (tests/test_container_smoke.py, opt-in).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def test_slurm_script_is_valid_bash_and_runs_fwrl_train_with_ray():
     assert any(build_parser().parse_args(a).command == "train" and "ray" in a for a in commands)
     assert r'{\"envs\": ' in text and "--head" in text
     # the multi-learner form: torchrun starts the ranks of `python -m fwrl train` on every learner node
-    launch = [line for line in _logical_lines(text) if line.lstrip().startswith("srun") and "torchrun" in line]
+    launch = [line for line in _logical_lines(text)
+              if line.lstrip().removeprefix("exec ").startswith("srun") and "torchrun" in line]
     assert launch and "--rdzv-backend=c10d" in launch[0] and "--nproc-per-node=" in launch[0]
     argv = [a for a in shlex.split(launch[0].split(" -m fwrl ", 1)[1]) if a != "$@"]
     args = build_parser().parse_args(argv)
@@ -131,6 +134,20 @@ def test_dockerfiles_copy_existing_files_and_use_install_sh(path):
                 break
             assert (ROOT / src).exists(), f"{path.name} copies {src}, which does not exist"
     assert "docker/install.sh" in text, f"{path.name} does not install through docker/install.sh"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
+def test_dockerfiles_take_what_varies_as_build_args(name):
+    """Base image, torch source, extras and pip's indexes are build args (a local base and a local
+    wheel folder work where no registry can be reached); a CA bundle comes as the secret pip_cert."""
+    text = "\n".join(_logical_lines((DOCKER / name).read_text()))
+    args = set(re.findall(r"^ARG (\w+)", text, re.M))
+    assert {"BASE", "TORCH", "EXTRAS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"} <= args
+    assert re.search(r"^FROM \$\{BASE\}", text, re.M)
+    install = next(line for line in text.splitlines() if "docker/install.sh --python" in line)
+    assert '--torch "${TORCH}"' in install and '--extras "${EXTRAS}"' in install
+    assert "--mount=type=secret,id=pip_cert" in install
+    assert not re.search(r"^ENV .*PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS|CERT)", text, re.M)
 
 
 def test_install_script_installs_fwrl_into_a_fresh_virtualenv(tmp_path):

@@ -36,8 +36,10 @@ raises :class:`WorkersLost`. A worker whose actors fail in their constructor
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -180,6 +182,9 @@ class RayWorkerPool(WorkerPool):
         kwargs = {"include_dashboard": self.include_dashboard, "logging_level": "warning"}
         if self.include_dashboard:
             kwargs["dashboard_host"] = "127.0.0.1"
+        # ray.init replaces the driver's SIGTERM handler (its own, which exits at once): keep a
+        # Python handler installed before (fwrl train's stop: final checkpoint on SIGTERM)
+        sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
             if self.address == "local":
                 ray.init(**kwargs)
@@ -191,6 +196,9 @@ class RayWorkerPool(WorkerPool):
                 "(`ray start --head`, see docker/README.md), pass its HOST:PORT, or use --ray-address local "
                 "for a private Ray on this machine."
             ) from None
+        finally:
+            if callable(sigterm):
+                signal.signal(signal.SIGTERM, sigterm)
         self._we_initialised = True
 
     def _choose_resource(self) -> str | None:
