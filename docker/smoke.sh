@@ -576,7 +576,9 @@ wait_job() {  # wait_job ID SECONDS: until the job has left the queue, then prin
 }
 
 # the steps the last "run ...: N agent steps" line of a job's output reports
-reported_steps() { sed -nE 's/^run .*: ([0-9,]+) agent steps.*/\1/p' "$1" | tail -n 1 | tr -d ,; }
+# the agent steps of fwrl train's last line: "run DIR: 30,400 / 300,000 agent steps (10.1%), ..." or, past
+# the budget, "run DIR: 300,160 agent steps: budget 300,000 reached ..."
+reported_steps() { sed -nE 's/^run [^:]*: ([0-9,]+)( \/ [0-9,]+)? agent steps.*/\1/p' "$1" | tail -n 1 | tr -d ,; }
 
 part_slurm() {
     local job out state run steps

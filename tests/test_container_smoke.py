@@ -84,3 +84,19 @@ def test_ray_driver_stops_on_sigterm_with_a_checkpoint(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by signal SIGTERM" in out, out[-3000:]
     assert torch.load(ckpt, weights_only=True)["agent_steps"] > first
+
+
+def test_smoke_reads_the_steps_of_fwrl_trains_final_line(tmp_path):
+    """docker/smoke.sh compares the steps of ``fwrl train``'s last line with the checkpoint's:
+    its parser reads both forms of that line (inside the budget, and past it by part of a batch)."""
+    from fwrl.launch.progress import steps_text
+
+    parser = next(line for line in SMOKE.read_text().splitlines() if line.startswith("reported_steps()"))
+    for steps, total, expected in ((30_400, 300_000, "30400"), (300_160, 300_000, "300160")):
+        out = tmp_path / f"job-{steps}.out"
+        out.write_text(f"fwrl train: run folder /runs/x\nrun /runs/x: {steps_text(steps, total, 320)}, 95 updates, "
+                       "2,560 episodes, mean return 0.95; stopped by signal SIGTERM after 31.9 s; checkpoint "
+                       "/runs/x/checkpoint.pt\n")
+        got = subprocess.run(["bash", "-c", f'{parser}\nreported_steps "$1"', "bash", str(out)],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert got == expected, (steps_text(steps, total, 320), got)
