@@ -31,8 +31,11 @@ def _fwrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def test_the_grids_name_the_suites_games_and_cores():
     cpu = yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text())
     full = yaml.safe_load((SUITE / "minatar-full.yaml").read_text())
-    cores = ["feedforward", "lstm", "delta_net", "rdn", "srwm",
-             {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl"}]
+    small, large = {"batch_size": 8, "learning_rate": 0.0012}, {"batch_size": 32, "learning_rate": 0.0006}
+    cores = [{"label": "lstm", "core": "lstm", **small}, {"label": "rdn", "core": "rdn", **large},
+             {"label": "delta_net", "core": "delta_net", **large}, {"label": "srwm", "core": "srwm", **large},
+             {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl", **small},
+             {"label": "feedforward", "core": "feedforward", **small}]
     assert cpu["env"] == ["minatar:breakout", "minatar:space_invaders"] and cpu["seed"] == [1]
     assert cpu["core"] == cores and full["core"] == cores
     assert cpu["total_steps"] == 1_000_000 and full["total_steps"] == 5_000_000 and full["seed"] == [1, 2, 3]
