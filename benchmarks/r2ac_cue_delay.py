@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 from fwrl.errors import FwrlError, run_main
-from fwrl.launch.config import build_config
 from fwrl.launch.plot import read_metrics, series
-from fwrl.launch.train import train
+from fwrl.launch.settings.config import build_config
+from fwrl.launch.training.train import train
 
 MODES = ("rtrl", "bptt")
 COLOURS = {"rtrl": "tab:blue", "bptt": "tab:red"}

@@ -17,14 +17,14 @@ from fwrl.envs.env_group import EnvGroup, worker_seed
 from fwrl.envs.registry import make_env
 from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
 from fwrl.errors import FwrlError
-from fwrl.launch import evaluate as ev
-from fwrl.launch import scores
-from fwrl.launch.agent import load_agent
-from fwrl.launch.eval_episodes import collect_episodes, slots_per_task
-from fwrl.launch.eval_protocols import default_protocol, select_splits
-from fwrl.launch.eval_report import aggregate
 from fwrl.launch.cli import main
-from fwrl.launch.config import TrainConfig
+from fwrl.launch.evaluation import evaluate as ev
+from fwrl.launch.evaluation import scores
+from fwrl.launch.evaluation.episodes import collect_episodes, slots_per_task
+from fwrl.launch.evaluation.protocols import default_protocol, select_splits
+from fwrl.launch.evaluation.results import aggregate
+from fwrl.launch.settings.config import TrainConfig
+from fwrl.launch.training.agent import load_agent
 from fwrl.memory_modules import core_names
 
 CUES = 4

@@ -6,18 +6,27 @@ Layers, lowest first: ``fwrl`` itself, ``fwrl.errors`` and ``fwrl.utils`` <
 one way (envs -> agents -> launch): a module may import its own layer and
 lower ones, never a higher one, and no set of modules imports each other in
 a circle (imports inside functions count too: they are cycles all the same).
+
+Inside ``launch``, one folder (or module) per job, in the same one-way order:
+``settings`` (config models, flags, presets, core catalogue) < ``evaluation`` <
+``training`` (which runs periodic evaluations) < the other commands (``bench``,
+``plot``, ``sweep``, ``report``) < ``cli``.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Callable
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fwrl"
 LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch", "__main__")
 RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5,
         "__main__": 6}
+# fwrl.launch.<part>: the folders (and single-module commands) of the launch layer, lowest first
+LAUNCH_RANK = {"": 0, "settings": 0, "evaluation": 1, "training": 2, "bench": 3, "plot": 3, "sweep": 3, "report": 3,
+               "cli": 4}
 
 
 def module_name(path: Path) -> str:
@@ -67,15 +76,41 @@ def test_every_module_has_a_layer():
     assert not unknown, f"modules outside the known layers: {unknown}"
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """``importer -> imported`` for every import of a higher layer."""
+def launch_part(name: str) -> str:
+    """``settings`` for ``fwrl.launch.settings.config``; ``""`` for ``fwrl.launch`` itself."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def layer_rank(name: str) -> int:
+    return RANK[layer(name)]
+
+
+def launch_rank(name: str) -> int:
+    return LAUNCH_RANK[launch_part(name)]
+
+
+def upward_imports(graph: dict[str, set[str]], rank: Callable[[str], int] = layer_rank) -> list[str]:
+    """``importer -> imported`` for every import of a higher layer (by ``rank``)."""
     return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
-                  if RANK[layer(target)] > RANK[layer(name)])
+                  if rank(target) > rank(name))
 
 
 def test_no_module_imports_a_higher_layer():
     violations = upward_imports(GRAPH)
     assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+def test_every_launch_module_has_a_part():
+    unknown = sorted(name for name in MODULES if layer(name) == "launch" and launch_part(name) not in LAUNCH_RANK)
+    assert not unknown, f"launch modules outside the known folders: {unknown}"
+
+
+def test_launch_folders_import_downwards():
+    launch = {name: {t for t in targets if layer(t) == "launch"} for name, targets in GRAPH.items()
+              if layer(name) == "launch"}
+    violations = upward_imports(launch, launch_rank)
+    assert not violations, "launch folders out of order:\n" + "\n".join(violations)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -120,8 +155,10 @@ def test_no_import_cycles():
 def test_the_checks_catch_cycles_and_upward_imports():
     """The checks themselves, on graphs with the faults this package had (and on the real one)."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.launch.rundir", "fwrl.utils.files"}}) == [
-        "fwrl.agents.checkpoint -> fwrl.launch.rundir"]
-    assert {"fwrl.launch.run_metrics", "fwrl.launch.agent"} <= GRAPH["fwrl.launch.train"]
+    assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.launch.training.rundir", "fwrl.utils.files"}}) == [
+        "fwrl.agents.checkpoint -> fwrl.launch.training.rundir"]
+    assert {"fwrl.launch.training.run_metrics", "fwrl.launch.training.agent"} <= GRAPH["fwrl.launch.training.train"]
     assert "fwrl.utils.files" in GRAPH["fwrl.agents.checkpoint"]  # relative and from-imports resolve
-    assert "fwrl.envs.backends" in GRAPH["fwrl.launch.eval_episodes"]
+    assert "fwrl.envs.backends" in GRAPH["fwrl.launch.evaluation.episodes"]
+    assert upward_imports({"fwrl.launch.settings.config": {"fwrl.launch.plot"}}, launch_rank) == [
+        "fwrl.launch.settings.config -> fwrl.launch.plot"]

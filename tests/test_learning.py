@@ -7,8 +7,8 @@ later; chance success is 0.5. Runs the quickstart preset's settings.
 import pytest
 from learning_attempts import reaches
 
-from fwrl.launch.config import build_config
-from fwrl.launch.train import train
+from fwrl.launch.settings.config import build_config
+from fwrl.launch.training.train import train
 
 pytestmark = pytest.mark.slow
 

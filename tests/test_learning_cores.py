@@ -19,9 +19,9 @@ import torch
 
 from fwrl.agents.checkpoint import load_model_weights
 from fwrl.envs.registry import describe_env
-from fwrl.launch.config import TrainConfig, build_config
-from fwrl.launch.agent import build_model
-from fwrl.launch.train import train
+from fwrl.launch.settings.config import TrainConfig, build_config
+from fwrl.launch.training.agent import build_model
+from fwrl.launch.training.train import train
 from fwrl.memory_modules import core_config_class, core_names
 
 NOT_RECURRENT = {"feedforward", "fake_sr"}

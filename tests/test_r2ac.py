@@ -16,8 +16,8 @@ import torch
 
 from fwrl.agents.checkpoint import load_checkpoint
 from fwrl.launch.cli import main as cli_main
-from fwrl.launch.config import build_config
-from fwrl.launch.train import train
+from fwrl.launch.settings.config import build_config
+from fwrl.launch.training.train import train
 
 TINY = ["--preset", "quickstart", "--core", "elstm", "--elstm-grad", "rtrl", "--core-opt", "hidden_size=16",
         "--num-workers", "1", "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "10",

@@ -1,1 +1,1 @@
-"""Command line, configs, presets, run directories, progress and benchmarks."""
+"""The command line (cli) and its jobs: settings, training, evaluation, sweep, report, bench, plot."""

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fwrl.errors import FwrlError
-from fwrl.launch.config import TrainConfig
+from fwrl.launch.settings.config import TrainConfig
 
 
 # ----------------------------------------------------------------------------- bench envs
@@ -332,7 +332,7 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- bench throughput
 
-# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.train): each thread's rows are
+# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.training.train): each thread's rows are
 # fractions of that thread's wall time and sum to 100% (the last row of each is the rest).
 ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
 LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
@@ -385,7 +385,7 @@ class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
     def __init__(self, console, warmup: float, seconds: float):
-        from fwrl.launch.progress import SmoothedRate
+        from fwrl.launch.training.progress import SmoothedRate
 
         self.console, self.warmup, self.seconds = console, warmup, seconds
         self.status = None
@@ -433,7 +433,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     import csv
     import tempfile
 
-    from fwrl.launch.train import train
+    from fwrl.launch.training.train import train
 
     _check_window(seconds, warmup)
     config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
@@ -441,7 +441,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
         if progress is None:
-            from fwrl.launch.progress import Progress
+            from fwrl.launch.training.progress import Progress
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table

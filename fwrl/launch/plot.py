@@ -132,17 +132,6 @@ def _label(run_dir: Path, all_dirs: Sequence[Path]) -> str:
     return run_dir.name if names.count(run_dir.name) == 1 else str(run_dir)
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    w, sep, h = text.lower().partition("x")
-    try:
-        size = (int(w), int(h))
-    except ValueError:
-        size = (0, 0)
-    if not sep or min(size) < 100:
-        raise FwrlError(f"--size {text!r} is not WIDTHxHEIGHT in pixels (each at least 100), e.g. 1200x800.")
-    return size
-
-
 def default_out(run_dirs: Sequence[Path], metric: str) -> Path:
     name = metric.replace("/", "_") + ".png"
     return Path(run_dirs[0]) / name if len(run_dirs) == 1 else Path(name)

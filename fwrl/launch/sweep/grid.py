@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from fwrl.errors import FwrlError, unknown_choice
-from fwrl.launch.config import TrainConfig, merge_settings
+from fwrl.launch.settings.config import TrainConfig, merge_settings
 from fwrl.utils.settings import base_type, show
 from fwrl.utils.yaml_files import read_yaml
 

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Any, Sequence, TextIO
 
-from fwrl.launch.progress import format_duration
 from fwrl.launch.sweep.plan import CellState
+from fwrl.launch.training.progress import format_duration
 
 SHOWN = ("done", "running", "failed", "interrupted", "queued", "pending")
 

@@ -6,7 +6,7 @@ Threads of the learner process:
   (SIGINT, SIGTERM and SIGHUP stop the run cleanly with a final checkpoint);
 - learner thread: B rollout columns gathered on the device -> loss ->
   optimiser step -> publish weights (and their version) to the acting copy;
-- checkpoint thread: writes the snapshots (``fwrl.launch.checkpointing``).
+- checkpoint thread: writes the snapshots (``fwrl.launch.training.checkpointing``).
 
 On CUDA each thread issues its work on its own stream
 (``fwrl.agents.policy_weights``). Every metrics row says where the time went
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks, rank_device, ranks_from_env, share
 from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
+from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks, rank_device, ranks_from_env, share
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.learner import Learner
 from fwrl.agents.model import AgentNet
@@ -43,11 +43,11 @@ from fwrl.envs.backends import make_pool
 from fwrl.envs.registry import describe_env
 from fwrl.envs.worker_pool import WorkersLost
 from fwrl.errors import FwrlError
-from fwrl.launch.agent import build_model, pick_device, resolve_core_options
-from fwrl.launch.checkpointing import CheckpointWriter
-from fwrl.launch.config import TrainConfig, save_config
-from fwrl.launch.progress import Progress
-from fwrl.launch.run_metrics import Episodes, Mean, MetricsSink, normaliser, pipeline_row
+from fwrl.launch.settings.config import TrainConfig, save_config
+from fwrl.launch.training.agent import build_model, pick_device, resolve_core_options
+from fwrl.launch.training.checkpointing import CheckpointWriter
+from fwrl.launch.training.progress import Progress
+from fwrl.launch.training.run_metrics import Episodes, Mean, MetricsSink, normaliser, pipeline_row
 
 
 @dataclass
@@ -299,7 +299,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         wrote_first = False
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         if config.eval_every > 0 and main:
-            from fwrl.launch.evaluate import PeriodicEvaluator
+            from fwrl.launch.evaluation.evaluate import PeriodicEvaluator
 
             evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, time.monotonic())
 

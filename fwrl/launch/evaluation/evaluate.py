@@ -1,11 +1,11 @@
 """``fwrl evaluate``: play test episodes with a trained agent, in parallel, reproducibly.
 
-The pieces: ``eval_protocols`` (episodes, repeats and splits per env family,
-REFERENCE.md section 5), ``eval_episodes`` (a pool of test-mode workers, lock
-step, fixed episodes per slot), ``eval_report`` (aggregates, scores, tables,
-files). This module runs whole evaluations: :func:`evaluate` for
-``fwrl evaluate``, :class:`PeriodicEvaluator` for ``--eval-every`` during
-training. The same checkpoint, protocol and seed give the same JSON.
+The pieces, beside this module: ``protocols`` (episodes, repeats and splits per
+env family, REFERENCE.md section 5), ``episodes`` (a pool of test-mode workers,
+lock step, fixed episodes per slot), ``results`` (aggregates, tables, files)
+and ``scores`` (normalisation, published figures). This module runs whole
+evaluations: :func:`evaluate` for ``fwrl evaluate``, :class:`PeriodicEvaluator`
+for ``--eval-every`` during training. The same checkpoint, protocol and seed give the same JSON.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from torch import nn
 
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError
-from fwrl.launch import scores
-from fwrl.launch.eval_episodes import play_episodes
-from fwrl.launch.eval_protocols import default_protocol, select_splits
-from fwrl.launch.eval_report import aggregate, attach_published, metrics_row, run_result
+from fwrl.launch.evaluation import scores
+from fwrl.launch.evaluation.episodes import play_episodes
+from fwrl.launch.evaluation.protocols import default_protocol, select_splits
+from fwrl.launch.evaluation.results import aggregate, attach_published, metrics_row, run_result
 
 
 def evaluate(

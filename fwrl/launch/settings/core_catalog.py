@@ -3,7 +3,7 @@
 The cores live in ``fwrl.memory_modules``, whose modules import torch (a few
 seconds). ``fwrl info`` (the core list) and the first check of ``--core``
 read this catalogue instead: ``core_catalog.json`` beside this module, written
-from the registry by ``python -m fwrl.launch.core_catalog``. It carries a
+from the registry by ``python -m fwrl.launch.settings.core_catalog``. It carries a
 fingerprint of the sources the core configs are built from
 (:data:`SOURCES`); where they changed since it was written (a core or an
 option added or edited), the catalogue is not used and the registry is
@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PACKAGE = Path(__file__).resolve().parents[1]  # fwrl/
+PACKAGE = Path(__file__).resolve().parents[2]  # fwrl/
 CATALOGUE = Path(__file__).with_name("core_catalog.json")
 # what the cores' names, summaries and option models are built from (relative to fwrl/)
 SOURCES = ("memory_modules", "kernels/reference", "kernels/__init__.py", "kernels/dispatch.py",
@@ -59,7 +59,7 @@ def live_catalogue() -> dict[str, Any]:
 def catalogue() -> dict[str, Any]:
     """The shipped catalogue where its fingerprint matches the sources, else :func:`live_catalogue`."""
     try:
-        data = json.loads((resources.files("fwrl.launch") / CATALOGUE.name).read_text())
+        data = json.loads((resources.files("fwrl.launch.settings") / CATALOGUE.name).read_text())
     except (OSError, ValueError):
         data = None
     if isinstance(data, dict) and data.get("fingerprint") == fingerprint():

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, missing_dependency
-from fwrl.launch.config import TrainConfig
+from fwrl.launch.settings.config import TrainConfig
 
 if TYPE_CHECKING:
     from fwrl.envs.registry import EnvInfo
@@ -58,7 +58,7 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     import torch
 
     from fwrl.envs.registry import describe_env
-    from fwrl.launch.agent import build_model, pick_device
+    from fwrl.launch.training.agent import build_model, pick_device
 
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
     device = pick_device(config.device)

@@ -2,7 +2,7 @@
 
 :class:`TrainConfig` defines every training setting once (type, default,
 valid range, help); ``fwrl train`` generates its flags from it
-(``fwrl.launch.flags``). A config is built from layers, later ones winning:
+(``fwrl.launch.settings.flags``). A config is built from layers, later ones winning:
 defaults, a preset (a packaged name or a YAML file), ``--config FILE``, then
 flags. A layer that picks another ``core`` drops the core options gathered
 so far (they belong to the old core).
@@ -115,8 +115,8 @@ class TrainConfig(Settings):
 
     def _check_core(self) -> None:
         """The core exists; its options are valid for it (kept as given, typed). An unknown core is
-        refused from the catalogue, before torch is imported (``fwrl.launch.core_catalog``)."""
-        from fwrl.launch.core_catalog import core_names
+        refused from the catalogue, before torch is imported (``fwrl.launch.settings.core_catalog``)."""
+        from fwrl.launch.settings.core_catalog import core_names
 
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
@@ -172,6 +172,18 @@ class EvaluateConfig(Settings):
         return check_device(name)
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """``fwrl plot --size``: WIDTHxHEIGHT in pixels, each at least 100."""
+    w, sep, h = text.lower().partition("x")
+    try:
+        size = (int(w), int(h))
+    except ValueError:
+        size = (0, 0)
+    if not sep or min(size) < 100:
+        raise FwrlError(f"--size {text!r} is not WIDTHxHEIGHT in pixels (each at least 100), e.g. 1200x800.")
+    return size
+
+
 class PlotConfig(Settings):
     """Settings of ``fwrl plot``."""
 
@@ -184,8 +196,6 @@ class PlotConfig(Settings):
     @field_validator("size")
     @classmethod
     def _size(cls, text: str) -> str:
-        from fwrl.launch.plot import parse_size
-
         parse_size(text)
         return text
 
@@ -212,7 +222,7 @@ RESUMABLE_CHANGES = {
 # ----------------------------------------------------------------------- presets and YAML files
 
 def preset_names() -> list[str]:
-    folder = resources.files("fwrl.launch") / "presets"
+    folder = resources.files("fwrl.launch.settings") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -237,7 +247,7 @@ def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
 def load_preset(name: str) -> dict[str, Any]:
     """A packaged preset by name, or a YAML file of one's own by path."""
     if name in preset_names():
-        text = (resources.files("fwrl.launch") / "presets" / f"{name}.yaml").read_text()
+        text = (resources.files("fwrl.launch.settings") / "presets" / f"{name}.yaml").read_text()
         return _settings_mapping(yaml.safe_load(text), f"preset {name}")
     if name.endswith((".yaml", ".yml")) or "/" in name or Path(name).is_file():
         return read_settings_file(Path(name), "preset file")

@@ -1,0 +1,1 @@
+"""Evaluation: protocols (splits), episodes, results and published scores."""

@@ -1,0 +1,1 @@
+"""Settings: the config models, the command-line flags built from them, presets and the core catalogue."""
