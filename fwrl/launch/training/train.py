@@ -295,7 +295,6 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         acting_until = clock.started + acting_seconds if acting_seconds else math.inf
         last_log = last_ckpt = time.monotonic()
         last_steps = first_steps = learner.stats.agent_steps
-        first_updates = learner.stats.updates
         wrote_first = False
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         if config.eval_every > 0 and main:
