@@ -1,0 +1,164 @@
+"""Does a trained agent still look at its input? State dependence of a checkpoint's outputs.
+
+Plays ``--steps`` steps of the run's env with the checkpoint's sampled policy
+(one env, one thread) and reports, over the states it visits:
+
+- ``value_std``: the std of the value across states, and ``value_corr``: its
+  correlation with the discounted return-to-go of the same steps (0 when the
+  value ignores the frame);
+- ``logit_std``: the std of the policy logits across states (mean over
+  actions), ``entropy`` and its spread across states;
+- ``stem_rel_var``: the stem's output std across states over its mean
+  magnitude (mean over units): how much of the feature vector the frame moves;
+- for an LSTM core, ``gate_saturation``: the share of gate pre-activations
+  beyond +-5 (sigmoid and tanh flat there, so no gradient reaches the stem).
+
+``--fresh`` adds a row for a freshly initialised agent of the same run
+settings, the baseline of all the figures. Written for the Pong runs of issue
+26, whose LSTM agents stayed at -20.3: their outputs were found constant across
+states (gates saturated), not merely unlearned.
+
+    python benchmarks/learning/state_dependence.py RUN [RUN ...] --fresh --out state_dependence.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fwrl.agents.checkpoint import load_checkpoint
+from fwrl.envs.registry import EnvInfo, make_env
+from fwrl.errors import FwrlError
+from fwrl.launch.settings.config import TrainConfig, saved_settings
+from fwrl.launch.training.agent import build_model, load_agent
+
+SATURATED = 5.0  # |pre-activation| beyond which sigmoid' < 0.007 and tanh' < 0.0002
+FIELDS = ("agent_steps", "value_std", "value_corr", "logit_std", "entropy", "entropy_std", "stem_rel_var",
+          "gate_saturation")
+
+
+def _model(source: Path, fresh: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
+    if not fresh:
+        model, payload, _ = load_agent(source)
+        return model, {"env": payload["config"]["env"], "agent_steps": int(payload["agent_steps"])}
+    path = source / "checkpoint.pt" if source.is_dir() else source
+    payload = load_checkpoint(path)
+    config = TrainConfig.from_dict(saved_settings(payload["config"]), source=str(path))
+    torch.manual_seed(config.seed)
+    model = build_model(config, EnvInfo.from_dict(payload["env_info"])).eval()
+    return model, {"env": config.env, "agent_steps": 0}
+
+
+def _lstm_gate_hook(model: torch.nn.Module, store: list[torch.Tensor]):
+    """Record the LSTM's gate pre-activations (input part plus biases; the recurrent part is
+    added from the state the core reports), or None for other cores."""
+    lstm = getattr(model.core, "lstm", None)
+    if not isinstance(lstm, torch.nn.LSTM):
+        return None
+
+    def hook(module, args):
+        x, hc = args[0], args[1] if len(args) > 1 else None
+        pre = x @ module.weight_ih_l0.T + module.bias_ih_l0 + module.bias_hh_l0
+        if hc is not None:
+            pre = pre + hc[0][0] @ module.weight_hh_l0.T
+        store.append(pre.detach().reshape(-1, pre.shape[-1]))
+
+    return lstm.register_forward_pre_hook(hook)
+
+
+def measure(source: Path, steps: int, seed: int, fresh: bool = False) -> dict[str, Any]:
+    """The figures above for the agent of ``source`` (a run folder or checkpoint file)."""
+    model, meta = _model(source, fresh)
+    if model.extra_size:
+        raise FwrlError(f"{source}: agents with extra observation entries are not measured by this script.")
+    env = make_env(meta["env"], seed=seed)
+    obs, _ = env.reset(seed=seed)
+    features: list[torch.Tensor] = []
+    gates: list[torch.Tensor] = []
+    stem_hook = model.stem.register_forward_hook(lambda m, a, out: features.append(out.detach()))
+    gate_hook = _lstm_gate_hook(model, gates)
+    state = model.initial_state(1)
+    values, logits, rewards, reward, done = [], [], [], 0.0, False
+    with torch.no_grad():
+        for _ in range(steps):
+            inputs = {"obs": torch.as_tensor(np.asarray(obs))[None, None], "reward": torch.tensor([[reward]]),
+                      "done": torch.tensor([[done]])}
+            out, state = model(inputs, state)
+            values.append(float(out["baseline"][0, 0]))
+            logits.append(out["policy_logits"][0, 0])
+            obs, reward, terminated, truncated, _ = env.step(int(out["action"][0, 0]))
+            rewards.append(float(np.clip(reward, -1, 1)))
+            done = bool(terminated or truncated)
+            if done:
+                obs, _ = env.reset()
+    stem_hook.remove()
+    if gate_hook is not None:
+        gate_hook.remove()
+    env.close()
+    value = np.array(values)
+    to_go = np.zeros_like(value)
+    running = 0.0
+    for i in range(len(rewards) - 1, -1, -1):
+        running = rewards[i] + 0.99 * running
+        to_go[i] = running
+    logit = torch.stack(logits)
+    probs = torch.softmax(logit, -1)
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
+    feats = torch.cat(features)
+    corr = float(np.corrcoef(value, to_go)[0, 1]) if value.std() > 0 and to_go.std() > 0 else math.nan
+    return {
+        "source": str(source) + (" (fresh init)" if fresh else ""),
+        "agent_steps": meta["agent_steps"],
+        "value_std": float(value.std()), "value_corr": corr,
+        "logit_std": float(logit.std(0).mean()),
+        "entropy": float(entropy.mean()), "entropy_std": float(entropy.std()),
+        "stem_rel_var": float((feats.std(0) / (feats.abs().mean(0) + 1e-8)).mean()),
+        "gate_saturation": float((torch.cat(gates).abs() > SATURATED).float().mean()) if gates else math.nan,
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = "| run | " + " | ".join(FIELDS) + " |\n|---|" + "---|" * len(FIELDS) + "\n"
+    body = "".join("| " + r["source"] + " | " + " | ".join(
+        f"{r[k]:,}" if k == "agent_steps" else ("-" if math.isnan(r[k]) else f"{r[k]:.4g}") for k in FIELDS)
+        + " |\n" for r in rows)
+    return head + body
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders or checkpoint files")
+    parser.add_argument("--steps", type=int, default=3000, help="env steps played per agent (default 3000)")
+    parser.add_argument("--seed", type=int, default=3, help="env seed (default 3)")
+    parser.add_argument("--fresh", action="store_true", help="add a freshly initialised agent of the first run")
+    parser.add_argument("--out", type=Path, help="markdown table path (a JSON beside it)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps must be at least 2, got {args.steps}")
+    torch.set_num_threads(1)
+    try:
+        rows = [measure(args.runs[0], args.steps, args.seed, fresh=True)] if args.fresh else []
+        for run in args.runs:
+            rows.append(measure(run, args.steps, args.seed))
+            print(f"measured {run}", file=sys.stderr)
+    except (FwrlError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    table = markdown(rows)
+    print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table)
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
