@@ -462,6 +462,22 @@ def test_lstm_forget_bias_shifts_only_the_forget_gate_bias():
         assert torch.allclose(delta, expected), name
 
 
+def test_lstm_input_norm_reads_the_input_through_a_layer_norm():
+    """input_norm: the LSTM sees LayerNorm(x), so shifting and scaling each step's input changes
+    nothing (the stem's common offset cannot drive the gates); without it the output moves."""
+    torch.manual_seed(0)
+    x, done = torch.randn(6, 3, 7), torch.zeros(6, 3, dtype=torch.bool)
+    for input_norm, same in ((True, True), (False, False)):
+        torch.manual_seed(1)
+        core = build_core("lstm", 7, {"hidden_size": 5, "input_norm": input_norm})
+        state = core.initial_state(3)
+        y, _ = core(x, state, done)
+        y_moved, _ = core(4.0 * x + 2.5, state, done)
+        assert torch.allclose(y, y_moved, atol=1e-5) == same, input_norm
+    assert isinstance(build_core("lstm", 7, {"input_norm": True}).input_norm, torch.nn.LayerNorm)
+    assert build_core("lstm", 7, {}).input_norm is None
+
+
 def test_rdn_recurrent_init_std():
     """R_q, R_k, R_v, r_b ~ N(0, std = 1/sqrt(d)) (REFERENCE §2)."""
     torch.manual_seed(0)

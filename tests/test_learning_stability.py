@@ -18,6 +18,11 @@ papers' code) breaks them (``test_the_unscaled_block_breaks_the_bounds``): its
 first steps move the logits by 0.7-1.6 and the values by 3-4.4, its value
 drifts 3.8-4.8 from the returns, and rdn's policy falls to 0.23 nats here with
 the impala stem.
+
+The LSTM fails differently on Pong: RMSProp drives its gate pre-activations
+beyond +-5 (flat sigmoid and tanh) through the stem's large common offset;
+``input_norm`` (a LayerNorm on the core's input) prevents it
+(``test_lstm_input_norm_keeps_the_gates_out_of_saturation``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fwrl.agents.losses import impala_loss
 from fwrl.agents.model import AgentNet
+from fwrl.agents.optim import clip_grad_norm
 from fwrl.launch.training.probe import collect_batch, probe
 
 pytest.importorskip("ale_py", reason="needs the Atari envs (pip install 'fwrl[atari]')")
@@ -70,3 +77,43 @@ def test_the_unscaled_block_breaks_the_bounds(pong_batch):
     result = _probe(pong_batch, "rdn", "impala", {"output_scale": 1.0})
     assert not _within_bounds(result), result.to_dict()
     assert result.first_value_change > 2 * VALUE_STEP, result.to_dict()
+
+
+SATURATED = 5.0  # |pre-activation| beyond which sigmoid and tanh have no slope
+
+
+def _gate_saturation(model: AgentNet, batch) -> float:
+    """Share of the first LSTM layer's gate pre-activations (input part plus biases) beyond SATURATED."""
+    gates = []
+    lstm = model.core.lstm
+    hook = lstm.register_forward_pre_hook(
+        lambda m, args: gates.append(args[0] @ m.weight_ih_l0.T + m.bias_ih_l0 + m.bias_hh_l0))
+    with torch.no_grad():
+        model(batch, model.initial_state(B))
+    hook.remove()
+    pre = torch.cat([g.reshape(-1, g.shape[-1]) for g in gates])
+    return float((pre.abs() > SATURATED).float().mean())
+
+
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_lstm_input_norm_keeps_the_gates_out_of_saturation(pong_batch, input_norm):
+    """10 RMSProp updates at lr 1e-3 (the MinAtar LSTM's rate; B 8, eps 0.01, clip 40) on the Pong
+    batch: the plain LSTM (orthogonal stem, as the pong-cpu preset) has 47% of its gate
+    pre-activations beyond +-5 (fresh: 0%), so the gates pass no gradient; with input_norm, 0%
+    (benchmarks/learning/pong_gate_saturation.py shows the same on random-policy rollouts)."""
+    torch.manual_seed(0)
+    model = AgentNet(OBS, 6, "lstm", {"input_norm": input_norm}, stem="nature", init="orthogonal")
+    assert _gate_saturation(model, pong_batch) == 0.0
+    optimiser = torch.optim.RMSprop(model.parameters(), lr=1e-3, alpha=0.99, eps=0.01)
+    for _ in range(10):
+        outputs, _ = model(pong_batch, model.initial_state(B))
+        loss, _ = impala_loss(outputs, pong_batch)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        clip_grad_norm(model.parameters(), 40.0)
+        optimiser.step()
+    saturation = _gate_saturation(model, pong_batch)
+    if input_norm:
+        assert saturation < 0.05, saturation
+    else:
+        assert saturation > 0.25, saturation

@@ -14,7 +14,8 @@ updates:
   return of losing (about -2).
 
 A setting is ``OPT:LR:EPS:B`` or ``OPT:LR:EPS:B:W``, W the updates of a linear
-learning-rate warm-up from 0 (none without it). ``torch`` is ``torch.optim.RMSprop``, eps added
+learning-rate warm-up from 0 (none without it), with ``:ln`` at the end for the
+LSTM's ``input_norm`` (a LayerNorm on its input). ``torch`` is ``torch.optim.RMSprop``, eps added
 outside the square root (fwrl and torchbeast); ``tf`` is the update of
 TensorFlow 1's RMSProp, which the IMPALA paper's code used: eps inside the
 square root, ``p -= lr * g / sqrt(ms + eps)`` (TF starts ``ms`` at 1; here at 0
@@ -114,10 +115,13 @@ def probe(model: AgentNet, held_out: dict[str, torch.Tensor]) -> dict[str, float
 
 
 def train(data: dict[str, np.ndarray], setting: str, updates: int, probe_every: int, seed: int) -> list[dict]:
-    opt, lr, eps, batch_size, *warmup = setting.split(":")
+    opt, lr, eps, batch_size, *rest = setting.split(":")
+    norm = "ln" in rest
+    warmup = [w for w in rest if w != "ln"]
     lr, eps, batch_size, warmup = float(lr), float(eps), int(batch_size), int(warmup[0]) if warmup else 0
     torch.manual_seed(seed)
-    model = AgentNet(data["obs"].shape[3:], 6, core="lstm", stem="nature", init="orthogonal")
+    model = AgentNet(data["obs"].shape[3:], 6, core="lstm", core_options={"input_norm": norm}, stem="nature",
+                     init="orthogonal")
     if opt == "torch":
         optimiser = torch.optim.RMSprop(model.parameters(), lr=lr, alpha=0.99, eps=eps)
     elif opt == "tf":
@@ -169,7 +173,7 @@ def render(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help="OPT:LR:EPS:B[:W] each")
+    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help="OPT:LR:EPS:B[:W][:ln] each")
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--probe-every", type=int, default=50)
     parser.add_argument("--windows", type=int, default=60, help="windows of T 20 x --envs collected")
