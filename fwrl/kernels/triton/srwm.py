@@ -39,6 +39,12 @@ state, dy the output gradient, and g = rate * (G k):
     dS       = sum over steps of dA   (the slow weights enter every step)
     G_{t-1}  = keep_t (G + dA)   (grad_mode full; 0 for step)
 
+The rows [W^q; W^k; W^b] of each step go through ``srwm_split._core_step_backward``,
+shared with the split path's core kernel: W^y's terms of d q, d k, d x and
+d beta_y ((A^y)^T g^y, (G^y)^T u^y - (A^y)^T g^y, (A^y)^T dy, sum (G^y k) * r^y)
+are formed from W^y's rows here and passed to it (the replay reads those rows'
+rates u = beta r with ``srwm_split._core_rates``).
+
 The kernel writes g and dz per step (fp32); dS, a sum of outer products over
 (t, b), is two batched GEMMs over those records in PyTorch afterwards:
 deterministic, no atomics, and no [R, D] accumulator in registers (which is
@@ -58,10 +64,12 @@ from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.srwm import GRAD_MODES, INPUT_MAPS, NUM_RATES
 
 from .common import (
-    _block, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward, _sum, _vecmat,
+    _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
     aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
-from .srwm_split import SPLIT_ROWS, _num_records, split_backward, split_forward
+from .srwm_split import (
+    SPLIT_ROWS, _core_rates, _core_step_backward, _num_records, split_backward, split_forward,
+)
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
@@ -178,7 +186,6 @@ def _backward_kernel(
     b = i_bh // H
     h = i_bh % H
     R: tl.constexpr = DY + 2 * D + 4
-    NZ: tl.constexpr = 2 * D + 4
     od = tl.arange(0, BD)
     oy = tl.arange(0, BY)
     o4 = tl.arange(0, 4)
@@ -207,79 +214,40 @@ def _backward_kernel(
         reset_byte = tl.load(RESET + t * B + b)
         reset = reset_byte != 0
         rec = REC + row * NREC
-        ry = tl.load(rec + oy, mask=my, other=0.0)
-        rq = tl.load(rec + DY + od, mask=md, other=0.0)
-        rk = tl.load(rec + DY + D + od, mask=md, other=0.0)
-        rb = tl.load(rec + DY + 2 * D + o4)
         q = tl.load(rec + R + od, mask=md, other=0.0)
         k = tl.load(rec + R + D + od, mask=md, other=0.0)
         beta = tl.load(rec + R + 2 * D + o4)
-        by = _pick(beta, o4, 0)
-        bq = _pick(beta, o4, 1)
-        bk = _pick(beta, o4, 2)
-        bb = _pick(beta, o4, 3)
-        uy = by * ry
-        uq = bq * rq
-        uk = bk * rk
-        ub = bb * rb
-        # Undo the update: the matrix this step read (after its reset; a reset
-        # step read the slow weights, loaded exactly rather than rebuilt).
-        if reset:
-            Ay, Aq, Ak, Ab = _load_blocks(s_base, _runtime_zero(reset_byte), D, DY, BD, BY)
-        else:
-            Ay = Wy - uy[:, None] * k[None, :]
-            Aq = Wq - uq[:, None] * k[None, :]
-            Ak = Wk - uk[:, None] * k[None, :]
-            Ab = Wb - ub[:, None] * k[None, :]
         x_in = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
         if FMAP == 2:
             x = _softmax(x_in, md)
         else:
             x = tl.where(md, x_in, 0.0)
+        # W^y's rows; their terms of d q, d k, d x and d beta_y go to the core rows' step.
+        ry = tl.load(rec + oy, mask=my, other=0.0)
+        by = _pick(beta, o4, 0)
+        uy = by * ry
+        # Undo the update: the rows this step read (after its reset; a reset step
+        # read the slow weights, loaded exactly rather than rebuilt).
+        if reset:
+            Ay = _load_rows(s_base, _runtime_zero(reset_byte), DY, BY, BD, D)
+        else:
+            Ay = Wy - uy[:, None] * k[None, :]
         duy = _matvec(Gy, k)
-        duq = _matvec(Gq, k)
-        duk = _matvec(Gk, k)
-        dub = _matvec(Gb, k)
-        dk = _vecmat(Gy, uy) + _vecmat(Gq, uq) + _vecmat(Gk, uk) + _vecmat(Gb, ub)
-        dbeta = tl.where(o4 == 0, _sum(duy * ry, 0), 0.0)
-        dbeta += tl.where(o4 == 1, _sum(duq * rq, 0), 0.0)
-        dbeta += tl.where(o4 == 2, _sum(duk * rk, 0), 0.0)
-        dbeta += tl.where(o4 == 3, _sum(dub * rb, 0), 0.0)
         gy = by * duy
-        gq = bq * duq
-        gk = bk * duk
-        gb = bb * dub
-        dq = _vecmat(Ay, gy) + _vecmat(Aq, gq) + _vecmat(Ak, gk) + _vecmat(Ab, gb)
-        dk = dk - dq
+        dqy = _vecmat(Ay, gy)
+        dky = _vecmat(Gy, uy) - dqy
         dzy = tl.load(DYOUT + row * DY + oy, mask=my, other=0.0).to(tl.float32)
-        dzq = _softmax_backward(q, dq)
-        dzk = _softmax_backward(k, dk)
-        dzb = dbeta * beta * (1.0 - beta)
-        dx = _vecmat(Ay, dzy) + _vecmat(Aq, dzq) + _vecmat(Ak, dzk) + _vecmat(Ab, dzb)
-        if FMAP == 2:
-            dx = _softmax_backward(x, dx)
-        tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
-        # The factors of dA = g (q - k)^T + dz x^T, for the dS GEMMs.
-        dg = DG + row * R
-        tl.store(dg + oy, gy, mask=my)
-        tl.store(dg + DY + od, gq, mask=md)
-        tl.store(dg + DY + D + od, gk, mask=md)
-        tl.store(dg + DY + 2 * D + o4, gb)
-        dz = DZ + row * NZ
-        tl.store(dz + od, dzq, mask=md)
-        tl.store(dz + D + od, dzk, mask=md)
-        tl.store(dz + 2 * D + o4, dzb)
+        # The core rows [W^q; W^k; W^b]: the step shared with the split path.
+        Aq, Ak, Ab, Gq, Gk, Gb = _core_step_backward(
+            Wq, Wk, Wb, Gq, Gk, Gb, rec, q, k, beta, x,
+            dqy, dky, _vecmat(Ay, dzy), _sum(duy * ry, 0),
+            reset_byte, s_base, row, DX, DG, DZ, D, DY, BD, FMAP, FULL)
+        tl.store(DG + row * R + oy, gy, mask=my)
         if FULL:
             qk = q - k
             Gy = tl.where(reset, 0.0, Gy + gy[:, None] * qk[None, :] + dzy[:, None] * x[None, :])
-            Gq = tl.where(reset, 0.0, Gq + gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :])
-            Gk = tl.where(reset, 0.0, Gk + gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :])
-            Gb = tl.where(reset, 0.0, Gb + gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :])
         else:
             Gy = tl.full([BY, BD], 0.0, tl.float32)
-            Gq = tl.full([BD, BD], 0.0, tl.float32)
-            Gk = tl.full([BD, BD], 0.0, tl.float32)
-            Gb = tl.full([4, BD], 0.0, tl.float32)
         # The matrix before this step. After a reset at t >= 1: replay the
         # segment that ends at t - 1 from its start: S, plus O_0 when the
         # segment is the first and step 0 did not reset.
@@ -297,10 +265,8 @@ def _backward_kernel(
                 rj = REC + (j * B * H + i_bh) * NREC
                 kj = tl.load(rj + R + D + od, mask=md, other=0.0)
                 betaj = tl.load(rj + R + 2 * D + o4)
+                _, _, _, uqj, ukj, ubj = _core_rates(rj, betaj, D, DY, BD)
                 uyj = _pick(betaj, o4, 0) * tl.load(rj + oy, mask=my, other=0.0)
-                uqj = _pick(betaj, o4, 1) * tl.load(rj + DY + od, mask=md, other=0.0)
-                ukj = _pick(betaj, o4, 2) * tl.load(rj + DY + D + od, mask=md, other=0.0)
-                ubj = _pick(betaj, o4, 3) * tl.load(rj + DY + 2 * D + o4)
                 Wy += uyj[:, None] * kj[None, :]
                 Wq += uqj[:, None] * kj[None, :]
                 Wk += ukj[:, None] * kj[None, :]

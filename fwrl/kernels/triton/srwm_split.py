@@ -39,10 +39,18 @@ its rows is independent of the others given them. So:
   runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
   d k, d beta and d x before the softmax / sigmoid / phi backward.
 
+One step of C's backward (undo or load S, the gradients, W^y's terms added,
+the writes of d x, g and dz, and G's update) is ``_core_step_backward``, which
+both ``_core_backward_kernel`` and ``srwm._backward_kernel`` call: W^y's terms
+of d q, d k, d x and d beta_y are its inputs, here the sums over the chunks,
+there computed from W^y's rows in registers. Both replays read C's rates
+u = beta r of a record with ``_core_rates``.
+
 As in ``srwm.py``, the kernels write g and dz per step and dS is two batched
 GEMMs over the records afterwards (``srwm._backward``).
 
-``srwm.py`` imports ``_num_records`` from here (this module is the lower of the two).
+``srwm.py`` imports ``_num_records``, ``_core_step_backward`` and ``_core_rates``
+from here (this module is the lower of the two).
 """
 
 from __future__ import annotations
@@ -258,6 +266,93 @@ def _y_backward_kernel(
 
 
 @triton.jit
+def _core_rates(rec, beta, D: tl.constexpr, DY: tl.constexpr, BD: tl.constexpr):
+    """r^q, r^k, r^b of the record at ``rec`` and u^M = beta_M r^M (``beta``: the step's four
+    rates), for M in q, k, b."""
+    od = tl.arange(0, BD)
+    o4 = tl.arange(0, 4)
+    md = od < D
+    rq = tl.load(rec + DY + od, mask=md, other=0.0)
+    rk = tl.load(rec + DY + D + od, mask=md, other=0.0)
+    rb = tl.load(rec + DY + 2 * D + o4)
+    return (rq, rk, rb,
+            _pick(beta, o4, 1) * rq, _pick(beta, o4, 2) * rk, _pick(beta, o4, 3) * rb)
+
+
+@triton.jit
+def _core_step_backward(
+    Wq, Wk, Wb, Gq, Gk, Gb,  # the core rows of W_t and of G = dL/dW_t
+    rec, q, k, beta, x,  # the step's record (r^q, r^k, r^b are read here), q, k, beta, phi(x_t)
+    ext_dq, ext_dk, ext_dx, ext_dbeta_y,  # W^y's terms of d q, d k, d x (before phi), d beta_y
+    reset_byte, s_base, row, DX, DG, DZ,
+    D: tl.constexpr, DY: tl.constexpr, BD: tl.constexpr, FMAP: tl.constexpr,
+    FULL: tl.constexpr,
+):
+    """One step of the backward of the core rows C = [W^q; W^k; W^b] (both backward kernels:
+    ``srwm._backward_kernel`` and ``_core_backward_kernel``).
+
+    Undoes the step's update (A = W - u k^T; the slow weights S at ``s_base``, loaded
+    exactly, at a reset), forms the gradients of the module docstrings from G, adds W^y's
+    terms (``ext_*``: (A^y)^T g^y, (G^y)^T u^y - (A^y)^T g^y, (A^y)^T dy and
+    sum (G^y k) * r^y) before the softmax / sigmoid / phi backward, writes d x, the core
+    rows of g and dz = [d q~; d k~; d b~] of step ``row``, and returns (A^q, A^k, A^b) and
+    G_{t-1} = keep_t (G + dA) (0 for grad_mode step).
+    """
+    R: tl.constexpr = DY + 2 * D + 4
+    NZ: tl.constexpr = 2 * D + 4
+    od = tl.arange(0, BD)
+    o4 = tl.arange(0, 4)
+    md = od < D
+    reset = reset_byte != 0
+    rq, rk, rb, uq, uk, ub = _core_rates(rec, beta, D, DY, BD)
+    if reset:
+        Aq, Ak, Ab = _load_core(s_base, DY + _runtime_zero(reset_byte), D, BD)
+    else:
+        Aq = Wq - uq[:, None] * k[None, :]
+        Ak = Wk - uk[:, None] * k[None, :]
+        Ab = Wb - ub[:, None] * k[None, :]
+    duq = _matvec(Gq, k)
+    duk = _matvec(Gk, k)
+    dub = _matvec(Gb, k)
+    dbeta = tl.where(o4 == 0, ext_dbeta_y, 0.0)
+    dbeta += tl.where(o4 == 1, _sum(duq * rq, 0), 0.0)
+    dbeta += tl.where(o4 == 2, _sum(duk * rk, 0), 0.0)
+    dbeta += tl.where(o4 == 3, _sum(dub * rb, 0), 0.0)
+    gq = _pick(beta, o4, 1) * duq
+    gk = _pick(beta, o4, 2) * duk
+    gb = _pick(beta, o4, 3) * dub
+    dq = _vecmat(Aq, gq) + _vecmat(Ak, gk) + _vecmat(Ab, gb)
+    dk = _vecmat(Gq, uq) + _vecmat(Gk, uk) + _vecmat(Gb, ub) - dq + ext_dk
+    dq += ext_dq
+    dzq = _softmax_backward(q, dq)
+    dzk = _softmax_backward(k, dk)
+    dzb = dbeta * beta * (1.0 - beta)
+    dx = _vecmat(Aq, dzq) + _vecmat(Ak, dzk) + _vecmat(Ab, dzb) + ext_dx
+    if FMAP == 2:
+        dx = _softmax_backward(x, dx)
+    tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
+    # The factors of dA = g (q - k)^T + dz x^T, for the dS GEMMs.
+    dg = DG + row * R
+    tl.store(dg + DY + od, gq, mask=md)
+    tl.store(dg + DY + D + od, gk, mask=md)
+    tl.store(dg + DY + 2 * D + o4, gb)
+    dz = DZ + row * NZ
+    tl.store(dz + od, dzq, mask=md)
+    tl.store(dz + D + od, dzk, mask=md)
+    tl.store(dz + 2 * D + o4, dzb)
+    if FULL:
+        qk = q - k
+        Gq = tl.where(reset, 0.0, Gq + gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :])
+        Gk = tl.where(reset, 0.0, Gk + gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :])
+        Gb = tl.where(reset, 0.0, Gb + gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :])
+    else:
+        Gq = tl.full([BD, BD], 0.0, tl.float32)
+        Gk = tl.full([BD, BD], 0.0, tl.float32)
+        Gb = tl.full([4, BD], 0.0, tl.float32)
+    return Aq, Ak, Ab, Gq, Gk, Gb
+
+
+@triton.jit
 def _core_backward_kernel(
     X, S, O0, RESET, START, REC, OT,  # forward inputs and records
     EXT, DOT,  # summed gradients from W^y's rows [T,B,H,3D+1]; d offsets_T [B,H,R,D]
@@ -269,7 +364,6 @@ def _core_backward_kernel(
     b = i_bh // H
     h = i_bh % H
     R: tl.constexpr = DY + 2 * D + 4
-    NZ: tl.constexpr = 2 * D + 4
     NP: tl.constexpr = 3 * D + 1
     od = tl.arange(0, BD)
     o4 = tl.arange(0, 4)
@@ -286,71 +380,26 @@ def _core_backward_kernel(
         t = T - 1 - i
         row = t * B * H + i_bh
         reset_byte = tl.load(RESET + t * B + b)
-        reset = reset_byte != 0
         rec = REC + row * NREC
-        rq = tl.load(rec + DY + od, mask=md, other=0.0)
-        rk = tl.load(rec + DY + D + od, mask=md, other=0.0)
-        rb = tl.load(rec + DY + 2 * D + o4)
         q = tl.load(rec + R + od, mask=md, other=0.0)
         k = tl.load(rec + R + D + od, mask=md, other=0.0)
         beta = tl.load(rec + R + 2 * D + o4)
-        bq = _pick(beta, o4, 1)
-        bk = _pick(beta, o4, 2)
-        bb = _pick(beta, o4, 3)
-        uq = bq * rq
-        uk = bk * rk
-        ub = bb * rb
-        if reset:
-            Aq, Ak, Ab = _load_core(s_base, DY + _runtime_zero(reset_byte), D, BD)
-        else:
-            Aq = Wq - uq[:, None] * k[None, :]
-            Ak = Wk - uk[:, None] * k[None, :]
-            Ab = Wb - ub[:, None] * k[None, :]
+        ext = EXT + row * NP  # W^y's terms, summed over its chunks
+        ext_dq = tl.load(ext + od, mask=md, other=0.0)
+        ext_dk = tl.load(ext + D + od, mask=md, other=0.0)
+        ext_dx = tl.load(ext + 2 * D + od, mask=md, other=0.0)
+        ext_dbeta_y = tl.load(ext + 3 * D)
         x_in = tl.load(X + row * D + od, mask=md, other=0.0).to(tl.float32)
         if FMAP == 2:
             x = _softmax(x_in, md)
         else:
             x = tl.where(md, x_in, 0.0)
-        ext = EXT + row * NP
-        duq = _matvec(Gq, k)
-        duk = _matvec(Gk, k)
-        dub = _matvec(Gb, k)
-        dbeta = tl.where(o4 == 0, tl.load(ext + 3 * D), 0.0)
-        dbeta += tl.where(o4 == 1, _sum(duq * rq, 0), 0.0)
-        dbeta += tl.where(o4 == 2, _sum(duk * rk, 0), 0.0)
-        dbeta += tl.where(o4 == 3, _sum(dub * rb, 0), 0.0)
-        gq = bq * duq
-        gk = bk * duk
-        gb = bb * dub
-        dq = _vecmat(Aq, gq) + _vecmat(Ak, gk) + _vecmat(Ab, gb)
-        dk = (_vecmat(Gq, uq) + _vecmat(Gk, uk) + _vecmat(Gb, ub) - dq
-              + tl.load(ext + D + od, mask=md, other=0.0))
-        dq += tl.load(ext + od, mask=md, other=0.0)
-        dzq = _softmax_backward(q, dq)
-        dzk = _softmax_backward(k, dk)
-        dzb = dbeta * beta * (1.0 - beta)
-        dx = (_vecmat(Aq, dzq) + _vecmat(Ak, dzk) + _vecmat(Ab, dzb)
-              + tl.load(ext + 2 * D + od, mask=md, other=0.0))
-        if FMAP == 2:
-            dx = _softmax_backward(x, dx)
-        tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
-        dg = DG + row * R
-        tl.store(dg + DY + od, gq, mask=md)
-        tl.store(dg + DY + D + od, gk, mask=md)
-        tl.store(dg + DY + 2 * D + o4, gb)
-        dz = DZ + row * NZ
-        tl.store(dz + od, dzq, mask=md)
-        tl.store(dz + D + od, dzk, mask=md)
-        tl.store(dz + 2 * D + o4, dzb)
-        if FULL:
-            qk = q - k
-            Gq = tl.where(reset, 0.0, Gq + gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :])
-            Gk = tl.where(reset, 0.0, Gk + gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :])
-            Gb = tl.where(reset, 0.0, Gb + gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :])
-        else:
-            Gq = tl.full([BD, BD], 0.0, tl.float32)
-            Gk = tl.full([BD, BD], 0.0, tl.float32)
-            Gb = tl.full([4, BD], 0.0, tl.float32)
+        Aq, Ak, Ab, Gq, Gk, Gb = _core_step_backward(
+            Wq, Wk, Wb, Gq, Gk, Gb, rec, q, k, beta, x, ext_dq, ext_dk, ext_dx, ext_dbeta_y,
+            reset_byte, s_base, row, DX, DG, DZ, D, DY, BD, FMAP, FULL)
+        # The rows before this step. After a reset at t >= 1: replay the segment
+        # that ends at t - 1 from its start (S, plus O_0 for the first segment
+        # when step 0 did not reset).
         start = tl.load(START + t * B + b)
         if start >= 0:
             zero = _runtime_zero(reset_byte)
@@ -363,10 +412,7 @@ def _core_backward_kernel(
             for j in range(start, t):  # no reset inside (start, t): a segment
                 rj = REC + (j * B * H + i_bh) * NREC
                 kj = tl.load(rj + R + D + od, mask=md, other=0.0)
-                betaj = tl.load(rj + R + 2 * D + o4)
-                uqj = _pick(betaj, o4, 1) * tl.load(rj + DY + od, mask=md, other=0.0)
-                ukj = _pick(betaj, o4, 2) * tl.load(rj + DY + D + od, mask=md, other=0.0)
-                ubj = _pick(betaj, o4, 3) * tl.load(rj + DY + 2 * D + o4)
+                _, _, _, uqj, ukj, ubj = _core_rates(rj, tl.load(rj + R + 2 * D + o4), D, DY, BD)
                 Wq += uqj[:, None] * kj[None, :]
                 Wk += ukj[:, None] * kj[None, :]
                 Wb += ubj[:, None] * kj[None, :]
