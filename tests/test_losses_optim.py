@@ -87,6 +87,20 @@ def test_loss_equals_hand_computed_terms():
     assert all(isinstance(v, float) for v in stats.values())
 
 
+def test_entropy_stat_is_the_mean_entropy_per_step_whatever_the_cost():
+    learner, batch = make_batch()
+    by_hand = 0.0
+    for b in range(B):
+        for t in range(T):
+            logp = log_softmax_list([float(x) for x in learner["policy_logits"][t, b]])
+            by_hand -= sum(math.exp(lp) * lp for lp in logp)
+    by_hand /= T * B
+    for cost in (0.01, 0.0):
+        _, stats = impala_loss(learner, batch, entropy_cost=cost)
+        assert stats["entropy"] == pytest.approx(by_hand, rel=1e-9)
+    assert 0.0 < by_hand <= math.log(learner["policy_logits"].shape[-1])
+
+
 def test_loss_costs_and_discount_are_used():
     learner, batch = make_batch(3)
     kwargs = dict(discount=0.9, baseline_cost=0.25, entropy_cost=0.1)

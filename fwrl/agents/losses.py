@@ -131,7 +131,10 @@ def impala_loss(
     (``None``: no clipping); discounts are ``discount * (1 - done)``; with
     ``bootstrap_truncation`` a truncated transition's reward gains
     ``discount * bootstrap_value``. Returns ``(total_loss, stats)`` with stats
-    ``total_loss``, ``pg_loss``, ``baseline_loss``, ``entropy_loss``.
+    ``total_loss``, ``pg_loss``, ``baseline_loss``, ``entropy_loss`` (the terms,
+    each summed over T x B and weighted by its cost) and ``entropy``: the mean
+    policy entropy per agent step in nats, unweighted (ln A for a uniform policy
+    over A actions), so runs of any B, T and entropy cost compare.
     """
     returns = vtrace_returns(
         learner_outputs, batch, discount=discount, reward_clip=reward_clip,
@@ -142,9 +145,11 @@ def impala_loss(
     baseline = learner_outputs["baseline"][:-1]
     pg = policy_gradient_loss(logits, batch["action"][1:], returns.pg_advantages, action_dims)
     base = baseline_cost * baseline_loss(returns.vs, baseline)
-    entropy = entropy_cost * entropy_loss(logits, action_dims)
+    negative_entropy = entropy_loss(logits, action_dims)
+    entropy = entropy_cost * negative_entropy
     total = pg + base + entropy
-    # one device-to-host copy for the four numbers (one sync on a GPU, not four)
-    values = torch.stack([total, pg, base, entropy]).detach().tolist()
-    stats = dict(zip(("total_loss", "pg_loss", "baseline_loss", "entropy_loss"), values))
+    per_step = -negative_entropy / (logits.shape[0] * logits.shape[1])
+    # one device-to-host copy for the five numbers (one sync on a GPU, not five)
+    values = torch.stack([total, pg, base, entropy, per_step]).detach().tolist()
+    stats = dict(zip(("total_loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy"), values))
     return total, stats

@@ -3,7 +3,7 @@
 
 A metrics row (one per ``log_interval``) holds the counters (``time``,
 ``agent_steps``, ``acted_steps``, ``updates``, ``episodes``), the last
-update's losses, episode means of the last 100 episodes (per task and
+update's losses and policy entropy per step, episode means of the last 100 episodes (per task and
 normalised where the family has constants), and how the pipeline spent the
 interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread), ``policy_lag_*``,
 ``rollout_queue`` and ``peak_memory_mb``.
