@@ -351,3 +351,24 @@ def test_evaluation_table_drops_empty_columns():
     assert header == ["task", "split", "episodes", "return (mean ± sd)"], header
     header, _ = shown_table({"aggregates": [{**row, "success": 0.5, "normalised": 0.2}]})
     assert "normalised x100" in header and "success" in header and "published" not in header
+
+
+def test_info_probe_writes_its_figures_to_json(tmp_path):
+    """``fwrl info --probe --json-path``: the probe's settings and figures, for scripts (the GPU suite)."""
+    out = tmp_path / "probe" / "rdn.json"
+    code, stdout, err = run_cli(["info", "--env", "memory:cue_delay?delay=3", "--core", "rdn", "--probe",
+                                 "--probe-updates", "2", "--batch-size", "2", "--unroll-length", "6",
+                                 "--json-path", out])
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["settings"]["core"] == "rdn" and data["settings"]["batch_size"] == 2
+    assert data["settings"]["updates"] == 2 and len(data["entropy"]) == 2 == len(data["value_error"])
+    assert data["init_grad_norm"] > 0 and data["first_logit_change"] > 0
+    assert f"{data['init_grad_norm']:.3g}" in stdout.replace(",", "")
+    assert [p.name for p in out.parent.iterdir()] == ["rdn.json"]
+
+
+def test_info_json_path_needs_probe(tmp_path):
+    code, _, err = run_cli(["info", "--env", "memory:cue_delay", "--json-path", tmp_path / "p.json"])
+    assert_refused(code, err, "--json-path", "--probe")
+    assert not (tmp_path / "p.json").exists()

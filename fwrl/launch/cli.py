@@ -180,6 +180,8 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--probe", action="store_true", help="run the init probe")
     probe.add_argument("--probe-updates", type=int, default=10, metavar="INT",
                        help="updates on the probe's batch (default 10)")
+    probe.add_argument("--json-path", dest="json_path", default=None, metavar="PATH",
+                       help="also write the probe's settings and figures to this JSON file")
     add_setting_flags(probe, TrainConfig, ("batch_size", "unroll_length", "learning_rate", "entropy_cost",
                                            "grad_norm_clip", "seed"))
     p.set_defaults(run=run_info)
@@ -206,6 +208,12 @@ def run_info(args: argparse.Namespace) -> int:
         raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
     if args.probe_updates < 1:
         raise FwrlError(f"--probe-updates {args.probe_updates} is not valid; valid: an integer >= 1.")
+    if args.json_path and not args.probe:
+        raise FwrlError("--json-path writes the init probe's figures: pass --probe with it.")
+    if args.json_path:
+        from fwrl.utils.files import check_writable
+
+        check_writable(Path(args.json_path), "probe JSON", "Pass --json-path PATH to write it elsewhere.")
     console = Console()
     if args.cores or (not describe and not args.presets):
         from fwrl.launch.settings.core_catalog import catalogue  # the registry's cores, without importing torch
@@ -241,11 +249,13 @@ def run_info(args: argparse.Namespace) -> int:
         console.print(f"observations {info.obs_shape} {info.obs_dtype}, {info.num_actions} actions, "
                       f"tasks: {', '.join(info.task_names)}")
         if args.probe:
-            _run_probe(config, model, args.probe_updates)
+            _run_probe(config, model, args.probe_updates, args.json_path)
     return 0
 
 
-def _run_probe(config: TrainConfig, model, updates: int) -> None:
+def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None = None) -> None:
+    import json
+
     import torch
 
     from fwrl.launch.training.probe import collect_batch, format_probe, probe
@@ -261,6 +271,16 @@ def _run_probe(config: TrainConfig, model, updates: int) -> None:
                    reward_clip=config.reward_clip)
     print(format_probe(result, f"init probe: {config.env} / {config.core} / B {config.batch_size}, "
                                f"T {config.unroll_length}, lr {config.learning_rate:g}, {updates} updates on one batch"))
+    if json_path:
+        from fwrl.utils.files import atomic_write_text
+
+        settings = {"env": config.env, "core": config.core, "core_options": config.core_options,
+                    "stem": model.stem_name, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
+                    "learning_rate": config.learning_rate, "updates": updates, "seed": config.seed}
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        record = {"settings": settings, **result.to_dict()}
+        atomic_write_text(Path(json_path), json.dumps(record, indent=2, default=str) + "\n")
+        print(f"wrote {json_path}")
 
 
 # ----------------------------------------------------------------------------- bench
