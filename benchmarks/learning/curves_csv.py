@@ -1,9 +1,10 @@
 """The learning curves of runs, small enough to commit: a subset of each run's metrics.csv.
 
 Writes ``OUT/<label>/metrics.csv`` with the columns below and
-``entropy_per_step``: the policy entropy in nats per agent step, recovered from
-``entropy_loss`` (``-entropy_cost * sum of entropies over T x B``) with the
-run's own cost, T and B, so runs with other batch sizes compare. ``fwrl plot``
+``entropy_per_step``: the policy entropy in nats per agent step: the run's own
+``entropy`` column where it has one, else recovered from ``entropy_loss``
+(``-entropy_cost * sum of entropies over T x B``) with the run's own cost, T
+and B, so runs with other batch sizes compare. ``fwrl plot``
 reads the folders like run folders:
 
     python benchmarks/learning/curves_csv.py OUT lstm=runs/pong-lstm rdn=runs/pong-rdn
@@ -36,6 +37,8 @@ def write_curves(run: Path, out: Path) -> int:
         for row in rows:
             loss = row.get("entropy_loss", "")
             entropy = f"{-float(loss) / (cost * steps_per_update):.5g}" if loss not in ("", "nan") and cost else ""
+            if row.get("entropy") not in (None, "", "nan"):  # runs since 2026-11-26 log it themselves
+                entropy = f"{float(row['entropy']):.5g}"
             writer.writerow((*(row.get(c, "") for c in COLUMNS), entropy))
     return len(rows)
 
