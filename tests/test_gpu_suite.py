@@ -22,7 +22,7 @@ def _dry_run(part: str, out: Path) -> Path:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = out / part
     files = sorted(p.name for p in folder.iterdir())
-    assert len(files) <= 8, files
+    assert len(files) <= (11 if part == "pong" else 8), files  # nothing stray
     expected = [f"{part}{suffix}" for suffix in (".md", ".png", ".json", ".log")]
     expected.append("metrics.csv" if part == "pong" else f"{part}.csv")  # pong keeps the run's metrics.csv
     assert set(expected) <= set(files), files
@@ -56,6 +56,13 @@ def test_pong_part_dry_run(tmp_path):
     assert summary["final"] is not None and summary["final"][1] > 0  # agent steps were trained
     assert summary["evaluation_mean"] is not None and -21 <= summary["evaluation_mean"] <= 21
     assert (folder / "evaluation.md").exists() and (folder / "metrics.csv").exists()
+    assert (folder / "entropy.png").stat().st_size > 1000 and (folder / "grad_norm.png").stat().st_size > 1000
+    first, last = summary["entropy_first_last"]
+    assert 0 < first[1] <= 1.7918 and 0 < last[1] <= 1.7918  # nats per step, at most ln 6
+    assert summary["grad_norm_first_max_last"][1] > 0
+    probe = summary["init_probe"]
+    assert probe["init_grad_norm"] > 0 and len(probe["entropy"]) == 2
+    assert "Init probe" in (folder / "pong.md").read_text()
 
 
 def test_kernels_part_dry_run(tmp_path):

@@ -18,7 +18,8 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   and ale-py's vector env, ``fwrl bench envs --paths``) on those workers; then
   two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
 - ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (``rfwp-atari``),
-  then ``fwrl evaluate`` and ``fwrl plot``.
+  then ``fwrl evaluate``, ``fwrl plot`` of the return, the policy entropy and the
+  gradient norm, and the init probe of the same agent (``fwrl info --probe``).
 
 ``--dry-run`` runs the same code at tiny sizes on the CPU (CI does, so the
 suite cannot rot between GPU runs); its figures mean nothing.
@@ -449,16 +450,32 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                                  timeout=120 if part.dry else 150)
         plotted = part.try_run(fwrl("plot", run, "--metric", "mean_return", "--out", part.out / "pong.png"),
                                timeout=60)
+        part.try_run(fwrl("plot", run, "--metric", "entropy", "--out", part.out / "entropy.png"), timeout=60)
+        part.try_run(fwrl("plot", run, "--metric", "grad_norm", "--out", part.out / "grad_norm.png"), timeout=60)
+    # the init probe of the same agent and settings (on the CPU: one batch, a few updates), last, so that it
+    # cannot cost the run its time
+    probe_args = ["info", "--preset", "rfwp-atari", "--env", "atari:Pong", "--core", "rdn", "--stem", "impala",
+                  "--probe", "--probe-updates", 2 if part.dry else 3]
+    probe_args += ["--batch-size", 2, "--unroll-length", 8] if part.dry else []
+    probe = (json.loads((part.out / "probe.json").read_text())
+             if part.try_run(fwrl(*probe_args, "--json-path", part.out / "probe.json"),
+                             timeout=120 if part.dry else 180) else None)
     rows = list(csv.DictReader((part.out / "metrics.csv").open()))
     curve = [(float(r["time"]), int(r["agent_steps"]), float(r["mean_return"])) for r in rows
              if r.get("mean_return") not in (None, "", "nan")]
+    entropy = [(int(r["agent_steps"]), float(r["entropy"])) for r in rows if r.get("entropy") not in (None, "", "nan")]
+    grad_norms = [float(r["grad_norm"]) for r in rows if r.get("grad_norm") not in (None, "", "nan")]
     first_positive = next(((t, s) for t, s, v in curve if v > 0), None)
     eval_mean = _eval_mean(json.loads((part.out / "evaluation.json").read_text())) if evaluated else None
     final = curve[-1] if curve else None
     goals = [goal_line(f"mean return (last 100 episodes) above 0 within {seconds} s",
                        final[2] if final else None, 1e-9, "")]
     summary = {"meta": meta, "seconds": seconds, "final": final, "first_positive": first_positive,
-               "evaluation_mean": eval_mean, "goals": goals}
+               "evaluation_mean": eval_mean, "goals": goals,
+               "entropy_first_last": [entropy[0], entropy[-1]] if entropy else None,
+               "grad_norm_first_max_last": [grad_norms[0], max(grad_norms), grad_norms[-1]] if grad_norms else None,
+               "init_probe": {k: probe[k] for k in ("init_grad_norm", "first_logit_change", "first_value_change",
+                                                    "initial_entropy", "entropy", "max_entropy")} if probe else None}
     (part.out / "pong.json").write_text(json.dumps(summary, indent=2))
     md = header("GPU suite: Pong, rdn agent, rfwp-atari preset", meta)
     md += f"\n`fwrl {' '.join(map(str, train))}`, then `fwrl evaluate` ({episodes} greedy full games) and `fwrl plot`.\n\n"
@@ -469,6 +486,20 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                f"{'at %.0f s, %s steps' % (first_positive[0], f'{first_positive[1]:,}') if first_positive else 'never'}."
                f"\nEvaluation: mean return {eval_mean if eval_mean is None else round(eval_mean, 2)} over "
                f"{episodes} greedy games.\n")
+    if entropy:
+        md += (f"\nPolicy entropy per step (nats; uniform over Pong's 6 actions: 1.79): {entropy[0][1]:.3f} at "
+               f"{entropy[0][0]:,} steps, {min(e for _, e in entropy):.3f} at its lowest, {entropy[-1][1]:.3f} at "
+               f"the end (`entropy.png`).\n")
+    if grad_norms:
+        md += (f"Gradient norm before the clip at 40 (`grad_norm.png`): {grad_norms[0]:.3g} in the first logged row, "
+               f"{max(grad_norms):.3g} at most, {grad_norms[-1]:.3g} at the end.\n")
+    if probe:
+        md += (f"Init probe (`probe.json`, `fwrl {' '.join(map(str, probe_args))}`, CPU): gradient norm "
+               f"{probe['init_grad_norm']:.3g} at init; the first update moves the logits by up to "
+               f"{probe['first_logit_change']:.3g} and the value by up to {probe['first_value_change']:.3g}; entropy "
+               f"{probe['initial_entropy']:.3f} -> {', '.join(f'{e:.3f}' for e in probe['entropy'])} nats.\n")
+    else:
+        md += "No init probe: `fwrl info --probe` failed or ran out of time (see `pong.log`).\n"
     md += ("\nCurve: `pong.png`" if plotted else "\nNo curve: `fwrl plot` failed (see `pong.log`)")
     md += "; every row: `metrics.csv`; "
     md += ("evaluation: `evaluation.json` / `evaluation.md`.\n" if evaluated
