@@ -426,6 +426,8 @@ def _plot_learner(path: Path, rows: list[dict[str, Any]], ceiling: float | None,
 # ----------------------------------------------------------------------------- pong
 
 def part_pong(part: Part, meta: dict[str, Any]) -> None:
+    from fwrl.launch.plot import series  # a metric's finite values with their agent steps
+
     workers = 2 if part.dry else (os.cpu_count() or 2)
     # The dry run stops by steps, not time, so that each of its two envs ends a game (a Pong game
     # of a near-random policy lasts 850-1050 agent steps) however busy the machine is.
@@ -463,8 +465,8 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
     rows = list(csv.DictReader((part.out / "metrics.csv").open()))
     curve = [(float(r["time"]), int(r["agent_steps"]), float(r["mean_return"])) for r in rows
              if r.get("mean_return") not in (None, "", "nan")]
-    entropy = [(int(r["agent_steps"]), float(r["entropy"])) for r in rows if r.get("entropy") not in (None, "", "nan")]
-    grad_norms = [float(r["grad_norm"]) for r in rows if r.get("grad_norm") not in (None, "", "nan")]
+    entropy = list(zip(*series(rows, "entropy")))  # (agent steps, nats per step) of the rows that have it
+    _, grad_norms = series(rows, "grad_norm")
     first_positive = next(((t, s) for t, s, v in curve if v > 0), None)
     eval_mean = _eval_mean(json.loads((part.out / "evaluation.json").read_text())) if evaluated else None
     final = curve[-1] if curve else None
@@ -488,7 +490,7 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                f"{episodes} greedy games.\n")
     if entropy:
         md += (f"\nPolicy entropy per step (nats; uniform over Pong's 6 actions: 1.79): {entropy[0][1]:.3f} at "
-               f"{entropy[0][0]:,} steps, {min(e for _, e in entropy):.3f} at its lowest, {entropy[-1][1]:.3f} at "
+               f"{entropy[0][0]:,.0f} steps, {min(e for _, e in entropy):.3f} at its lowest, {entropy[-1][1]:.3f} at "
                f"the end (`entropy.png`).\n")
     if grad_norms:
         md += (f"Gradient norm before the clip at 40 (`grad_norm.png`): {grad_norms[0]:.3g} in the first logged row, "

@@ -36,9 +36,12 @@ def write_curves(run: Path, out: Path) -> int:
         writer.writerow((*COLUMNS, "entropy_per_step"))
         for row in rows:
             loss = row.get("entropy_loss", "")
-            entropy = f"{-float(loss) / (cost * steps_per_update):.5g}" if loss not in ("", "nan") and cost else ""
             if row.get("entropy") not in (None, "", "nan"):  # runs since 2026-11-26 log it themselves
                 entropy = f"{float(row['entropy']):.5g}"
+            elif loss not in ("", "nan") and cost:
+                entropy = f"{-float(loss) / (cost * steps_per_update):.5g}"
+            else:
+                entropy = ""
             writer.writerow((*(row.get(c, "") for c in COLUMNS), entropy))
     return len(rows)
 
