@@ -146,3 +146,35 @@ def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
         assert key in last, key
     assert float(last["peak_memory_mb"]) > 0
     assert 0 <= float(last["share/learner_backward"]) <= 1
+
+
+def test_acting_copy_is_a_frozen_eval_copy_with_the_same_weights():
+    from fwrl.agents.policy_weights import acting_copy
+
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").train()
+    acting = acting_copy(model)
+    assert not acting.training and model.training
+    assert all(not p.requires_grad for p in acting.parameters())
+    assert all(p.requires_grad for p in model.parameters())
+    for (name, a), b in zip(acting.state_dict().items(), model.state_dict().values()):
+        assert a.data_ptr() != b.data_ptr(), name
+        torch.testing.assert_close(a, b)
+
+
+@needs_cuda
+def test_acting_copy_keeps_cudnn_lstm_weights_in_one_buffer():
+    """A plain deepcopy of a CUDA nn.LSTM makes cuDNN compact its weights at every call (and warn);
+    the acting copy acts without that warning."""
+    import warnings
+
+    from fwrl.agents.policy_weights import acting_copy
+
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").cuda()
+    acting = acting_copy(model)
+    n = 4
+    inputs = {"obs": torch.randn(1, n, 4, device="cuda"), "reward": torch.zeros(1, n, device="cuda"),
+              "done": torch.zeros(1, n, dtype=torch.bool, device="cuda")}
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        acting(inputs, acting.initial_state(n, "cuda"))
+    assert not [w for w in caught if "contiguous chunk of memory" in str(w.message)]

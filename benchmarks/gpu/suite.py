@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -57,14 +58,24 @@ GOALS = {
     "lstm_of_ceiling": 0.70,  # lstm agent steps/s / env ceiling
     "rdn_of_lstm": 0.80,  # rdn agent steps/s / lstm's
 }
-LEARNER_CORES = (("lstm", ()), ("delta_net", ()), ("rdn", ()), ("srwm", ()),
-                 ("elstm", ("--core-opt", "grad=rtrl")))
+# (row label, core, extra flags) in the order the learner part runs them, the goals' rows first. The
+# first GPU run (H200, 16 workers x 2 envs) found the acting thread busy with the eager forward
+# (60-65% of its time) and the store (21-25%), the env workers waiting: the CUDA-graph forward
+# (--inference-graph) is measured beside the eager one. The dry run (CPU) skips the graph rows.
+LEARNER_RUNS = (("lstm", "lstm", ()), ("rdn", "rdn", ()),
+                ("lstm graph", "lstm", ("--inference-graph",)), ("rdn graph", "rdn", ("--inference-graph",)),
+                ("delta_net", "delta_net", ()), ("srwm", "srwm", ()),
+                ("elstm rtrl", "elstm", ("--core-opt", "grad=rtrl")))
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
 # pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
 # and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
 GPU_TEST_SELECTION = "cuda or sm90 or gpu"
+# The most one ``fwrl bench kernels`` call of the kernels part may take on the GPU: the first
+# run's single call (delta_rule, three shapes, two dtypes, Triton and both FLA kernels) had not
+# finished after 235 s on an H200, its compiles and FLA's autotuning being the suspects.
+KERNEL_PASS_SECONDS = 100
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -72,8 +83,8 @@ GPU_TEST_SELECTION = "cuda or sm90 or gpu"
 class Part:
     """One part's output folder, log and time budget."""
 
-    def __init__(self, name: str, out: Path, dry: bool, budget: float):
-        self.name, self.dry = name, dry
+    def __init__(self, name: str, out: Path, dry: bool, budget: float, skip_tests: bool = False):
+        self.name, self.dry, self.skip_tests = name, dry, skip_tests
         self.out = out / name
         if self.out.exists():
             shutil.rmtree(self.out)
@@ -92,18 +103,37 @@ class Part:
 
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run ``argv`` (output to the console and the log; ``env`` added to the environment);
-        ``timeout`` defaults to the time left."""
+        """Run ``argv`` (``env`` added to the environment), its output going to the console and the
+        log line by line as it comes, so a command stopped at ``timeout`` (default: the time left)
+        keeps what it printed; raises ``subprocess.TimeoutExpired`` (with that output) then."""
+        argv = list(map(str, argv))
         timeout = self.left() if timeout is None else min(timeout, self.left())
         if timeout <= 0:
             raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
-        self.log(f"$ {' '.join(map(str, argv))}")
-        proc = subprocess.run(list(map(str, argv)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout, env={**os.environ, **(env or {})})
-        self.log(proc.stdout.rstrip())
+        self.log(f"$ {' '.join(argv)}")
+        lines: list[str] = []
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})})
+
+        def pump() -> None:
+            for line in proc.stdout:
+                lines.append(line)
+                self.log(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            reader.join(5)
+            raise subprocess.TimeoutExpired(argv, timeout, output="".join(lines)) from None
+        reader.join()
+        result = subprocess.CompletedProcess(argv, proc.returncode, stdout="".join(lines))
         if check and proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} ... exited with {proc.returncode}")
-        return proc
+        return result
 
     def try_run(self, argv: Sequence[str], timeout: float | None = None) -> bool:
         """``run`` that logs a failure or timeout instead of raising; True if it succeeded."""
@@ -184,41 +214,38 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     tests = (["tests/test_gpu_data_path.py"] if part.dry
              else sorted(glob.glob("tests/test_kernels_*.py", root_dir=ROOT)) + ["tests/test_gpu_data_path.py"])
     select = [] if part.dry else ["-k", GPU_TEST_SELECTION]
-    try:
-        proc = part.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *select, *tests],
-                        timeout=240 if not part.dry else 120, check=False)
-        summary = _pytest_summary(proc.stdout)
-    except subprocess.TimeoutExpired as exc:  # keep the part's time for the benchmarks
-        output = exc.output.decode() if isinstance(exc.output, bytes) else (exc.output or "")
-        part.log(output.rstrip())
-        summary = f"stopped after {exc.timeout:.0f} s: {_pytest_summary(output)}"
+    if part.skip_tests:
+        summary = "not run here (--skip-tests: they ran in an earlier command of the same session)"
+        part.log(f"tests: {summary}")
+    else:
+        summary = _run_kernel_tests(part, tests, select)
     rows: list[dict[str, Any]] = []
-    # every recurrence at its preset shapes and the goal shapes, fp32 and bf16, against the eager
-    # reference, Triton and FLA; then torch.compile of the reference in fp32 (compiles are slow)
-    passes = [(core, ("reference", "triton", "fla_recurrent", "fla_chunk"), DTYPES) for core in KERNEL_CORES]
-    passes += [(core, ("compiled",), DTYPES[:1]) for core in KERNEL_CORES]
-    for core, impls, dtypes in passes:
-        path = part.out / f"kernels-{core}-{impls[0]}.json"
+    done: set[tuple[str, str, str]] = set()  # the dry run's (core, impl, dtype): its shape is always the same
+    for n, (core, impls, dtypes, shapes) in enumerate(_kernel_passes()):
+        path = part.out / f"kernels-pass{n}.json"
         args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
             args += ["--dry-run"]
-            impls = tuple(i for i in impls if i in ("reference", "triton"))
+            impls = tuple(i for i in impls if i in ("reference", "triton")
+                          and any((core, i, d) not in done for d in dtypes))
             if not impls:
                 continue
+            done.update((core, i, d) for i in impls for d in dtypes)
         else:
-            args += ["--repeats", "10"] + [a for shape in _kernel_shapes(core) for a in ("--shape", shape)]
+            args += ["--repeats", "10"] + [a for shape in shapes for a in ("--shape", shape)]
         args += [a for impl in impls for a in ("--impl", impl)]
+        what = {"core": core, "dtype": "/".join(dtypes), "shape": " ".join(shapes), "impl": "/".join(impls)}
         try:
-            result = part.run(fwrl(*args), timeout=None if not part.dry else 240, check=False,
+            result = part.run(fwrl(*args), timeout=KERNEL_PASS_SECONDS if not part.dry else 240, check=False,
                               env={"TRITON_INTERPRET": "1"} if part.dry else None)
-        except (TimeoutError, subprocess.TimeoutExpired) as exc:
-            part.log(f"skipped: {exc}")
-            rows.append({"core": core, "dtype": "/".join(dtypes), "impl": "/".join(impls),
-                         "note": "skipped: out of the part's time"})
+        except TimeoutError:
+            rows.append({**what, "note": "skipped: out of the part's time"})
+            continue
+        except subprocess.TimeoutExpired as exc:
+            rows.append({**what, "note": f"stopped after {exc.timeout:.0f} s (its rows so far: kernels.log)"})
             continue
         if result.returncode != 0 or not path.exists():
-            rows.append({"core": core, "dtype": "/".join(dtypes), "impl": "/".join(impls),
-                         "note": f"fwrl bench kernels exited with {result.returncode}"})
+            rows.append({**what, "note": f"fwrl bench kernels exited with {result.returncode}"})
             continue
         for row in json.loads(path.read_text())["results"]:
             B, T, H, D = row["shape"]
@@ -243,11 +270,43 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     (part.out / "kernels.md").write_text(md)
 
 
-def _kernel_shapes(core: str) -> list[str]:
-    from fwrl.kernels.benchmark import CORE_SHAPES, SHAPES
+def _run_kernel_tests(part: Part, tests: list[str], select: list[str]) -> str:
+    """Run the kernel tests with pytest; their summary line, or where they stopped."""
+    try:
+        proc = part.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *select, *tests],
+                        timeout=240 if not part.dry else 120, check=False)
+        return _pytest_summary(proc.stdout)
+    except subprocess.TimeoutExpired as exc:  # keep the part's time for the benchmarks
+        output = exc.output.decode() if isinstance(exc.output, bytes) else (exc.output or "")
+        return f"stopped after {exc.timeout:.0f} s: {_pytest_summary(output)}"
 
-    shapes = list(CORE_SHAPES.get(core, SHAPES)) + [s for s in GOAL_SHAPES]
-    return [",".join(map(str, s)) for s in dict.fromkeys(tuple(s) for s in shapes)]
+
+def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[str]]]:
+    """``(core, implementations, dtypes, shapes)`` of each ``fwrl bench kernels`` call, most wanted
+    first, each small enough that one slow compile or autotune costs only its own call: the
+    goals (fused against eager at the two goal shapes, fp32; the delta rule against FLA's fused
+    recurrent kernel at the RL shape), then bf16, each core's other preset shapes, FLA's chunked
+    kernel and last ``torch.compile`` of the reference (compiles are slow)."""
+    from fwrl.kernels.benchmark import CORE_SHAPES
+
+    def text(shapes) -> list[str]:
+        return [",".join(map(str, shape)) for shape in shapes]
+
+    goal = text(GOAL_SHAPES)
+    eager_fused = ("reference", "triton")
+    passes = [(core, eager_fused, ("fp32",), goal) for core in KERNEL_CORES]
+    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), goal[:1]))
+    passes += [(core, eager_fused, ("bf16",), goal) for core in KERNEL_CORES]
+    for core in KERNEL_CORES:
+        presets = [shape for shape in text(CORE_SHAPES[core]) if shape not in goal]
+        if presets:
+            passes.append((core, eager_fused, DTYPES, presets))
+    delta_rule_shapes = list(dict.fromkeys(goal + text(CORE_SHAPES["delta_rule"])))
+    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), delta_rule_shapes[1:]))
+    passes.append(("delta_rule", ("fla_recurrent",), ("bf16",), delta_rule_shapes))
+    passes.append(("delta_rule", ("fla_chunk",), DTYPES, delta_rule_shapes))
+    passes += [(core, ("compiled",), ("fp32",), goal) for core in KERNEL_CORES]
+    return passes
 
 
 def _pytest_summary(output: str) -> str:
@@ -315,33 +374,41 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
-                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 40, "--warmup", 12]
+                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 30, "--warmup", 10]
     rows, ceiling = [], None
-    for core, extra in LEARNER_CORES:
-        path = part.out / f"learner-{core}.json"
+    for label, core, extra in LEARNER_RUNS:
+        if part.dry and "--inference-graph" in extra:
+            continue
+        path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if ceiling is None else 0
         try:
             part.run(fwrl("bench", "throughput", *common, "--core", core, *extra,
-                          "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150 if part.dry else 150)
+                          "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150)
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            part.log(f"{core}: {exc}")
-            rows.append({"core": core, "note": str(exc)[:120]})
+            part.log(f"{label}: {exc}")
+            rows.append({"core": label, "note": str(exc)[:120]})
             continue
         record = json.loads(path.read_text())
         path.unlink()
         ceiling = ceiling or record["env_ceiling_steps_per_second"]
         shares = record["shares"]
-        rows.append({"core": " ".join([core, *extra[1:]]), "env_path": record.get("env_path"),
+        rows.append({"core": label, "env_path": record.get("env_path"),
                      "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
                      "peak_memory_mb": record["peak_memory_mb"],
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
-    by = {r["core"].split()[0]: r for r in rows if r.get("agent_steps_per_s")}
-    lstm, rdn = by.get("lstm"), by.get("rdn")
-    goals = [goal_line("lstm agent steps/s / env ceiling", lstm and lstm["of_ceiling"], GOALS["lstm_of_ceiling"], ""),
-             goal_line("rdn agent steps/s / lstm's", rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"]
-                       if rdn and lstm else None, GOALS["rdn_of_lstm"], "")]
+    by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
+    goals = []
+    for forward in ("", " graph"):
+        lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
+        if forward and not (lstm or rdn):
+            continue
+        goals += [goal_line(f"lstm{forward} agent steps/s / env ceiling", lstm and lstm["of_ceiling"],
+                            GOALS["lstm_of_ceiling"], ""),
+                  goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
+                            rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
+                            GOALS["rdn_of_lstm"], "")]
     env_paths = _env_path_ceilings(part, workers, 1 if part.dry else 2)
     overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
@@ -530,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     parser.add_argument("--budget", type=float, default=570.0,
                         help="seconds this part may take in all (default 570: inside a 10-minute command)")
+    parser.add_argument("--skip-tests", action="store_true",
+                        help="kernels: time only (the CUDA tests ran in an earlier command; keep that log)")
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu)")
     args = parser.parse_args(argv)
@@ -538,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.dry_run and meta["gpu"] == "none (CPU)":
         print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
         return 2
-    part = Part(args.part, out, args.dry_run, args.budget)
+    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests)
     part.log(f"GPU suite part {args.part}: {json.dumps(meta)}")
     PART_FUNCTIONS[args.part](part, meta)
     part.log(f"done in {time.monotonic() - part.started:.0f} s: {sorted(p.name for p in part.out.iterdir())}")

@@ -21,11 +21,29 @@ On the CPU the lock alone orders them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from typing import Iterator
 
 import torch
 from torch import nn
+
+
+def acting_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of ``model`` in eval mode to act with.
+
+    ``copy.deepcopy`` copies each parameter on its own, so on CUDA a cuDNN RNN
+    (the ``lstm`` core's ``nn.LSTM``) loses its single flat weight buffer and
+    would compact its weights again at every forward (PyTorch warns "RNN module
+    weights are not part of single contiguous chunk of memory", seen on the
+    first GPU run); they are flattened once here."""
+    acting = copy.deepcopy(model).eval()
+    for p in acting.parameters():
+        p.requires_grad_(False)
+    for module in acting.modules():
+        if isinstance(module, nn.RNNBase):
+            module.flatten_parameters()
+    return acting
 
 
 class DeviceStreams:

@@ -10,7 +10,6 @@ for ``--eval-every`` during training. The same checkpoint, protocol and seed giv
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from fwrl.agents.policy_weights import acting_copy
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError
 from fwrl.launch.evaluation import scores
@@ -124,7 +124,7 @@ class PeriodicEvaluator:
             return False
         self.next_at = (agent_steps // self.every + 1) * self.every
         with lock:
-            snapshot = copy.deepcopy(model)
+            snapshot = acting_copy(model)
         self.thread = threading.Thread(target=self._run, args=(snapshot, agent_steps), name="fwrl-eval",
                                        daemon=True)
         self.thread.start()

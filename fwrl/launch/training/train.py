@@ -17,7 +17,6 @@ updates), the mean rollout queue depth and the peak memory.
 
 from __future__ import annotations
 
-import copy
 import math
 import queue
 import signal
@@ -35,7 +34,7 @@ from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.learner import Learner
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
-from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
+from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights, acting_copy
 from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
 from fwrl.agents.stage_timer import StageTimer
@@ -178,9 +177,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     if group is not None:
         group.broadcast_weights(model)
         _seed_everything(config.seed + 10_007 * ranks.rank + counters["updates"])  # each rank samples its own
-    inference_model = copy.deepcopy(model).eval()
-    for p in inference_model.parameters():
-        p.requires_grad_(False)
+    inference_model = acting_copy(model)
     if main:
         save_config(config, run_dir / "config.yaml")
 
