@@ -46,6 +46,9 @@ def test_learner_part_dry_run(tmp_path):
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())
     assert {g["met"] for g in data["goals"]} <= {"yes", "NO"}  # both goals measured
+    profile = (folder / "learner-profile-lstm.md").read_text()  # the lstm row's acting thread, op by op
+    assert "fwrl/inference_forward" in profile and "aten::" in profile
+    assert "learner-profile-lstm.md" in (folder / "learner.md").read_text()
     two = data["two_learner_ranks"]
     assert two["two_ranks"]["allreduce_ms"] > 0 and two["one_rank"]["update_ms"] > 0
 

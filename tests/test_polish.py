@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -226,6 +227,32 @@ def test_bench_throughput_shares_sum_to_100_percent_per_thread(tmp_path):
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.005), (thread, shares)
     assert "share of this thread's wall time" in stdout
     assert " 0 steps/s" not in err
+
+
+def test_bench_throughput_profiles_the_acting_thread_per_step(tmp_path):
+    report = tmp_path / "profile" / "acting.md"
+    code, _, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2], "--stem", "auto",
+                            "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 3, "--profile-seconds", 2,
+                            "--profile-path", report])
+    assert code == 0, err
+    text = report.read_text()
+    steps = int(re.search(r"Profiled window: ([\d,]+) acting steps", text).group(1).replace(",", ""))
+    assert steps > 10, text[:400]
+    stages = dict(re.findall(r"^\| fwrl/(\w+) \| ([\d,]+) \|", text, re.M))
+    assert {"env_wait", "inference_forward", "rollout_bookkeeping"} <= set(stages), text[:800]
+    assert int(stages["inference_forward"].replace(",", "")) == steps
+    assert "## Ops by own CPU time" in text and "aten::" in text
+    assert not list(report.parent.glob("*.tmp*"))  # written atomically
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--profile-seconds", 0, "--profile-path", "p.md"], "profile_seconds=0 is not valid"),
+    (["--paths", "all", "--profile-path", "p.md"], "--profile-path profiles one measured run"),
+])
+def test_bench_throughput_refuses_a_profile_it_cannot_take(tmp_path, flags, needle):
+    code, _, err = run_cli(["bench", "throughput", "--env", "atari:Pong", *flags])
+    assert_refused(code, err, needle)
+    assert not (tmp_path / "p.md").exists()
 
 
 # ----------------------------------------------------------------------------- 4: the import graph

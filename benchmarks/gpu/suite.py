@@ -13,7 +13,8 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   reference in fp32 while the part's time lasts;
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
   stem, one worker per core; the default env path, ale-py's C++ vector env)
-  for lstm, delta_net, rdn, srwm and elstm with RTRL, the env ceiling measured
+  for lstm (its acting thread then profiled op by op), rdn, both again with CUDA-graph
+  acting, delta_net, srwm and elstm with RTRL, the env ceiling measured
   once on the same workers; the env ceiling of each env path (the Python chain
   and ale-py's vector env, ``fwrl bench envs --paths``) on those workers; then
   two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
@@ -62,6 +63,7 @@ GOALS = {
 # first GPU run (H200, 16 workers x 2 envs) found the acting thread busy with the eager forward
 # (60-65% of its time) and the store (21-25%), the env workers waiting: the CUDA-graph forward
 # (--inference-graph) is measured beside the eager one. The dry run (CPU) skips the graph rows.
+PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
 LEARNER_RUNS = (("lstm", "lstm", ()), ("rdn", "rdn", ()),
                 ("lstm graph", "lstm", ("--inference-graph",)), ("rdn graph", "rdn", ("--inference-graph",)),
                 ("delta_net", "delta_net", ()), ("srwm", "srwm", ()),
@@ -381,8 +383,11 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
             continue
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if ceiling is None else 0
+        # the first row (eager lstm) runs 5 s more under torch.profiler, left out of its figures
+        profile = (["--profile-path", part.out / PROFILE_FILE, "--profile-seconds", 2 if part.dry else 5]
+                   if not rows else [])
         try:
-            part.run(fwrl("bench", "throughput", *common, "--core", core, *extra,
+            part.run(fwrl("bench", "throughput", *common, "--core", core, *extra, *profile,
                           "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150)
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
             part.log(f"{label}: {exc}")
@@ -426,6 +431,9 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     md += table(rows, ("core", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag", "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
+    if (part.out / PROFILE_FILE).exists():
+        md += (f"\nThe acting thread of the lstm row, op by op (5 s after its window, under torch.profiler): "
+               f"`{PROFILE_FILE}`.\n")
     if env_paths:
         md += (f"\n## Env ceiling by env path (random actions, the same {workers} workers)\n\n"
                f"`{env_paths['command']}`; per CPU s: env steps per second of the worker processes' CPU time\n\n")

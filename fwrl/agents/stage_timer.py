@@ -37,6 +37,17 @@ class StageTimer:
 
     @contextlib.contextmanager
     def stage(self, name: str, device_work: bool = False) -> Iterator[None]:
+        """Count the block's time to ``name``; under ``torch.profiler`` it is the range ``fwrl/<name>``
+        (``fwrl bench throughput --profile-path``)."""
+        if not torch.autograd._profiler_enabled():  # a range costs a dispatcher call: only when profiled
+            with self._stage(name, device_work):
+                yield
+            return
+        with torch.profiler.record_function(f"fwrl/{name}"), self._stage(name, device_work):
+            yield
+
+    @contextlib.contextmanager
+    def _stage(self, name: str, device_work: bool) -> Iterator[None]:
         if device_work and self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()

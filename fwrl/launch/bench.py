@@ -359,11 +359,11 @@ class ThroughputResult:
         return self.agent_steps / self.seconds
 
 
-def _window_summary(rows: list[dict[str, str]], warmup: float) -> ThroughputResult:
+def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = float("inf")) -> ThroughputResult:
     """Steps, updates and the time-weighted means of the pipeline columns of the metrics rows
-    logged after ``warmup`` seconds (each row covers the interval since the one before)."""
+    logged from ``warmup`` seconds to ``until`` (each row covers the interval since the one before)."""
     timed = [r for r in rows if r.get("steps_per_second", "") != ""]
-    after = [r for r in timed if float(r["time"]) >= warmup]
+    after = [r for r in timed if warmup <= float(r["time"]) <= until]
     if len(after) < 2:
         raise FwrlError("the run logged too little to measure; give bench throughput more --seconds.")
     first, last = after[0], after[-1]
@@ -423,12 +423,15 @@ class _BenchProgress:
             self.status = None
 
 
-def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progress=None) -> ThroughputResult:
+def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progress=None,
+                       profiler=None) -> ThroughputResult:
     """Train with ``config`` for ``warmup + seconds`` (no checkpoints but the last, in a temporary
     folder) and summarise the metrics rows logged after the warm-up.
 
     Steps are the learner's (T x B per update), read from rows logged every
-    second, so the figure is what training really consumes.
+    second, so the figure is what training really consumes. ``profiler`` (a
+    :class:`fwrl.launch.bench_profile.WindowProfiler` whose window starts where the measured one
+    ends) sees every row; the run goes on for its window, which the figures leave out.
     """
     import csv
     import tempfile
@@ -445,11 +448,24 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table
-        train(config, run, progress=progress, acting_seconds=warmup + seconds)  # the window counts from the
-        # workers' start, not the command's (max_seconds would count start-up too)
+        if profiler is not None:
+            shown = progress.update
+
+            def update(row: dict) -> None:
+                profiler.update(row)
+                shown(row)
+
+            progress.update = update
+        profiled = profiler.stop - profiler.start if profiler is not None else 0.0
+        try:
+            train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled)  # the window counts from
+            # the workers' start, not the command's (max_seconds would count start-up too)
+        finally:
+            if profiler is not None:
+                profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    return _window_summary(rows, warmup)
+    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"))
 
 
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
@@ -490,12 +506,15 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
 
 
 def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
-                     json_path: str | None = None, paths: str | None = None, rounds: int = 1) -> int:
+                     json_path: str | None = None, paths: str | None = None, rounds: int = 1,
+                     profile_path: str | None = None, profile_seconds: float = 5.0) -> int:
     """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
     ceiling of the same workers measured in the same run, their ratio, and where the time goes;
     ``paths`` (``--paths``, as :func:`parse_env_paths` reads it): the same for each env path of
     the spec, alternating ``rounds`` times, side by side; ``json_path``: also write them (and
-    the config) as JSON (one record, or ``{"paths": {path: [records]}}`` with ``--paths``)."""
+    the config) as JSON (one record, or ``{"paths": {path: [records]}}`` with ``--paths``);
+    ``profile_path``: run ``profile_seconds`` longer, under ``torch.profiler`` (:mod:`fwrl.launch.bench_profile`;
+    the figures leave that time out), and write the report there."""
     from rich.console import Console
     from rich.table import Table
 
@@ -508,6 +527,15 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     chosen = parse_env_paths(config.env, paths)
     configs = ({path: config.model_copy(update={"env": with_env_path(config.env, path)}) for path in chosen}
                or {env_path(config.env): config})
+    if profile_path and (len(configs) > 1 or rounds > 1):
+        raise FwrlError(f"--profile-path profiles one measured run; this command measures {len(configs)} env "
+                        f"path(s) x {rounds} round(s): drop --paths / --rounds, or --profile-path.")
+    profiler = None
+    if profile_path:
+        from fwrl.launch.bench_profile import WindowProfiler
+        from fwrl.launch.training.agent import pick_device
+
+        profiler = WindowProfiler(warmup + seconds, warmup + seconds + profile_seconds, pick_device(config.device))
     console = Console(stderr=True)
     out = Console()
     measured: dict[str, list[tuple[TrainConfig, EnvBenchResult | None, ThroughputResult]]] = {p: [] for p in configs}
@@ -526,7 +554,8 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
                                                 if cfg.backend == "ray" else None, progress=status.update)
             console.print(f"{label}training {cfg.env} / {cfg.core} ({cfg.stem} stem) on {cfg.device}: "
                           f"{warmup:g} s warm-up, {seconds:g} s measured ...")
-            result = measure_throughput(cfg, seconds, warmup, progress=_BenchProgress(console, warmup, seconds))
+            result = measure_throughput(cfg, seconds, warmup, progress=_BenchProgress(console, warmup, seconds),
+                                        profiler=profiler)
             measured[path].append((cfg, ceiling, result))
     if len(measured) == 1 and rounds == 1:
         (path, [(cfg, ceiling, result)]), = measured.items()
@@ -538,6 +567,8 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     else:
         out.print(_throughput_paths_table(config, measured))
         record = {"paths": {path: [_throughput_record(*m) for m in runs] for path, runs in measured.items()}}
+    if profiler is not None:
+        _write_profile(profiler, Path(profile_path), config, console)
     if json_path:
         import json
 
@@ -546,6 +577,18 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
         atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
         console.print(f"wrote {json_path}")
     return 0
+
+
+def _write_profile(profiler, path: Path, config: TrainConfig, console) -> None:
+    from fwrl.launch.bench_profile import write_profile
+
+    if profiler.profiler is None:
+        console.print(f"no profile: the run ended before the profile window began (see {path.name}'s settings)")
+        return
+    title = (f"fwrl bench throughput profile: {config.env} / {config.core} ({config.stem} stem) on {config.device}, "
+             f"{config.num_workers} workers x {config.envs_per_worker} envs")
+    write_profile(profiler.profiler, path, title, profiler.seconds)
+    console.print(f"wrote {path}")
 
 
 def _throughput_paths_table(config: TrainConfig, measured: dict[str, list[tuple[TrainConfig, EnvBenchResult | None,

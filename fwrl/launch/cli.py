@@ -341,7 +341,8 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     check_runnable(config)
     return bench_throughput(config, seconds=window.seconds, warmup=window.warmup,
                             ceiling_seconds=window.ceiling_seconds, json_path=window.json_path, paths=args.paths,
-                            rounds=args.rounds)
+                            rounds=args.rounds, profile_path=window.profile_path,
+                            profile_seconds=window.profile_seconds)
 
 
 def run_bench_envs(args: argparse.Namespace) -> int:

@@ -1,0 +1,124 @@
+"""``fwrl bench throughput --profile-path``: where the acting thread's time goes, op by op.
+
+The stage shares of the bench (``fwrl.agents.stage_timer``) say which stage
+holds a thread; this says why. For the last ``profile_seconds`` of the
+measured window, :class:`WindowProfiler` runs ``torch.profiler``. It records
+the CPU ops of the thread that starts it (PyTorch's profiler is thread-local),
+which is the acting thread: the one that batches inference, writes the store
+and logs the rows. On CUDA it also records the runtime calls (kernel launches,
+copies, synchronisations) and the device's kernels. Every ``StageTimer`` stage
+is a ``fwrl/<stage>`` range there, so per acting step (one
+``fwrl/inference_forward`` range) the report gives each stage's time and the
+acting thread's launches, copies and syncs. The report is markdown.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fwrl.utils.files import atomic_write_text
+
+# CUDA runtime calls worth counting per acting step: launches cost host time, the
+# synchronising ones stall the host until the device catches up.
+RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
+                 "cudaMemsetAsync", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
+                 "cudaStreamWaitEvent", "cudaEventRecord", "cudaHostAlloc")
+STEP_RANGE = "fwrl/inference_forward"  # one per acting step
+
+
+class WindowProfiler:
+    """Profile the process between two times of a training run's metrics rows (``row["time"]``,
+    seconds since the workers started): call :meth:`update` with every row, :meth:`finish`
+    after training. Rows come once per log interval, so the window is whole intervals."""
+
+    def __init__(self, start: float, stop: float, device: torch.device | str):
+        if not stop > start >= 0:
+            raise ValueError(f"the profile window must be 0 <= start < stop, got {start:g} .. {stop:g}")
+        self.start, self.stop = start, stop
+        self.cuda = torch.device(device).type == "cuda"
+        self.profiler: torch.profiler.profile | None = None
+        self.seconds: float | None = None
+        self._started_at: float | None = None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def update(self, row: dict[str, Any]) -> None:
+        t = float(row.get("time", 0.0))
+        with self._lock:
+            if self.profiler is None and not self._done and t >= self.start:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if self.cuda:
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.start()
+                self._started_at = t
+            elif self.profiler is not None and not self._done and t >= self.stop:
+                self._end(t)
+
+    def _end(self, t: float | None) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.profiler.stop()
+        self._done = True
+        if t is not None and self._started_at is not None:
+            self.seconds = t - self._started_at
+
+    def finish(self) -> torch.profiler.profile | None:
+        """Stop the profiler if the run ended inside the window; the profile, or None if the run
+        never reached the window's start."""
+        with self._lock:
+            if self.profiler is not None and not self._done:
+                self._end(None)
+            return self.profiler
+
+
+def profile_report(profiler: torch.profiler.profile, title: str, seconds: float | None, row_limit: int = 30) -> str:
+    """Markdown: per acting step, each ``fwrl/`` stage's time and the acting thread's CUDA runtime
+    calls; then the ops by their own CPU time and, on CUDA, by device time."""
+    events = list(profiler.events())
+    acting = {e.thread for e in events if e.name == STEP_RANGE}
+    steps = sum(1 for e in events if e.name == STEP_RANGE)
+
+    def per_step(value: float) -> str:
+        return f"{value / steps:,.1f}" if steps else "n/a"
+
+    span = f" in {seconds:.1f} s" if seconds else ""
+    lines = [f"# {title}", "",
+             f"Profiled window: {steps:,} acting steps (`{STEP_RANGE}` ranges){span}, on the acting thread "
+             "(torch.profiler records the thread that starts it).", "",
+             "## Stages of the acting thread (`fwrl/<stage>` ranges of `StageTimer`)", "",
+             "| stage | count | CPU ms total | CPU us per acting step |", "|---|---|---|---|"]
+    stages: dict[str, list[float]] = {}
+    for e in events:
+        if e.name.startswith("fwrl/") and e.thread in acting:
+            stages.setdefault(e.name, []).append(e.cpu_time_total)
+    for name, times in sorted(stages.items(), key=lambda item: -sum(item[1])):
+        lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_step(sum(times))} |")
+    calls: dict[str, list[float]] = {}
+    for e in events:
+        if e.name in RUNTIME_CALLS and e.thread in acting:
+            calls.setdefault(e.name, []).append(e.cpu_time_total)
+    if calls:
+        lines += ["", "## CUDA runtime calls of the acting thread", "",
+                  "| call | count | per acting step | CPU us each |", "|---|---|---|---|"]
+        for name in RUNTIME_CALLS:
+            if name in calls:
+                times = calls[name]
+                lines.append(f"| {name} | {len(times):,} | {per_step(len(times))} | {sum(times) / len(times):,.1f} |")
+    averages = profiler.key_averages()
+    lines += ["", "## Ops by own CPU time", "", "```",
+              averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=60), "```"]
+    if any(getattr(e, "device_time_total", 0) for e in averages):
+        lines += ["", "## Ops by device time (every stream: the learner's kernels too)", "", "```",
+                  averages.table(sort_by="device_time_total", row_limit=row_limit, max_name_column_width=60), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(profiler: torch.profiler.profile, path: Path, title: str, seconds: float | None) -> None:
+    """Write :func:`profile_report` to ``path`` (atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, profile_report(profiler, title, seconds))
