@@ -430,7 +430,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
     Steps are the learner's (T x B per update), read from rows logged every
     second, so the figure is what training really consumes. ``profiler`` (a
-    :class:`fwrl.launch.bench_profile.WindowProfiler` whose window starts where the measured one
+    :class:`fwrl.agents.stage_profile.WindowProfiler` whose window starts where the measured one
     ends) sees every row; the run goes on for its window, which the figures leave out.
     """
     import csv
@@ -513,7 +513,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     ``paths`` (``--paths``, as :func:`parse_env_paths` reads it): the same for each env path of
     the spec, alternating ``rounds`` times, side by side; ``json_path``: also write them (and
     the config) as JSON (one record, or ``{"paths": {path: [records]}}`` with ``--paths``);
-    ``profile_path``: run ``profile_seconds`` longer, under ``torch.profiler`` (:mod:`fwrl.launch.bench_profile`;
+    ``profile_path``: run ``profile_seconds`` longer, under ``torch.profiler`` (:mod:`fwrl.agents.stage_profile`;
     the figures leave that time out), and write the report there."""
     from rich.console import Console
     from rich.table import Table
@@ -532,7 +532,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
                         f"path(s) x {rounds} round(s): drop --paths / --rounds, or --profile-path.")
     profiler = None
     if profile_path:
-        from fwrl.launch.bench_profile import WindowProfiler
+        from fwrl.agents.stage_profile import WindowProfiler
         from fwrl.launch.training.agent import pick_device
 
         profiler = WindowProfiler(warmup + seconds, warmup + seconds + profile_seconds, pick_device(config.device))
@@ -580,7 +580,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
 
 
 def _write_profile(profiler, path: Path, config: TrainConfig, console) -> None:
-    from fwrl.launch.bench_profile import write_profile
+    from fwrl.agents.stage_profile import write_profile
 
     if profiler.profiler is None:
         console.print(f"no profile: the run ended before the profile window began (see {path.name}'s settings)")

@@ -1,15 +1,17 @@
-"""``fwrl bench throughput --profile-path``: where the acting thread's time goes, op by op.
+"""The stages of ``StageTimer`` under ``torch.profiler``: where a thread's time goes, op by op
+(``fwrl bench throughput --profile-path``).
 
-The stage shares of the bench (``fwrl.agents.stage_timer``) say which stage
-holds a thread; this says why. For the last ``profile_seconds`` of the
-measured window, :class:`WindowProfiler` runs ``torch.profiler``. It records
-the CPU ops of the thread that starts it (PyTorch's profiler is thread-local),
-which is the acting thread: the one that batches inference, writes the store
-and logs the rows. On CUDA it also records the runtime calls (kernel launches,
-copies, synchronisations) and the device's kernels. Every ``StageTimer`` stage
-is a ``fwrl/<stage>`` range there, so per acting step (one
-``fwrl/inference_forward`` range) the report gives each stage's time and the
-acting thread's launches, copies and syncs. The report is markdown.
+The stage shares (``fwrl.agents.stage_timer``) say which stage holds a thread;
+this says why. :class:`WindowProfiler` runs ``torch.profiler`` between two
+times of a training run's metrics rows (the bench: for ``profile_seconds``
+after its measured window). It records the CPU ops of the thread that starts
+it (PyTorch's profiler is thread-local): the thread that logs the rows, which
+is the acting thread (it batches inference and writes the store). On CUDA it
+also records the runtime calls (kernel launches, copies, synchronisations) and
+the device's kernels. Every ``StageTimer`` stage is a ``fwrl/<stage>`` range
+there, so per acting step (one ``fwrl/inference_forward`` range) the report
+gives each stage's time and the acting thread's launches, copies and syncs.
+The report is markdown.
 """
 
 from __future__ import annotations
