@@ -94,16 +94,10 @@ def profile_report(profiler: torch.profiler.profile, title: str, seconds: float 
              "(torch.profiler records the thread that starts it).", "",
              "## Stages of the acting thread (`fwrl/<stage>` ranges of `StageTimer`)", "",
              "| stage | count | CPU ms total | CPU us per acting step |", "|---|---|---|---|"]
-    stages: dict[str, list[float]] = {}
-    for e in events:
-        if e.name.startswith("fwrl/") and e.thread in acting:
-            stages.setdefault(e.name, []).append(e.cpu_time_total)
+    stages = _cpu_times(events, acting, lambda name: name.startswith("fwrl/"))
     for name, times in sorted(stages.items(), key=lambda item: -sum(item[1])):
         lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_step(sum(times))} |")
-    calls: dict[str, list[float]] = {}
-    for e in events:
-        if e.name in RUNTIME_CALLS and e.thread in acting:
-            calls.setdefault(e.name, []).append(e.cpu_time_total)
+    calls = _cpu_times(events, acting, lambda name: name in RUNTIME_CALLS)
     if calls:
         lines += ["", "## CUDA runtime calls of the acting thread", "",
                   "| call | count | per acting step | CPU us each |", "|---|---|---|---|"]
@@ -118,6 +112,15 @@ def profile_report(profiler: torch.profiler.profile, title: str, seconds: float 
         lines += ["", "## Ops by device time (every stream: the learner's kernels too)", "", "```",
                   averages.table(sort_by="device_time_total", row_limit=row_limit, max_name_column_width=60), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_times(events, threads: set[int], keep) -> dict[str, list[float]]:
+    """Name -> the CPU time (us) of each event on ``threads`` whose name ``keep`` accepts."""
+    times: dict[str, list[float]] = {}
+    for e in events:
+        if e.thread in threads and keep(e.name):
+            times.setdefault(e.name, []).append(e.cpu_time_total)
+    return times
 
 
 def write_profile(profiler: torch.profiler.profile, path: Path, title: str, seconds: float | None) -> None:

@@ -39,11 +39,10 @@ class StageTimer:
     def stage(self, name: str, device_work: bool = False) -> Iterator[None]:
         """Count the block's time to ``name``; under ``torch.profiler`` it is the range ``fwrl/<name>``
         (``fwrl bench throughput --profile-path``)."""
-        if not torch.autograd._profiler_enabled():  # a range costs a dispatcher call: only when profiled
-            with self._stage(name, device_work):
-                yield
-            return
-        with torch.profiler.record_function(f"fwrl/{name}"), self._stage(name, device_work):
+        # a range costs a dispatcher call: only when a profiler runs
+        ranged = (torch.profiler.record_function(f"fwrl/{name}") if torch.autograd._profiler_enabled()
+                  else contextlib.nullcontext())
+        with ranged, self._stage(name, device_work):
             yield
 
     @contextlib.contextmanager

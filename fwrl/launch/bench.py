@@ -583,7 +583,7 @@ def _write_profile(profiler, path: Path, config: TrainConfig, console) -> None:
     from fwrl.agents.stage_profile import write_profile
 
     if profiler.profiler is None:
-        console.print(f"no profile: the run ended before the profile window began (see {path.name}'s settings)")
+        console.print(f"no profile written to {path}: the run ended before its profile window began")
         return
     title = (f"fwrl bench throughput profile: {config.env} / {config.core} ({config.stem} stem) on {config.device}, "
              f"{config.num_workers} workers x {config.envs_per_worker} envs")
