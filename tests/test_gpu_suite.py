@@ -41,11 +41,14 @@ def test_learner_part_dry_run(tmp_path):
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
     # the CUDA-graph rows ("lstm graph", "rdn graph") need a GPU: the dry run leaves them out
-    assert [r["core"] for r in rows] == ["lstm", "rdn", "delta_net", "srwm", "elstm rtrl"]
+    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "delta_net", "srwm", "elstm rtrl"]
+    assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 1, 1, 1]  # the dry run's widths
     for row in rows:
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())
-    assert {g["met"] for g in data["goals"]} <= {"yes", "NO"}  # both goals measured
+    assert sorted(data["env_ceilings"]) == ["1", "2"]  # each width's rows against their own ceiling
+    assert len(data["goals"]) == 4 and {g["met"] for g in data["goals"]} <= {"yes", "NO"}  # both widths
+    assert "at 2 envs per worker" in (folder / "learner.md").read_text()
     profile = (folder / "learner-profile-lstm.md").read_text()  # the lstm row's acting thread, op by op
     assert "fwrl/inference_forward" in profile and "aten::" in profile
     assert "learner-profile-lstm.md" in (folder / "learner.md").read_text()

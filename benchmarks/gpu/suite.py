@@ -13,12 +13,13 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   reference in fp32 while the part's time lasts;
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
   stem, one worker per core; the default env path, ale-py's C++ vector env)
-  for lstm (its acting thread then profiled op by op), rdn, both again with CUDA-graph
-  acting, delta_net, srwm and elstm with RTRL, the env ceiling measured
+  for lstm (its acting thread then profiled op by op), rdn, both again with 8 envs per worker
+  (against the env ceiling at that width) and with CUDA-graph acting, delta_net, srwm and elstm with RTRL, the env ceiling measured
   once on the same workers; the env ceiling of each env path (the Python chain
   and ale-py's vector env, ``fwrl bench envs --paths``) on those workers; then
   two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
-- ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (``rfwp-atari``),
+- ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (the settings with which it learned Pong
+  on the CPU: ``pong-cpu`` with ``--core rdn``; 8 envs per worker),
   then ``fwrl evaluate``, ``fwrl plot`` of the return, the policy entropy and the
   gradient norm, and the init probe of the same agent (``fwrl info --probe``).
 
@@ -59,18 +60,34 @@ GOALS = {
     "lstm_of_ceiling": 0.70,  # lstm agent steps/s / env ceiling
     "rdn_of_lstm": 0.80,  # rdn agent steps/s / lstm's
 }
-# (row label, core, extra flags) in the order the learner part runs them, the goals' rows first. The
-# first GPU run (H200, 16 workers x 2 envs) found the acting thread busy with the eager forward
-# (60-65% of its time) and the store (21-25%), the env workers waiting: the CUDA-graph forward
-# (--inference-graph) is measured beside the eager one. The dry run (CPU) skips the graph rows.
+# (row label, core, envs per worker, extra flags) in the order the learner part runs them, the goals'
+# rows first. The first GPU run (H200, 16 workers x 2 envs) found the acting thread busy with the eager
+# forward (60-65% of its time) and the store (21-25%), the env workers waiting, and the four cores acting
+# within 10% of each other: a cost per acting step, not per slot. So lstm and rdn run again with 8 envs
+# per worker (each forward then serves 4x the slots; their env ceiling is measured at that width too),
+# and with the forward replayed as CUDA graphs (--inference-graph). The dry run (CPU) skips the graph rows.
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
-LEARNER_RUNS = (("lstm", "lstm", ()), ("rdn", "rdn", ()),
-                ("lstm graph", "lstm", ("--inference-graph",)), ("rdn graph", "rdn", ("--inference-graph",)),
-                ("delta_net", "delta_net", ()), ("srwm", "srwm", ()),
-                ("elstm rtrl", "elstm", ("--core-opt", "grad=rtrl")))
+LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
+WIDE_ENVS_PER_WORKER = 8
+LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
+                ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
+                ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
+                ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
+                ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
+                ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
+# The pong part's envs per worker: the first GPU run's acting thread, not the envs, set the rate at 2 per
+# worker (3,553 agent steps/s for rdn: 1.7 M steps in 8 minutes, where the CPU run of rdn left random play
+# only after 2.3 M); a wider forward serves more slots per acting step.
+PONG_ENVS_PER_WORKER = WIDE_ENVS_PER_WORKER
+# The pong part's agent: rdn with the settings the stability work chose for Pong (issue 26, the pong-cpu
+# preset: nature stem, T 20, B 32, lr 6e-4, output_scale 0.1), with which it went from random to +3.45 on
+# the 2-core CPU (benchmarks/learning/README.md): 0 crossed at 3.7 M steps, 5,800 updates. The paper's
+# rfwp-atari settings (impala stem, T 50) make 2.5x fewer updates of the same steps; the learner part
+# times them.
+PONG_AGENT = ("--preset", "pong-cpu", "--core", "rdn")
 # pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
 # and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
 GPU_TEST_SELECTION = "cuda or sm90 or gpu"
@@ -373,31 +390,36 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     workers = 2 if part.dry else (os.cpu_count() or 2)
     if part.dry:
         common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
-                  "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
+                  "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
-                  "--num-workers", workers, "--envs-per-worker", 2, "--seconds", 30, "--warmup", 10]
-    rows, ceiling = [], None
-    for label, core, extra in LEARNER_RUNS:
+                  "--num-workers", workers, "--seconds", 30, "--warmup", 10]
+    rows: list[dict[str, Any]] = []
+    ceilings: dict[int, float] = {}  # envs per worker -> the env ceiling of those workers
+    for label, core, envs, extra in LEARNER_RUNS:
         if part.dry and "--inference-graph" in extra:
             continue
+        if part.dry:  # tiny widths; the wide rows stay wider, so that their own ceiling is measured
+            envs = 1 if envs == LEARNER_ENVS_PER_WORKER else 2
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
-        ceiling_seconds = (1 if part.dry else 10) if ceiling is None else 0
+        ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
         # the first row (eager lstm) runs 5 s more under torch.profiler, left out of its figures
         profile = (["--profile-path", part.out / PROFILE_FILE, "--profile-seconds", 2 if part.dry else 5]
                    if not rows else [])
         try:
-            part.run(fwrl("bench", "throughput", *common, "--core", core, *extra, *profile,
-                          "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150)
+            part.run(fwrl("bench", "throughput", *common, "--envs-per-worker", envs, "--core", core, *extra,
+                          *profile, "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150)
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
             part.log(f"{label}: {exc}")
-            rows.append({"core": label, "note": str(exc)[:120]})
+            rows.append({"core": label, "envs_per_worker": envs, "note": str(exc)[:120]})
             continue
         record = json.loads(path.read_text())
         path.unlink()
-        ceiling = ceiling or record["env_ceiling_steps_per_second"]
+        if record["env_ceiling_steps_per_second"]:
+            ceilings.setdefault(envs, record["env_ceiling_steps_per_second"])
+        ceiling = ceilings.get(envs)
         shares = record["shares"]
-        rows.append({"core": label, "env_path": record.get("env_path"),
+        rows.append({"core": label, "envs_per_worker": envs, "env_path": record.get("env_path"),
                      "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
@@ -405,7 +427,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
     by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
     goals = []
-    for forward in ("", " graph"):
+    for forward in ("", " x8", " graph"):
         lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
         if forward and not (lstm or rdn):
             continue
@@ -414,21 +436,26 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
                             rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
                             GOALS["rdn_of_lstm"], "")]
-    env_paths = _env_path_ceilings(part, workers, 1 if part.dry else 2)
+    env_paths = _env_path_ceilings(part, workers, 1 if part.dry else LEARNER_ENVS_PER_WORKER)
     overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
-    (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling, "rows": rows,
+    ceiling = ceilings.get(1 if part.dry else LEARNER_ENVS_PER_WORKER)
+    (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling,
+                                                        "env_ceilings": ceilings, "rows": rows,
                                                         "goals": goals, "env_paths": env_paths,
                                                         "two_learner_ranks": overhead}, indent=2))
-    _plot_learner(part.out / "learner.png", rows, ceiling, meta)
+    _plot_learner(part.out / "learner.png", rows, ceilings, meta)
     md = header("GPU suite: learner throughput on Atari Pong", meta)
     paths_run = sorted({r["env_path"] for r in rows if r.get("env_path")})
-    md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --core CORE` (env path: "
-           f"{', '.join(paths_run) or 'not measured'}); env ceiling (random actions, "
-           f"same {workers} workers): **{ceiling and round(ceiling):,} steps/s**\n\n## Goals\n\n")
+    md += (f"\n`fwrl bench throughput {' '.join(map(str, common))} --envs-per-worker N --core CORE` (env path: "
+           f"{', '.join(paths_run) or 'not measured'}); env ceiling (random actions, the same {workers} workers): "
+           + (", ".join(f"**{round(c):,} steps/s** at {n} envs per worker" for n, c in sorted(ceilings.items()))
+              or "not measured") + "\n\n## Goals\n\n")
     md += table(goals, ("goal", "target", "measured", "met"))
-    md += "\n## Agent steps/s and where the time goes (shares of each thread's wall time)\n\n"
-    md += table(rows, ("core", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag", "peak_memory_mb",
+    md += ("\n## Agent steps/s and where the time goes (shares of each thread's wall time; of_ceiling: of the "
+           "env ceiling at the row's envs per worker)\n\n")
+    md += table(rows, ("core", "envs_per_worker", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
+                       "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
     if (part.out / PROFILE_FILE).exists():
@@ -478,7 +505,7 @@ def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:
     return data
 
 
-def _plot_learner(path: Path, rows: list[dict[str, Any]], ceiling: float | None, meta: dict[str, Any]) -> None:
+def _plot_learner(path: Path, rows: list[dict[str, Any]], ceilings: dict[int, float], meta: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -487,10 +514,11 @@ def _plot_learner(path: Path, rows: list[dict[str, Any]], ceiling: float | None,
     timed = [r for r in rows if r.get("agent_steps_per_s")]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.bar([r["core"] for r in timed], [r["agent_steps_per_s"] for r in timed], color="tab:blue")
-    if ceiling:
-        ax.axhline(ceiling, color="tab:red", linestyle="--", label=f"env ceiling {ceiling:,.0f}")
-        ax.axhline(GOALS["lstm_of_ceiling"] * ceiling, color="tab:orange", linestyle=":", label="70% of the ceiling")
-        ax.legend()
+    for (envs, ceiling), color in zip(sorted(ceilings.items()), ("tab:red", "tab:purple", "tab:green")):
+        ax.axhline(ceiling, color=color, linestyle="--", label=f"env ceiling, {envs} envs/worker: {ceiling:,.0f}")
+        ax.axhline(GOALS["lstm_of_ceiling"] * ceiling, color=color, linestyle=":", label="70% of it")
+    if ceilings:
+        ax.legend(fontsize=7)
     ax.set_ylabel("agent steps/s")
     ax.set_title(f"Pong, impala stem · {meta['gpu']} · {meta['commit']}", fontsize=9)
     fig.tight_layout()
@@ -509,12 +537,12 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
     seconds = 150 if part.dry else PONG_SECONDS
     with tempfile.TemporaryDirectory(prefix="fwrl-pong-") as tmp:
         run = Path(tmp) / "pong-rdn"
-        train = ["train", "--preset", "rfwp-atari", "--env", "atari:Pong", "--core", "rdn", "--num-workers", workers,
+        train = ["train", *PONG_AGENT, "--num-workers", workers,
                  "--max-seconds", seconds, "--runs-dir", tmp, "--name", "pong-rdn", "--log-interval",
                  2 if part.dry else 10]
         train += (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
                    "--total-steps", 3000] if part.dry
-                  else ["--device", "cuda", "--envs-per-worker", 2])
+                  else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
         part.run(fwrl(*train), timeout=seconds + 120)
         # keep the run's figures before anything else can fail; then evaluate and plot in what
         # time the part has left, neither allowed to lose them
@@ -531,8 +559,7 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
         part.try_run(fwrl("plot", run, "--metric", "grad_norm", "--out", part.out / "grad_norm.png"), timeout=60)
     # the init probe of the same agent and settings (on the CPU: one batch, a few updates), last, so that it
     # cannot cost the run its time
-    probe_args = ["info", "--preset", "rfwp-atari", "--env", "atari:Pong", "--core", "rdn", "--stem", "impala",
-                  "--probe", "--probe-updates", 2 if part.dry else 3]
+    probe_args = ["info", *PONG_AGENT, "--probe", "--probe-updates", 2 if part.dry else 3]
     probe_args += ["--batch-size", 2, "--unroll-length", 8] if part.dry else []
     probe = (json.loads((part.out / "probe.json").read_text())
              if part.try_run(fwrl(*probe_args, "--json-path", part.out / "probe.json"),
@@ -554,7 +581,7 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                "init_probe": {k: probe[k] for k in ("init_grad_norm", "first_logit_change", "first_value_change",
                                                     "initial_entropy", "entropy", "max_entropy")} if probe else None}
     (part.out / "pong.json").write_text(json.dumps(summary, indent=2))
-    md = header("GPU suite: Pong, rdn agent, rfwp-atari preset", meta)
+    md = header("GPU suite: Pong, rdn agent, pong-cpu settings", meta)
     md += f"\n`fwrl {' '.join(map(str, train))}`, then `fwrl evaluate` ({episodes} greedy full games) and `fwrl plot`.\n\n"
     md += table(goals, ("goal", "target", "measured", "met"))
     if final:
