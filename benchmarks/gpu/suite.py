@@ -14,9 +14,10 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
 - ``learner``: ``fwrl bench throughput`` on Atari Pong (RFWP settings, impala
   stem, one worker per core; the default env path, ale-py's C++ vector env)
   for lstm (its acting thread then profiled op by op), rdn, both again with 8 envs per worker
-  (against the env ceiling at that width) and with CUDA-graph acting, delta_net, srwm and elstm with RTRL, the env ceiling measured
-  once on the same workers; the env ceiling of each env path (the Python chain
-  and ale-py's vector env, ``fwrl bench envs --paths``) on those workers; then
+  (against the env ceiling at that width) and with CUDA-graph acting, delta_net, srwm and elstm
+  with RTRL, the env ceiling measured once per width on the same workers; the env ceiling of
+  each env path (the Python chain and ale-py's vector env, ``fwrl bench envs --paths``) on
+  those workers; then
   two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
 - ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (the settings with which it learned Pong
   on the CPU: ``pong-cpu`` with ``--core rdn``; 8 envs per worker),
@@ -399,8 +400,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     for label, core, envs, extra in LEARNER_RUNS:
         if part.dry and "--inference-graph" in extra:
             continue
-        if part.dry:  # tiny widths; the wide rows stay wider, so that their own ceiling is measured
-            envs = 1 if envs == LEARNER_ENVS_PER_WORKER else 2
+        envs = _learner_width(envs, part.dry)
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
         # the first row (eager lstm) runs 5 s more under torch.profiler, left out of its figures
@@ -436,10 +436,10 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
                             rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
                             GOALS["rdn_of_lstm"], "")]
-    env_paths = _env_path_ceilings(part, workers, 1 if part.dry else LEARNER_ENVS_PER_WORKER)
+    env_paths = _env_path_ceilings(part, workers, _learner_width(LEARNER_ENVS_PER_WORKER, part.dry))
     overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
-    ceiling = ceilings.get(1 if part.dry else LEARNER_ENVS_PER_WORKER)
+    ceiling = ceilings.get(_learner_width(LEARNER_ENVS_PER_WORKER, part.dry))
     (part.out / "learner.json").write_text(json.dumps({"meta": meta, "env_ceiling": ceiling,
                                                         "env_ceilings": ceilings, "rows": rows,
                                                         "goals": goals, "env_paths": env_paths,
@@ -473,6 +473,14 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                f"{overhead['one_rank']['gradient_mib']:.1f} MiB gradient is {overhead['two_ranks']['allreduce_ms']:.1f} ms "
                f"({100 * overhead['allreduce_share_of_two_rank_update']:.1f}%).\n")
     (part.out / "learner.md").write_text(md)
+
+
+def _learner_width(envs: int, dry: bool) -> int:
+    """The envs per worker a learner row runs with: its own on the GPU; in the dry run 1 for the goal
+    rows and 2 for the wide ones, so that the wide rows still get a ceiling of their own."""
+    if not dry:
+        return envs
+    return 1 if envs == LEARNER_ENVS_PER_WORKER else 2
 
 
 def _env_path_ceilings(part: Part, workers: int, envs_per_worker: int) -> dict[str, Any] | None:
