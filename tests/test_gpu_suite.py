@@ -79,3 +79,50 @@ def test_kernels_part_dry_run(tmp_path):
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}
     assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
     assert any(g["goal"].startswith("delta_rule") for g in data["goals"])
+
+
+def test_kernel_goals_from_the_h100_rows(tmp_path):
+    """The first H100 timings (benchmarks/results/gpu/kernels-h100) re-derived with --rebuild: the delta
+    rule's Triton rows are labelled with their split (``triton[split=auto]``) and still count for its
+    goals, and FLA's comparison is one line per shape at which both kernels were timed."""
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    source = json.loads((ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json").read_text())
+    (folder / "kernels.json").write_text(json.dumps(source))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--rebuild", str(folder),
+                           "kernels"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    goals = {g["goal"]: g for g in json.loads((folder / "kernels.json").read_text())["goals"]}
+    small = goals["delta_rule: fused fwd+bwd vs eager at 32x51x4x32"]
+    assert small["met"] == "yes" and abs(small["measured"] - 62.703 / 0.929) < 0.1
+    fla = [g for name, g in goals.items() if "FLA" in name]
+    assert len(fla) == 1 and abs(fla[0]["measured"] - 1.886 / 0.929) < 0.01, fla
+    assert goals["delta_lstm: fused fwd+bwd vs eager at 256x101x8x64"]["met"] == "NO"
+    assert "| delta_rule: fused fwd+bwd vs eager at 32x51x4x32 | >= 50x | 67.5 | yes |" in (
+        folder / "kernels.md").read_text()
+
+
+def test_rebuild_names_what_it_needs(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--rebuild", str(tmp_path),
+                           "kernels"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "kernels.json" in proc.stderr and str(tmp_path) in proc.stderr
+
+
+def test_resume_skips_the_passes_an_earlier_run_timed():
+    """--resume: the H100 run at c7ffd00 timed every fp32 goal pass, FLA's fused recurrent kernel at the RL
+    shape and bf16 of three cores; its delta_rnn bf16 pass was stopped, so that pass and every later one
+    are timed again."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    try:
+        import suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks/gpu"))
+    meta: dict = {}
+    rows = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", meta)
+    assert meta["resumed_from"]["commit"].startswith("c7ffd00") and meta["resumed_from"]["rows"] == len(rows)
+    assert all(r["note"].startswith("timed at c7ffd00") for r in rows)
+    pending = [(core, impls, dtypes) for core, impls, dtypes, shapes in suite._kernel_passes()
+               if not suite._pass_timed(rows, core, impls, dtypes, shapes)]
+    passes = suite._kernel_passes()
+    assert len(pending) == len(passes) - 10
+    assert pending[0] == ("delta_rnn", ("reference", "triton"), ("bf16",))

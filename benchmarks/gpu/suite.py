@@ -103,7 +103,8 @@ KERNEL_PASS_SECONDS = 100
 class Part:
     """One part's output folder, log and time budget."""
 
-    def __init__(self, name: str, out: Path, dry: bool, budget: float, skip_tests: bool = False):
+    def __init__(self, name: str, out: Path, dry: bool, budget: float, skip_tests: bool = False,
+                 resume: Path | None = None):
         self.name, self.dry, self.skip_tests = name, dry, skip_tests
         self.out = out / name
         if self.out.exists():
@@ -112,6 +113,7 @@ class Part:
         self.log_path = self.out / f"{name}.log"
         self.started = time.monotonic()
         self.budget = budget
+        self.resume = resume
 
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
@@ -193,8 +195,13 @@ def _git(*args: str) -> str:
 
 def header(title: str, meta: dict[str, Any]) -> str:
     dry = "  \n**Dry run at tiny sizes on the CPU: these figures mean nothing.**" if meta["dry_run"] else ""
+    earlier = meta.get("resumed_from")
+    resumed = (f"  \n{earlier['rows']} rows were timed by an earlier run (commit `{earlier['commit']}`, "
+               f"{earlier['gpu']}, {earlier['date']}; `--resume {earlier['path']}`): their note says so."
+               if earlier else "")
     return (f"# {title}\n\ncommit `{meta['commit']}` · GPU {meta['gpu']} · torch {meta['torch']} · "
-            f"triton {meta['triton']} · Python {meta['python']} · {meta['cpus']} CPUs · {meta['date']}{dry}\n")
+            f"triton {meta['triton']} · Python {meta['python']} · {meta['cpus']} CPUs · {meta['date']}{dry}"
+            f"{resumed}\n")
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -240,8 +247,13 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     else:
         summary = _run_kernel_tests(part, tests, select)
     rows: list[dict[str, Any]] = []
+    if part.resume is not None:  # an earlier session's timed rows: its passes are not timed again
+        rows = _resumed_rows(part.resume, meta)
+        part.log(f"resumed {len(rows)} timed rows of {part.resume} (commit {meta['resumed_from']['commit']})")
     done: set[tuple[str, str, str]] = set()  # the dry run's (core, impl, dtype): its shape is always the same
     for n, (core, impls, dtypes, shapes) in enumerate(_kernel_passes()):
+        if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes):
+            continue
         path = part.out / f"kernels-pass{n}.json"
         args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
@@ -269,25 +281,54 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
             continue
         for row in json.loads(path.read_text())["results"]:
             B, T, H, D = row["shape"]
-            impl = row["impl"] + (f" split {row['split']}" if row.get("split") not in (None, 1) else "")
+            impl = row["impl"] + (f" split {row['split']}" if row.get("split") not in (None, 1)
+                                  and "split" not in row["impl"] else "")
             rows.append({"core": core, "dtype": row["dtype"], "shape": f"{B}x{T}x{H}x{D}", "impl": impl,
                          "fwd_ms": row.get("fwd_ms"), "fwd_bwd_ms": row.get("fwd_bwd_ms"),
                          "fwd_bwd_peak_mib": row.get("fwd_bwd_peak_mib"),
                          "speedup_fwd_bwd": row.get("speedup_fwd_bwd"),
                          "max_abs_error": row.get("max_abs_error"), "note": row.get("skipped") or row.get("note")})
         path.unlink()  # the CSV keeps every row; the device tool brings back at most 8 files
+    write_kernel_report(part.out, meta, summary, " ".join(tests + select), rows)
+
+
+def write_kernel_report(out: Path, meta: dict[str, Any], summary: str, tests: str,
+                        rows: list[dict[str, Any]]) -> None:
+    """The kernels part's ``kernels.{csv,json,png,md}`` from its timed rows: the goals are derived
+    here, so ``--rebuild kernels`` can re-derive them from a committed ``kernels.json``."""
     goals = _kernel_goals(rows)
-    write_csv(part.out / "kernels.csv", rows, meta)
-    (part.out / "kernels.json").write_text(json.dumps({"meta": meta, "tests": summary, "rows": rows,
-                                                        "goals": goals}, indent=2))
-    _plot_kernels(part.out / "kernels.png", rows, meta)
+    write_csv(out / "kernels.csv", rows, meta)
+    (out / "kernels.json").write_text(json.dumps({"meta": meta, "tests": summary, "test_command": tests,
+                                                   "rows": rows, "goals": goals}, indent=2))
+    _plot_kernels(out / "kernels.png", rows, meta)
     md = header("GPU suite: kernels", meta)
-    md += f"\nCUDA tests ({' '.join(tests + select)}): **{summary}**\n\n## Goals (H100)\n\n"
+    md += f"\nCUDA tests ({tests}): **{summary}**\n\n## Goals (H100)\n\n"
     md += table(goals, ("goal", "target", "measured", "met"))
     md += "\n## Timings (median of CUDA events; memory = peak beyond the inputs)\n\n"
     md += table(rows, ("core", "dtype", "shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_peak_mib",
                        "speedup_fwd_bwd", "max_abs_error", "note"))
-    (part.out / "kernels.md").write_text(md)
+    (out / "kernels.md").write_text(md)
+
+
+def _resumed_rows(source: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The timed rows of an earlier kernels part's JSON, each noted with that run's commit; records
+    where they came from in ``meta`` (the report's header says so)."""
+    earlier = json.loads(source.read_text())
+    commit = str(earlier["meta"].get("commit", "unknown"))
+    timed = [{**row, "note": f"timed at {commit[:7]}, {earlier['meta'].get('date', '')}".rstrip(", ")}
+             for row in earlier["rows"] if row.get("fwd_bwd_ms") or row.get("fwd_ms")]
+    meta["resumed_from"] = {"path": str(source), "commit": commit, "gpu": earlier["meta"].get("gpu"),
+                            "date": earlier["meta"].get("date"), "rows": len(timed)}
+    return timed
+
+
+def _pass_timed(rows: list[dict[str, Any]], core: str, impls: Sequence[str], dtypes: Sequence[str],
+                shapes: Sequence[str]) -> bool:
+    """Whether ``rows`` hold a timing of every (implementation, dtype, shape) of one pass."""
+    have = {(_impl_name(r["impl"]), r["dtype"], r["shape"]) for r in rows
+            if r["core"] == core and (r.get("fwd_bwd_ms") or r.get("fwd_ms"))}
+    return all((impl, dtype, shape.replace(",", "x")) in have
+               for impl in impls for dtype in dtypes for shape in shapes)
 
 
 def _run_kernel_tests(part: Part, tests: list[str], select: list[str]) -> str:
@@ -336,9 +377,10 @@ def _pytest_summary(output: str) -> str:
 
 def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def pick(core, shape, impl, dtype="fp32"):
-        """The fastest timed row of ``impl`` (any of its splits) for ``core`` at ``shape``."""
+        """The fastest timed row of ``impl`` (any of its splits: ``triton[split=auto] split auto``)
+        for ``core`` at ``shape``."""
         found = [r for r in rows if (r["core"], r.get("shape"), r["dtype"]) == (core, shape, dtype)
-                 and (r["impl"] == impl or r["impl"].startswith(impl + " ")) and r.get("fwd_bwd_ms")]
+                 and _impl_name(r["impl"]) == impl and r.get("fwd_bwd_ms")]
         return min(found, key=lambda r: r["fwd_bwd_ms"]) if found else None
 
     goals = []
@@ -352,11 +394,21 @@ def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memory = (ref["fwd_bwd_peak_mib"] / large["fwd_bwd_peak_mib"]
                   if large and ref and large.get("fwd_bwd_peak_mib") else None)
         goals.append(goal_line(f"{core}: eager / fused peak memory at 256x101x8x64", memory, GOALS["memory_large"]))
-    for shape in sorted({r["shape"] for r in rows if r["core"] == "delta_rule" and r.get("shape")}):
+    # against FLA: the RL goal shape always (a line that says "not measured" where FLA's pass did
+    # not run), then every other shape at which both kernels were timed
+    rl_shape = "x".join(map(str, GOAL_SHAPES[0]))
+    timed = {r["shape"] for r in rows if r["core"] == "delta_rule" and r.get("fwd_bwd_ms")
+             and _impl_name(r["impl"]) == "fla_recurrent"}
+    for shape in [rl_shape] + sorted(timed - {rl_shape}):
         ours, fla = pick("delta_rule", shape, "triton"), pick("delta_rule", shape, "fla_recurrent")
         ratio = fla["fwd_bwd_ms"] / ours["fwd_bwd_ms"] if ours and fla else None
         goals.append(goal_line(f"delta rule vs FLA fused_recurrent at {shape} (fwd+bwd)", ratio, GOALS["vs_fla"]))
     return goals
+
+
+def _impl_name(impl: str) -> str:
+    """An implementation label without its options: ``triton[split=auto] split auto`` -> ``triton``."""
+    return re.split(r"[\[ ]", impl, maxsplit=1)[0]
 
 
 def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -552,26 +604,27 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                    "--total-steps", 3000] if part.dry
                   else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
         part.run(fwrl(*train), timeout=seconds + 120)
-        # keep the run's figures before anything else can fail; then evaluate and plot in what
-        # time the part has left, neither allowed to lose them
+        # keep the run's figures before anything else can fail; then, in what time the part has left,
+        # the curves (seconds each), the init probe (CPU, bounded) and last the greedy games, whose
+        # length nothing bounds but Pong's score: the first H100 run's evaluation took the 90 s that
+        # were left and so cost the curves and the probe
         shutil.copy(run / "metrics.csv", part.out / "metrics.csv")
         shutil.copy(run / "config.yaml", part.out / "config.yaml")
+        plotted = part.try_run(fwrl("plot", run, "--metric", "mean_return", "--out", part.out / "pong.png"),
+                               timeout=60)
+        part.try_run(fwrl("plot", run, "--metric", "entropy", "--out", part.out / "entropy.png"), timeout=60)
+        part.try_run(fwrl("plot", run, "--metric", "grad_norm", "--out", part.out / "grad_norm.png"), timeout=60)
+        # the init probe of the same agent and settings (on the CPU: one batch, a few updates)
+        probe_args = ["info", *PONG_AGENT, "--probe", "--probe-updates", 2 if part.dry else 3]
+        probe_args += ["--batch-size", 2, "--unroll-length", 8] if part.dry else []
+        probe = (json.loads((part.out / "probe.json").read_text())
+                 if part.try_run(fwrl(*probe_args, "--json-path", part.out / "probe.json"),
+                                 timeout=120 if part.dry else 60) else None)
         episodes = 1 if part.dry else 8
         evaluated = part.try_run(fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1,
                                       "--num-workers", min(episodes, workers), "--device",
                                       "cpu" if part.dry else "cuda", "--out", part.out / "evaluation.json"),
                                  timeout=120 if part.dry else 150)
-        plotted = part.try_run(fwrl("plot", run, "--metric", "mean_return", "--out", part.out / "pong.png"),
-                               timeout=60)
-        part.try_run(fwrl("plot", run, "--metric", "entropy", "--out", part.out / "entropy.png"), timeout=60)
-        part.try_run(fwrl("plot", run, "--metric", "grad_norm", "--out", part.out / "grad_norm.png"), timeout=60)
-    # the init probe of the same agent and settings (on the CPU: one batch, a few updates), last, so that it
-    # cannot cost the run its time
-    probe_args = ["info", *PONG_AGENT, "--probe", "--probe-updates", 2 if part.dry else 3]
-    probe_args += ["--batch-size", 2, "--unroll-length", 8] if part.dry else []
-    probe = (json.loads((part.out / "probe.json").read_text())
-             if part.try_run(fwrl(*probe_args, "--json-path", part.out / "probe.json"),
-                             timeout=120 if part.dry else 180) else None)
     rows = list(csv.DictReader((part.out / "metrics.csv").open()))
     curve = [(float(r["time"]), int(r["agent_steps"]), float(r["mean_return"])) for r in rows
              if r.get("mean_return") not in (None, "", "nan")]
@@ -630,6 +683,25 @@ def _eval_mean(evaluation: dict[str, Any]) -> float | None:
 
 # ----------------------------------------------------------------------------- main
 
+def rebuild_report(part: str, folder: Path) -> int:
+    """``--rebuild``: the kernels report of ``folder`` from its ``kernels.json``."""
+    source = folder / "kernels.json"
+    if part != "kernels":
+        print(f"benchmarks/gpu/run.sh: --rebuild takes the kernels part (its rows hold every figure), "
+              f"not {part!r}", file=sys.stderr)
+        return 2
+    if not source.is_file():
+        print(f"benchmarks/gpu/run.sh: --rebuild needs {source} (a kernels part's JSON)", file=sys.stderr)
+        return 2
+    data = json.loads(source.read_text())
+    tests = data.get("test_command") or " ".join(
+        sorted(glob.glob("tests/test_kernels_*.py", root_dir=ROOT)) + ["tests/test_gpu_data_path.py",
+                                                                        "-k", GPU_TEST_SELECTION])
+    write_kernel_report(folder, data["meta"], data["tests"], tests, data["rows"])
+    print(f"rebuilt {folder}/kernels.{{md,csv,json,png}} from {len(data['rows'])} rows")
+    return 0
+
+
 PART_FUNCTIONS: dict[str, Callable[[Part, dict[str, Any]], None]] = {
     "kernels": part_kernels, "learner": part_learner, "pong": part_pong}
 
@@ -642,15 +714,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds this part may take in all (default 570: inside a 10-minute command)")
     parser.add_argument("--skip-tests", action="store_true",
                         help="kernels: time only (the CUDA tests ran in an earlier command; keep that log)")
+    parser.add_argument("--resume", metavar="JSON", type=Path,
+                        help="kernels: keep the timed rows of an earlier run's kernels.json and time only the "
+                             "passes it lacks (only while fwrl/kernels is unchanged since its commit)")
+    parser.add_argument("--rebuild", metavar="FOLDER",
+                        help="kernels: write the report again from FOLDER/kernels.json (its timed rows; "
+                             "the goals are re-derived), on any machine")
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu)")
     args = parser.parse_args(argv)
+    if args.rebuild:
+        return rebuild_report(args.part, Path(args.rebuild))
     out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu")
     meta = metadata(args.dry_run)
     if not args.dry_run and meta["gpu"] == "none (CPU)":
         print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
         return 2
-    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests)
+    if args.resume is not None and (args.part != "kernels" or not args.resume.is_file()):
+        print(f"benchmarks/gpu/run.sh: --resume takes an earlier kernels part's kernels.json; got {args.part} "
+              f"with {args.resume}{'' if args.resume.is_file() else ' (no such file)'}", file=sys.stderr)
+        return 2
+    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests, args.resume)
     part.log(f"GPU suite part {args.part}: {json.dumps(meta)}")
     PART_FUNCTIONS[args.part](part, meta)
     part.log(f"done in {time.monotonic() - part.started:.0f} s: {sorted(p.name for p in part.out.iterdir())}")
