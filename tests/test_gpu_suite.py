@@ -22,9 +22,10 @@ def _dry_run(part: str, out: Path) -> Path:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = out / part
     files = sorted(p.name for p in folder.iterdir())
-    assert len(files) <= (11 if part == "pong" else 8), files  # nothing stray
+    assert len(files) <= 8, files  # nothing stray
     expected = [f"{part}{suffix}" for suffix in (".md", ".png", ".json", ".log")]
-    expected.append("metrics.csv" if part == "pong" else f"{part}.csv")  # pong keeps the run's metrics.csv
+    # pong keeps each run's metrics.csv
+    expected += ["metrics-rdn.csv", "metrics-lstm.csv"] if part == "pong" else [f"{part}.csv"]
     assert set(expected) <= set(files), files
     meta = json.loads((folder / f"{part}.json").read_text())["meta"]
     assert meta["commit"] == "test" and meta["dry_run"] is True and meta["torch"]
@@ -60,16 +61,20 @@ def test_learner_part_dry_run(tmp_path):
 def test_pong_part_dry_run(tmp_path):
     folder = _dry_run("pong", tmp_path)
     summary = json.loads((folder / "pong.json").read_text())
-    assert summary["final"] is not None and summary["final"][1] > 0  # agent steps were trained
-    assert summary["evaluation_mean"] is not None and -21 <= summary["evaluation_mean"] <= 21
-    assert (folder / "evaluation.md").exists() and (folder / "metrics.csv").exists()
-    assert (folder / "entropy.png").stat().st_size > 1000 and (folder / "grad_norm.png").stat().st_size > 1000
-    first, last = summary["entropy_first_last"]
-    assert 0 < first[1] <= 1.7918 and 0 < last[1] <= 1.7918  # nats per step, at most ln 6
-    assert summary["grad_norm_first_max_last"][1] > 0
-    probe = summary["init_probe"]
-    assert probe["init_grad_norm"] > 0 and len(probe["entropy"]) == 2
-    assert "Init probe" in (folder / "pong.md").read_text()
+    assert sorted(summary["agents"]) == ["lstm", "rdn"]  # the rdn agent and its control, side by side
+    assert summary["goals"][0]["goal"].startswith("rdn: mean return")
+    for name, agent in summary["agents"].items():
+        assert agent["trained"] and agent["final"][1] > 0, (name, agent)  # agent steps were trained
+        assert agent["evaluation_mean"] is not None and -21 <= agent["evaluation_mean"] <= 21
+        assert all(0 < e <= 1.7918 for e in agent["entropy_first_min_last"])  # nats per step, at most ln 6
+        assert agent["grad_norm_first_max_last"][1] > 0 and agent["steps_per_second"] > 0
+        probe = agent["init_probe"]
+        assert probe["init_grad_norm"] > 0 and len(probe["entropy"]) == 2
+    assert "fwrl train --preset pong-cpu --core rdn" in summary["commands"]["rdn"]
+    report = (folder / "pong.md").read_text()
+    assert "| rdn |" in report and "| lstm |" in report
+    log = (folder / "pong.log").read_text()
+    assert "[rdn] " in log and "[lstm] " in log  # each run's output, labelled
 
 
 def test_kernels_part_dry_run(tmp_path):

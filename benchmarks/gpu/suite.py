@@ -19,10 +19,11 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   each env path (the Python chain and ale-py's vector env, ``fwrl bench envs --paths``) on
   those workers; then
   two learner ranks sharing the GPU (``benchmarks/multi_learner_overhead.py``);
-- ``pong``: an 8-minute ``fwrl train`` of the rdn agent on Pong (the settings with which it learned Pong
-  on the CPU: ``pong-cpu`` with ``--core rdn``; 8 envs per worker),
-  then ``fwrl evaluate``, ``fwrl plot`` of the return, the policy entropy and the
-  gradient norm, and the init probe of the same agent (``fwrl info --probe``).
+- ``pong``: 8-minute ``fwrl train`` runs on Pong of the rdn agent (the settings with which it learned
+  Pong on the CPU: ``pong-cpu`` with ``--core rdn``) and, side by side on the other half of the cores,
+  the preset's LSTM as the control (8 envs per worker), then the curves of the return, the policy
+  entropy and the gradient norm, the init probe of each agent (``fwrl info --probe``) and
+  ``fwrl evaluate``.
 
 ``--dry-run`` runs the same code at tiny sizes on the CPU (CI does, so the
 suite cannot rot between GPU runs); its figures mean nothing.
@@ -80,15 +81,19 @@ LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LE
 ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
 # The pong part's envs per worker: the first GPU run's acting thread, not the envs, set the rate at 2 per
-# worker (3,553 agent steps/s for rdn: 1.7 M steps in 8 minutes, where the CPU run of rdn left random play
-# only after 2.3 M); a wider forward serves more slots per acting step.
+# worker (3,553 agent steps/s for rdn on an H200); at 8 per worker one forward serves 4x the slots (the H100's
+# rdn run: 9,400 agent steps/s, its acting thread still the limit).
 PONG_ENVS_PER_WORKER = WIDE_ENVS_PER_WORKER
-# The pong part's agent: rdn with the settings the stability work chose for Pong (issue 26, the pong-cpu
-# preset: nature stem, T 20, B 32, lr 6e-4, output_scale 0.1), with which it went from random to +3.45 on
-# the 2-core CPU (benchmarks/learning/README.md): 0 crossed at 3.7 M steps, 5,800 updates. The paper's
-# rfwp-atari settings (impala stem, T 50) make 2.5x fewer updates of the same steps; the learner part
-# times them.
-PONG_AGENT = ("--preset", "pong-cpu", "--core", "rdn")
+# The pong part's agents, trained side by side on half the cores each (each run has its own acting thread,
+# the one that set the rate): rdn with the settings the stability work chose for Pong (issue 26, the pong-cpu
+# preset: nature stem, T 20, B 32, lr 6e-4, rdn's output_scale 0.1), which on the 2-core CPU left random play
+# at 2.4 M agent steps and crossed 0 at 3.7 M; and the preset's own LSTM, the control, which did so at 1.5 M
+# and 2.9 M. The H100's first pong run (rdn alone, 16 workers x 8 envs) stayed at random play for 4.3 M
+# steps: the control tells a GPU-path fault (neither learns) from the rdn agent's slower, seed-dependent start.
+PONG_AGENTS = {"rdn": ("--preset", "pong-cpu", "--core", "rdn"), "lstm": ("--preset", "pong-cpu")}
+PONG_GOAL_AGENT = "rdn"
+PONG_RANDOM_EXIT = -19.0  # a mean return above this has left random play (random: about -20.3)
+PONG_EVAL_EPISODES = 4
 # pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
 # and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
 GPU_TEST_SELECTION = "cuda or sm90 or gpu"
@@ -114,25 +119,29 @@ class Part:
         self.started = time.monotonic()
         self.budget = budget
         self.resume = resume
+        self._log_lock = threading.Lock()
 
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
 
     def log(self, text: str) -> None:
-        print(text, flush=True)
-        with self.log_path.open("a") as f:
-            f.write(text + "\n")
+        with self._log_lock:  # commands run side by side log from their own threads
+            print(text, flush=True)
+            with self.log_path.open("a") as f:
+                f.write(text + "\n")
 
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = True,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, prefix: str = "") -> subprocess.CompletedProcess:
         """Run ``argv`` (``env`` added to the environment), its output going to the console and the
-        log line by line as it comes, so a command stopped at ``timeout`` (default: the time left)
-        keeps what it printed; raises ``subprocess.TimeoutExpired`` (with that output) then."""
+        log line by line as it comes (each line after ``prefix``: commands run side by side), so a
+        command stopped at ``timeout`` (default: the time left) keeps what it printed; raises
+        ``subprocess.TimeoutExpired`` (with that output) then."""
         argv = list(map(str, argv))
         timeout = self.left() if timeout is None else min(timeout, self.left())
         if timeout <= 0:
             raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
-        self.log(f"$ {' '.join(argv)}")
+        tag = f"[{prefix}] " if prefix else ""
+        self.log(f"{tag}$ {' '.join(argv)}")
         lines: list[str] = []
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, **(env or {})})
@@ -140,7 +149,7 @@ class Part:
         def pump() -> None:
             for line in proc.stdout:
                 lines.append(line)
-                self.log(line.rstrip("\n"))
+                self.log(tag + line.rstrip("\n"))
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -157,12 +166,12 @@ class Part:
             raise RuntimeError(f"{argv[0]} ... exited with {proc.returncode}")
         return result
 
-    def try_run(self, argv: Sequence[str], timeout: float | None = None) -> bool:
+    def try_run(self, argv: Sequence[str], timeout: float | None = None, prefix: str = "") -> bool:
         """``run`` that logs a failure or timeout instead of raising; True if it succeeded."""
         try:
-            return self.run(argv, timeout=timeout, check=False).returncode == 0
+            return self.run(argv, timeout=timeout, check=False, prefix=prefix).returncode == 0
         except (TimeoutError, subprocess.TimeoutExpired) as exc:
-            self.log(f"not finished: {exc}")
+            self.log(f"{f'[{prefix}] ' if prefix else ''}not finished: {exc}")
             return False
 
 
@@ -589,87 +598,151 @@ def _plot_learner(path: Path, rows: list[dict[str, Any]], ceilings: dict[int, fl
 # ----------------------------------------------------------------------------- pong
 
 def part_pong(part: Part, meta: dict[str, Any]) -> None:
-    from fwrl.launch.plot import series  # a metric's finite values with their agent steps
-
-    workers = 2 if part.dry else (os.cpu_count() or 2)
-    # The dry run stops by steps, not time, so that each of its two envs ends a game (a Pong game
-    # of a near-random policy lasts 850-1050 agent steps) however busy the machine is.
+    workers = 1 if part.dry else max(1, (os.cpu_count() or 2) // len(PONG_AGENTS))
+    # The dry run stops by steps, not time, so that each of its envs ends a game (a Pong game of a
+    # near-random policy lasts 850-1050 agent steps) however busy the machine is.
     seconds = 150 if part.dry else PONG_SECONDS
     with tempfile.TemporaryDirectory(prefix="fwrl-pong-") as tmp:
-        run = Path(tmp) / "pong-rdn"
-        train = ["train", *PONG_AGENT, "--num-workers", workers,
-                 "--max-seconds", seconds, "--runs-dir", tmp, "--name", "pong-rdn", "--log-interval",
-                 2 if part.dry else 10]
-        train += (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
-                   "--total-steps", 3000] if part.dry
-                  else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
-        part.run(fwrl(*train), timeout=seconds + 120)
-        # keep the run's figures before anything else can fail; then, in what time the part has left,
-        # the curves (seconds each), the init probe (CPU, bounded) and last the greedy games, whose
-        # length nothing bounds but Pong's score: the first H100 run's evaluation took the 90 s that
-        # were left and so cost the curves and the probe
-        shutil.copy(run / "metrics.csv", part.out / "metrics.csv")
-        shutil.copy(run / "config.yaml", part.out / "config.yaml")
-        plotted = part.try_run(fwrl("plot", run, "--metric", "mean_return", "--out", part.out / "pong.png"),
-                               timeout=60)
-        part.try_run(fwrl("plot", run, "--metric", "entropy", "--out", part.out / "entropy.png"), timeout=60)
-        part.try_run(fwrl("plot", run, "--metric", "grad_norm", "--out", part.out / "grad_norm.png"), timeout=60)
-        # the init probe of the same agent and settings (on the CPU: one batch, a few updates)
-        probe_args = ["info", *PONG_AGENT, "--probe", "--probe-updates", 2 if part.dry else 3]
-        probe_args += ["--batch-size", 2, "--unroll-length", 8] if part.dry else []
-        probe = (json.loads((part.out / "probe.json").read_text())
-                 if part.try_run(fwrl(*probe_args, "--json-path", part.out / "probe.json"),
-                                 timeout=120 if part.dry else 60) else None)
-        episodes = 1 if part.dry else 8
-        evaluated = part.try_run(fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1,
-                                      "--num-workers", min(episodes, workers), "--device",
-                                      "cpu" if part.dry else "cuda", "--out", part.out / "evaluation.json"),
-                                 timeout=120 if part.dry else 150)
-    rows = list(csv.DictReader((part.out / "metrics.csv").open()))
+        runs = {name: Path(tmp) / f"pong-{name}" for name in PONG_AGENTS}
+        train = {name: _pong_train_args(name, workers, seconds, tmp, part.dry) for name in PONG_AGENTS}
+        trained = _side_by_side(part, {name: fwrl(*args) for name, args in train.items()}, seconds + 120)
+        # keep each run's figures before anything else can fail; then, in what time the part has left, the
+        # init probes (CPU, bounded) and last the greedy games, whose length nothing bounds but Pong's score
+        # (the first H100 run's evaluation took the 90 s that were left and so cost the curves and the probe)
+        histories: dict[str, list[dict[str, str]]] = {}
+        for name, run in runs.items():
+            if (run / "metrics.csv").exists():
+                shutil.copy(run / "metrics.csv", part.out / f"metrics-{name}.csv")
+                histories[name] = list(csv.DictReader((run / "metrics.csv").open()))
+        if histories:
+            _plot_pong(part.out / "pong.png", histories, meta)
+        probe_args = {name: ["info", *agent, "--probe", "--probe-updates", 2 if part.dry else 3]
+                      + (["--batch-size", 2, "--unroll-length", 8] if part.dry else [])
+                      + ["--json-path", Path(tmp) / f"probe-{name}.json"] for name, agent in PONG_AGENTS.items()}
+        _side_by_side(part, {name: fwrl(*args) for name, args in probe_args.items()}, 120 if part.dry else 60)
+        episodes = 1 if part.dry else PONG_EVAL_EPISODES
+        evaluate = {name: fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1,
+                               "--num-workers", min(episodes, workers), "--device", "cpu" if part.dry else "cuda",
+                               "--out", Path(tmp) / f"evaluation-{name}.json")
+                    for name, run in runs.items() if name in histories}
+        _side_by_side(part, evaluate, 120 if part.dry else 150)
+        agents = {name: _pong_summary(histories.get(name, []), _read_json(Path(tmp) / f"probe-{name}.json"),
+                                      _read_json(Path(tmp) / f"evaluation-{name}.json"))
+                  for name in PONG_AGENTS}
+        for name, ok in trained.items():
+            agents[name]["trained"] = ok
+    goal = agents[PONG_GOAL_AGENT]
+    goals = [goal_line(f"{PONG_GOAL_AGENT}: mean return (last 100 episodes) above 0 within {seconds} s",
+                       goal["final"][2] if goal["final"] else None, 1e-9, "")]
+    summary = {"meta": meta, "seconds": seconds, "workers_per_agent": workers,
+               "commands": {name: "fwrl " + " ".join(map(str, args)) for name, args in train.items()},
+               "goals": goals, "agents": agents}
+    (part.out / "pong.json").write_text(json.dumps(summary, indent=2))
+    (part.out / "pong.md").write_text(_pong_report(summary, meta, episodes))
+
+
+def _pong_train_args(name: str, workers: int, seconds: int, runs_dir: str, dry: bool) -> list[Any]:
+    args = ["train", *PONG_AGENTS[name], "--num-workers", workers, "--max-seconds", seconds, "--runs-dir", runs_dir,
+            "--name", f"pong-{name}", "--log-interval", 2 if dry else 10]
+    return args + (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
+                    "--total-steps", 3000] if dry else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
+
+
+def _side_by_side(part: Part, commands: dict[str, list[str]], timeout: float) -> dict[str, bool]:
+    """Run ``commands`` at once (their output prefixed with their name in the log); which succeeded."""
+    done: dict[str, bool] = {}
+    threads = [threading.Thread(target=lambda n=n, a=a: done.__setitem__(n, part.try_run(a, timeout, prefix=n)))
+               for n, a in commands.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {name: done.get(name, False) for name in commands}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _pong_summary(rows: list[dict[str, str]], probe: dict[str, Any] | None,
+                  evaluation: dict[str, Any] | None) -> dict[str, Any]:
+    """One agent's run in figures: where its training return stood and when it left random play and
+    crossed 0, its rate, entropy and gradient norm, its init probe and its greedy games."""
+    from fwrl.launch.plot import series  # a metric's finite values with their agent steps
+
     curve = [(float(r["time"]), int(r["agent_steps"]), float(r["mean_return"])) for r in rows
              if r.get("mean_return") not in (None, "", "nan")]
     entropy = list(zip(*series(rows, "entropy")))  # (agent steps, nats per step) of the rows that have it
     _, grad_norms = series(rows, "grad_norm")
-    first_positive = next(((t, s) for t, s, v in curve if v > 0), None)
-    eval_mean = _eval_mean(json.loads((part.out / "evaluation.json").read_text())) if evaluated else None
-    final = curve[-1] if curve else None
-    goals = [goal_line(f"mean return (last 100 episodes) above 0 within {seconds} s",
-                       final[2] if final else None, 1e-9, "")]
-    summary = {"meta": meta, "seconds": seconds, "final": final, "first_positive": first_positive,
-               "evaluation_mean": eval_mean, "goals": goals,
-               "entropy_first_last": [entropy[0], entropy[-1]] if entropy else None,
-               "grad_norm_first_max_last": [grad_norms[0], max(grad_norms), grad_norms[-1]] if grad_norms else None,
-               "init_probe": {k: probe[k] for k in ("init_grad_norm", "first_logit_change", "first_value_change",
-                                                    "initial_entropy", "entropy", "max_entropy")} if probe else None}
-    (part.out / "pong.json").write_text(json.dumps(summary, indent=2))
-    md = header("GPU suite: Pong, rdn agent, pong-cpu settings", meta)
-    md += f"\n`fwrl {' '.join(map(str, train))}`, then `fwrl evaluate` ({episodes} greedy full games) and `fwrl plot`.\n\n"
-    md += table(goals, ("goal", "target", "measured", "met"))
-    if final:
-        md += (f"\nAfter {final[0]:.0f} s: {final[1]:,} agent steps, mean training return {final[2]:.2f} "
-               f"(last 100 episodes). First positive mean: "
-               f"{'at %.0f s, %s steps' % (first_positive[0], f'{first_positive[1]:,}') if first_positive else 'never'}."
-               f"\nEvaluation: mean return {eval_mean if eval_mean is None else round(eval_mean, 2)} over "
-               f"{episodes} greedy games.\n")
-    if entropy:
-        md += (f"\nPolicy entropy per step (nats; uniform over Pong's 6 actions: 1.79): {entropy[0][1]:.3f} at "
-               f"{entropy[0][0]:,.0f} steps, {min(e for _, e in entropy):.3f} at its lowest, {entropy[-1][1]:.3f} at "
-               f"the end (`entropy.png`).\n")
-    if grad_norms:
-        md += (f"Gradient norm before the clip at 40 (`grad_norm.png`): {grad_norms[0]:.3g} in the first logged row, "
-               f"{max(grad_norms):.3g} at most, {grad_norms[-1]:.3g} at the end.\n")
-    if probe:
-        md += (f"Init probe (`probe.json`, `fwrl {' '.join(map(str, probe_args))}`, CPU): gradient norm "
-               f"{probe['init_grad_norm']:.3g} at init; the first update moves the logits by up to "
-               f"{probe['first_logit_change']:.3g} and the value by up to {probe['first_value_change']:.3g}; entropy "
-               f"{probe['initial_entropy']:.3f} -> {', '.join(f'{e:.3f}' for e in probe['entropy'])} nats.\n")
-    else:
-        md += "No init probe: `fwrl info --probe` failed or ran out of time (see `pong.log`).\n"
-    md += ("\nCurve: `pong.png`" if plotted else "\nNo curve: `fwrl plot` failed (see `pong.log`)")
-    md += "; every row: `metrics.csv`; "
-    md += ("evaluation: `evaluation.json` / `evaluation.md`.\n" if evaluated
-           else "no evaluation: `fwrl evaluate` failed or ran out of time (see `pong.log`).\n")
-    (part.out / "pong.md").write_text(md)
+    _, rates = series(rows, "steps_per_second")
+    return {
+        "final": curve[-1] if curve else None,
+        "left_random": next(((t, s) for t, s, v in curve if v > PONG_RANDOM_EXIT), None),
+        "first_positive": next(((t, s) for t, s, v in curve if v > 0), None),
+        "steps_per_second": round(sum(rates[1:]) / len(rates[1:])) if len(rates) > 1 else None,  # past the first row
+        "entropy_first_min_last": [entropy[0][1], min(e for _, e in entropy), entropy[-1][1]] if entropy else None,
+        "grad_norm_first_max_last": [grad_norms[0], max(grad_norms), grad_norms[-1]] if grad_norms else None,
+        "init_probe": {k: probe[k] for k in ("init_grad_norm", "first_logit_change", "first_value_change",
+                                             "initial_entropy", "entropy", "max_entropy")} if probe else None,
+        "evaluation_mean": _eval_mean(evaluation) if evaluation else None,
+    }
+
+
+def _pong_report(summary: dict[str, Any], meta: dict[str, Any], episodes: int) -> str:
+    def at(point):
+        return f"{point[1]:,} steps ({point[0]:.0f} s)" if point else "never"
+
+    def triple(values, fmt):
+        return " / ".join(format(v, fmt) for v in values) if values else "-"
+
+    md = header("GPU suite: Pong, rdn and lstm side by side, pong-cpu settings", meta)
+    md += (f"\nBoth agents trained at once for {summary['seconds']} s, {summary['workers_per_agent']} workers each "
+           f"(half the cores), then {episodes} greedy full games each (`fwrl evaluate`) and the CPU init probe "
+           "(`fwrl info --probe`):\n\n")
+    md += "".join(f"- `{command}`\n" for command in summary["commands"].values())
+    md += "\n" + table(summary["goals"], ("goal", "target", "measured", "met"))
+    rows = []
+    for name, a in summary["agents"].items():
+        probe, final = a["init_probe"], a["final"]
+        rows.append({"agent": name + ("" if a.get("trained") else " (run failed: pong.log)"),
+                     "agent steps": f"{final[1]:,}" if final else "-", "steps/s": a["steps_per_second"],
+                     "mean return (last 100)": round(final[2], 2) if final else None,
+                     f"left random (> {PONG_RANDOM_EXIT:g})": at(a["left_random"]), "above 0": at(a["first_positive"]),
+                     "entropy first / min / last": triple(a["entropy_first_min_last"], ".3f"),
+                     "grad norm first / max / last": triple(a["grad_norm_first_max_last"], ".3g"),
+                     "init grad norm": round(probe["init_grad_norm"], 3) if probe else None,
+                     "greedy games": None if a["evaluation_mean"] is None else round(a["evaluation_mean"], 2)})
+    md += "\n## The two runs\n\n" + table(rows, list(rows[0]))
+    md += ("\nEntropy in nats per step (uniform over Pong's 6 actions: 1.79); gradient norm before the clip at 40; "
+           "init grad norm from the CPU probe (`pong.json` has the first update's change of logits and value). "
+           "Curves: `pong.png` (return, entropy, gradient norm against agent steps); every row: "
+           "`metrics-<agent>.csv`; the runs' output: `pong.log`.\n")
+    return md
+
+
+def _plot_pong(path: Path, histories: dict[str, list[dict[str, str]]], meta: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fwrl.launch.plot import series
+
+    metrics = (("mean_return", "mean return (last 100 episodes)"), ("entropy", "policy entropy (nats per step)"),
+               ("grad_norm", "gradient norm (before the clip)"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(15, 4.5))
+    for ax, (column, label) in zip(axes, metrics):
+        for name, rows in histories.items():
+            xs, ys = series(rows, column)
+            ax.plot(xs, ys, label=name)
+        ax.set_xlabel("agent steps")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"Pong, pong-cpu settings, {meta['gpu']} ({meta['commit'][:7]})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _eval_mean(evaluation: dict[str, Any]) -> float | None:
