@@ -109,7 +109,7 @@ class Part:
     """One part's output folder, log and time budget."""
 
     def __init__(self, name: str, out: Path, dry: bool, budget: float, skip_tests: bool = False,
-                 resume: Path | None = None):
+                 resume: Path | None = None, retime: Sequence[str] = ()):
         self.name, self.dry, self.skip_tests = name, dry, skip_tests
         self.out = out / name
         if self.out.exists():
@@ -119,6 +119,7 @@ class Part:
         self.started = time.monotonic()
         self.budget = budget
         self.resume = resume
+        self.retime = set(retime)  # cores whose resumed rows are dropped (their kernels changed since)
         self._log_lock = threading.Lock()
 
     def left(self) -> float:
@@ -205,8 +206,9 @@ def _git(*args: str) -> str:
 def header(title: str, meta: dict[str, Any]) -> str:
     dry = "  \n**Dry run at tiny sizes on the CPU: these figures mean nothing.**" if meta["dry_run"] else ""
     earlier = meta.get("resumed_from")
+    retimed = f" ({', '.join(earlier['retimed'])} timed again here)" if earlier and earlier.get("retimed") else ""
     resumed = (f"  \n{earlier['rows']} rows were timed by an earlier run (commit `{earlier['commit']}`, "
-               f"{earlier['gpu']}, {earlier['date']}; `--resume {earlier['path']}`): their note says so."
+               f"{earlier['gpu']}, {earlier['date']}; `--resume {earlier['path']}`){retimed}: their note says so."
                if earlier else "")
     return (f"# {title}\n\ncommit `{meta['commit']}` · GPU {meta['gpu']} · torch {meta['torch']} · "
             f"triton {meta['triton']} · Python {meta['python']} · {meta['cpus']} CPUs · {meta['date']}{dry}"
@@ -257,7 +259,9 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
         summary = _run_kernel_tests(part, tests, select)
     rows: list[dict[str, Any]] = []
     if part.resume is not None:  # an earlier session's timed rows: its passes are not timed again
-        rows = _resumed_rows(part.resume, meta)
+        rows = [row for row in _resumed_rows(part.resume, meta) if row["core"] not in part.retime]
+        meta["resumed_from"]["rows"] = len(rows)
+        meta["resumed_from"]["retimed"] = sorted(part.retime)
         part.log(f"resumed {len(rows)} timed rows of {part.resume} (commit {meta['resumed_from']['commit']})")
     done: set[tuple[str, str, str]] = set()  # the dry run's (core, impl, dtype): its shape is always the same
     for n, (core, impls, dtypes, shapes) in enumerate(_kernel_passes()):
@@ -790,6 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resume", metavar="JSON", type=Path,
                         help="kernels: keep the timed rows of an earlier run's kernels.json and time only the "
                              "passes it lacks (only while fwrl/kernels is unchanged since its commit)")
+    parser.add_argument("--retime", metavar="CORE", action="append", default=[], choices=KERNEL_CORES,
+                        help="with --resume: time this core again (its kernel changed since that run); repeatable")
     parser.add_argument("--rebuild", metavar="FOLDER",
                         help="kernels: write the report again from FOLDER/kernels.json (its timed rows; "
                              "the goals are re-derived), on any machine")
@@ -798,16 +804,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rebuild:
         return rebuild_report(args.part, Path(args.rebuild))
-    out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu")
-    meta = metadata(args.dry_run)
-    if not args.dry_run and meta["gpu"] == "none (CPU)":
-        print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
+    if args.retime and args.resume is None:
+        print("benchmarks/gpu/run.sh: --retime drops cores from the rows of --resume; give --resume JSON too",
+              file=sys.stderr)
         return 2
     if args.resume is not None and (args.part != "kernels" or not args.resume.is_file()):
         print(f"benchmarks/gpu/run.sh: --resume takes an earlier kernels part's kernels.json; got {args.part} "
               f"with {args.resume}{'' if args.resume.is_file() else ' (no such file)'}", file=sys.stderr)
         return 2
-    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests, args.resume)
+    out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu")
+    meta = metadata(args.dry_run)
+    if not args.dry_run and meta["gpu"] == "none (CPU)":
+        print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
+        return 2
+    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests, args.resume, args.retime)
     part.log(f"GPU suite part {args.part}: {json.dumps(meta)}")
     PART_FUNCTIONS[args.part](part, meta)
     part.log(f"done in {time.monotonic() - part.started:.0f} s: {sorted(p.name for p in part.out.iterdir())}")
