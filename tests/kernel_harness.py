@@ -11,7 +11,9 @@ GPUs. Two private packages exist: ``_fwrl_triton_interpreted`` (built for the
 interpreter) and ``_fwrl_triton_compiled`` (for GPUs: the compile-only sm_90
 checks, and GPU runs). Each test module sets the variable per test with the
 autouse ``_interpret`` fixture (imported from here). The compile-only checks
-build kernels for sm_90 without a GPU and read their spill space with cuobjdump.
+build kernels for sm_90 without a GPU, with their arguments specialised as Triton's
+launcher specialises a real launch's (``launch_specialisation``), and read their
+spill space with cuobjdump.
 
 Imported by the test modules (pytest puts ``tests/`` on ``sys.path``); its name
 does not start with ``test_``, so it is not collected itself.
@@ -25,7 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 
 import pytest
@@ -146,6 +148,70 @@ def skip_without_sm90_toolchain() -> None:
     for tool in ("ptxas", "cuobjdump"):
         if not os.path.exists(getattr(triton.knobs.nvidia, tool).path):
             pytest.skip(f"this Triton install lacks {tool}, needed to build and inspect sm_90 code")
+    try:
+        from triton._C.libtriton import native_specialize_impl  # noqa: F401
+    except ImportError:
+        pytest.skip(f"Triton {triton.__version__} predates the launcher's native_specialize_impl, "
+                    "which the checks specialise arguments with (launch_specialisation)")
+
+
+# T, B, H of the benchmark's large shape (B, T, H, d) = (256, 101, 8, d), the launches the
+# H100 timings are about (learner batches are multiples of 16 too; T = unroll + 1 is odd):
+# the launcher marks B divisible by 16 and leaves T and H unmarked.
+LAUNCH_INTS = {"T": 101, "B": 256, "H": 8}
+
+# Element types of the pointer arguments, as Triton names them, for the stand-in tensors.
+_POINTER_DTYPES = {"*fp32": torch.float32, "*bf16": torch.bfloat16, "*fp16": torch.float16,
+                   "*i8": torch.int8, "*i32": torch.int32, "*i64": torch.int64}
+
+
+def launch_specialisation(kernel, target, pointer_types: Mapping[str, str],
+                          constexprs: Mapping[str, object], ints: Mapping[str, int]):
+    """(signature, constexprs, attrs) of a launch of ``kernel`` on ``target`` with the
+    integer arguments ``ints`` (name -> the value the launch passes) and, for every other
+    non-constexpr argument, a 16-byte aligned tensor of ``pointer_types[name]`` (``*fp32``
+    if not named).
+
+    Each argument goes through the function Triton's launcher itself calls on every
+    launch (``native_specialize_impl``, with the kernel's own do_not_specialize flags and
+    annotations, as ``runtime.jit.create_function_from_signature`` does), so the kernel
+    compiled here is the one a launch with these values compiles: an int whose value is a
+    multiple of 16 gets ``tt.divisibility = 16`` (changing layouts and vector widths: the
+    delta rule's DK/DV), an int equal to 1 becomes a constant, one of 2**31 or more is i64;
+    pointers are aligned (the wrappers pass only such tensors: ``common.aligned``).
+    """
+    from triton._C.libtriton import native_specialize_impl
+    from triton.compiler import make_backend
+    from triton.runtime.jit import MockTensor
+
+    backend = make_backend(target)
+    unknown = set(ints) - set(kernel.arg_names)
+    assert not unknown, f"{kernel.fn.__name__} has no arguments {sorted(unknown)}"
+    signature, consts, attrs = {}, dict(constexprs), {}
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        if name in constexprs:
+            signature[name] = "constexpr"
+            attrs[(i,)] = backend.parse_attr("")  # none, as the launcher gives constants
+            continue
+        arg = (ints[name] if name in ints
+               else MockTensor(_POINTER_DTYPES[pointer_types.get(name, "*fp32")]))
+        specialise = not param.do_not_specialize
+        kind, spec = native_specialize_impl(backend, arg, param.is_const, specialise,
+                                            not param.do_not_specialize_on_alignment)
+        if param.annotation_type:  # an annotated argument keeps its annotated type
+            kind = param.annotation_type
+            if kind == "u1" or kind[:2] in ("fp", "bf") or not specialise:
+                spec = None
+        if kind == "constexpr":
+            signature[name] = "constexpr"
+            consts[name] = spec
+            spec = ""
+        else:
+            signature[name] = kind
+        if isinstance(spec, str):
+            attrs[(i,)] = backend.parse_attr(spec)
+    return signature, consts, attrs
 
 
 def compile_sm90(
@@ -153,14 +219,15 @@ def compile_sm90(
     pointer_types: Mapping[str, str],
     constexprs: Mapping[str, object],
     num_warps: int,
-    ints: Collection[str],
+    ints: Mapping[str, int],
 ):
-    """Compile a ``@triton.jit`` kernel for sm_90: arguments named in ``constexprs`` are
-    constants, those in ``ints`` are i32, the rest pointers (``pointer_types`` or ``*fp32``).
+    """Compile a ``@triton.jit`` kernel for sm_90 as a launch would: arguments named in
+    ``constexprs`` are constants, those in ``ints`` take the value a launch passes
+    (name -> value: ``LAUNCH_INTS`` and the kernel's own sizes), the rest are tensors of
+    ``pointer_types`` (``*fp32`` if not named), all specialised the way Triton's launcher
+    specialises them (``launch_specialisation``).
 
-    Pointers are marked 16-byte aligned, as Triton's launcher specialises them for
-    tensors whose address is (the wrappers pass only such tensors: ``common.aligned``);
-    the options are those of every launch (``common.launch_options`` of the kernel's
+    The options are those of every launch (``common.launch_options`` of the kernel's
     own package copy: importing ``fwrl.kernels.triton`` here, under the tests'
     TRITON_INTERPRET=1, would build the package GPU code imports for the interpreter).
     """
@@ -169,19 +236,11 @@ def compile_sm90(
 
     package = kernel.fn.__module__.rpartition(".")[0]
     launch_options = sys.modules[f"{package}.common"].launch_options
-
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ints:
-            signature[name] = "i32"
-        else:
-            signature[name] = pointer_types.get(name, "*fp32")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64),
-                          options=launch_options(num_warps))
+    target = GPUTarget("cuda", 90, 64)
+    signature, consts, attrs = launch_specialisation(kernel, target, pointer_types, constexprs,
+                                                     ints)
+    source = ASTSource(kernel, signature, constexprs=consts, attrs=attrs)
+    return triton.compile(source, target=target, options=launch_options(num_warps))
 
 
 def stack_and_local_bytes(compiled) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from fwrl.errors import FwrlError
 from fwrl.kernels import dispatch
 from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
 from kernel_harness import (
+    LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
     assert_all_close,
     compile_sm90,
@@ -248,8 +249,9 @@ def test_cuda_matches_reference(d, monkeypatch):
 # kernels); 48 and 64 (streamed kernels).
 COMPILE_CASES = [(16, "bf16"), (32, "bf16"), (32, "fp32")]
 STREAMED_COMPILE_CASES = [(48, "fp32"), (48, "bf16"), (64, "fp32"), (64, "bf16")]
-# The integer arguments of this module's kernels are i32 (the head dim D is a constant).
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
+# The integer arguments of this module's kernels (T, B, H; the head dim D constant) take the values
+# of the benchmark's large shape, specialised as a launch specialises them.
+_compile_sm90 = functools.partial(compile_sm90, ints=LAUNCH_INTS)
 
 
 def _io_types(dtype):

@@ -15,6 +15,7 @@ from fwrl.errors import FwrlError
 from fwrl.kernels import dispatch
 from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
 from kernel_harness import (
+    LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
     assert_all_close,
     compile_sm90,
@@ -254,8 +255,9 @@ def test_cuda_matches_reference(d, monkeypatch):
 # the largest supported head dim, 64.
 COMPILE_CASES = [(16, 16, "bf16"), (32, 32, "fp32"), (32, 64, "bf16"), (32, 64, "fp32"),
                  (64, 64, "bf16"), (64, 64, "fp32")]
-# The integer arguments of this module's kernels are i32 (D and DK are constants).
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
+# The integer arguments of this module's kernels (T, B, H; D and DK constant) take the values
+# of the benchmark's large shape, specialised as a launch specialises them.
+_compile_sm90 = functools.partial(compile_sm90, ints=LAUNCH_INTS)
 
 
 @needs_compiling_triton

@@ -11,16 +11,16 @@ configurations for sm_90 without a GPU.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from fwrl.kernels.reference.delta_rule import delta_rule_reference
 from kernel_harness import (
+    LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
     assert_all_close,
     compile_sm90,
+    launch_specialisation,
     load_kernel_module,
     needs_compiling_triton,
     resets,
@@ -373,11 +373,47 @@ def test_cuda_matches_reference(dim, monkeypatch):
 # Shipped configurations: head dims of the presets and the supported range, split
 # over 1 program per (batch, head) and over the row blocks ``split`` gives
 # (``--split`` of the benchmark, ``auto`` on small grids); (dim, split, rule, dtype).
+# (64, 1, "delta", "fp32") is what the H100 timed at the large shape (split auto).
 COMPILE_CASES = [(16, 1, "delta", "bf16"), (32, 1, "delta", "bf16"), (32, 2, "delta", "bf16"),
-                 (64, 1, "sum", "fp32"), (64, 2, "delta", "bf16"), (64, 4, "delta", "fp32"),
-                 (128, 1, "delta", "fp32"), (128, 8, "delta", "bf16")]
-# The integer arguments of this module's kernels are i32.
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H", "DK", "DV", "N", "NV", "D"))
+                 (64, 1, "sum", "fp32"), (64, 1, "delta", "fp32"), (64, 2, "delta", "bf16"),
+                 (64, 4, "delta", "fp32"), (128, 1, "delta", "fp32"), (128, 8, "delta", "bf16")]
+
+
+@needs_compiling_triton
+def test_compile_checks_specialise_as_the_launcher():
+    """The sm_90 checks compile the kernel a launch compiles: the harness's signature,
+    constants and attributes equal those of Triton's own launcher path (the binder of
+    ``JITFunction.run`` and ``_pack_args``) for the same argument values; DK, DV and B
+    divisible by 16 are marked so, T = H = 1 become constants."""
+    skip_without_sm90_toolchain()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import MockTensor, create_function_from_signature
+
+    C = load_kernel_module(KERNEL, interpret=False)
+    kernel = C._backward_kernel
+    target = GPUTarget("cuda", 90, 64)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    io = {"Q": "*bf16", "RESET": "*i8", "START": "*i32"}
+    dtypes = {"*bf16": torch.bfloat16, "*i8": torch.int8, "*i32": torch.int32}
+    constexprs = dict(BK=64, BV=64, FMAP=1, DELTA=True, FULL=True, FUSE_FMAP=True,
+                      WRITE_REBUILT=False, EPS=1e-5)
+    for ints in (dict(LAUNCH_INTS, DK=64, DV=64), dict(T=1, B=3, H=1, DK=20, DV=48)):
+        args = [ints[n] if n in ints else MockTensor(dtypes.get(io.get(n), torch.float32))
+                for n in kernel.arg_names if n not in constexprs]
+        launch = dict(constexprs, num_warps=8)
+        bound, specialization, options = binder(*args, **launch)
+        _, signature, consts, attrs = kernel._pack_args(backend, launch, bound, specialization,
+                                                        options)
+        ours = launch_specialisation(kernel, target, io, constexprs, ints)
+        assert ours[0] == signature, ints
+        assert {(kernel.arg_names.index(k),): v for k, v in ours[1].items()} == consts, ints
+        assert ours[2] == attrs, ints
+        divisible = {n for n in ints
+                     if attrs[(kernel.arg_names.index(n),)] == [["tt.divisibility", 16]]}
+        assert divisible == ({"B", "DK", "DV"} if ints["T"] > 1 else {"DV"}), ints
+        assert ("T" in ours[1]) == (ints["T"] == 1)
 
 
 @needs_compiling_triton
@@ -390,10 +426,13 @@ def test_compiles_for_sm90_without_spills():
         io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
         io.update(RESET="*i8", START="*i32")
         common = dict(BK=bk, BV=bv, FMAP=1, DELTA=rule == "delta", EPS=1e-5)
-        fwd = _compile_sm90(C._forward_kernel, io, dict(common, STORE=True), fwd_warps)
-        bwd = _compile_sm90(
+        # The values a launch at the benchmark's large shape passes, specialised as the
+        # launcher specialises them: every head dim here is marked divisible by 16.
+        ints = dict(LAUNCH_INTS, DK=dim, DV=dim)
+        fwd = compile_sm90(C._forward_kernel, io, dict(common, STORE=True), fwd_warps, ints)
+        bwd = compile_sm90(
             C._backward_kernel, io,
-            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), bwd_warps,
+            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), bwd_warps, ints,
         )
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)
@@ -401,6 +440,8 @@ def test_compiles_for_sm90_without_spills():
                 f"{name} kernel for head dim {dim}, split {split} ({rule}, {dtype}) spills "
                 f"registers: stack {stack} B, local {local} B"
             )
-    fmap_bwd = _compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
-                             dict(BD=128, FMAP=1, EPS=1e-5), 1)
+    # The feature-map backward of head dim 128 split 8 ways (N = T * B * H rows).
+    rows = LAUNCH_INTS["T"] * LAUNCH_INTS["B"] * LAUNCH_INTS["H"]
+    fmap_bwd = compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
+                            dict(BD=128, FMAP=1, EPS=1e-5), 1, dict(N=rows, NV=8, D=128))
     assert stack_and_local_bytes(fmap_bwd) == (0, 0)

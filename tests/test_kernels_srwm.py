@@ -18,6 +18,7 @@ from fwrl.errors import FwrlError
 from fwrl.kernels import dispatch
 from fwrl.kernels.reference.srwm import srwm_reference
 from kernel_harness import (
+    LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
     assert_all_close,
     compile_sm90,
@@ -304,8 +305,9 @@ def test_cuda_matches_reference(d, dy, monkeypatch):
 # dim, 64.
 COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16"), (32, 97, "bf16"),
                  (32, 97, "fp32"), (20, 61, "bf16"), (64, 64, "bf16")]
-# The integer arguments of this module's kernels are i32 (D, DY, NREC are constants).
-_compile_sm90 = functools.partial(compile_sm90, ints=("T", "B", "H"))
+# The integer arguments of this module's kernels (T, B, H; D, DY, NREC constant) take the values
+# of the benchmark's large shape, specialised as a launch specialises them.
+_compile_sm90 = functools.partial(compile_sm90, ints=LAUNCH_INTS)
 
 
 @needs_compiling_triton
