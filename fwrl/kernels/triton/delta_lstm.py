@@ -33,7 +33,8 @@ previous output.
   live in a per-program fp32 scratch in global memory (96 KB at d = 64, 192 KB
   with the gradients, L2-resident: the forward works in place in the W_T output, the backward in
   the rebuilt-state buffer and the G's in the dW_0 output) and each step streams
-  them through registers in tiles of BR rows x d columns: per tile and matrix,
+  them through registers in tiles of BR rows x d columns (``STREAMED``: 32 rows at
+  d = 64, forward and backward, so two tiles per matrix and step): per tile and matrix,
   write (res rows = v - M k), read (u, f, o rows), then the c and y rows
   (Eq. 39-40); backwards, the same rows of the cell gradients, G += d read
   query^T, undo the write, and add the tile's share of the column reductions,
@@ -93,10 +94,14 @@ WARPS = {16: (2, 4), 32: (8, 8)}
 # Head dims above STREAM_ABOVE run the streamed kernels, with (forward row tile,
 # forward warps, backward row tile, backward warps) per padded head dim: no spill
 # on sm_90 at d = 48 and 64, fp32 and bf16 (tests/test_kernels_delta_lstm.py;
-# forward 122-127 registers, backward 192-201). Module-level so the tests can
-# force the streamed path at a small head dim (e.g. d = 12 in tiles of 4 rows).
+# forward 122-127 registers, backward 221-251). Each step is a serial chain of
+# (row tiles x 6 matrices) tile-steps, so the tiles are as tall as fits: 32 rows
+# (2 tiles per matrix) both ways; backward tiles of 8 rows (192-201 registers)
+# made 48 tile-steps a step instead of 12, and 16 rows take all 255 registers.
+# Module-level so the tests can force the streamed path at a small head dim
+# (e.g. d = 12 in tiles of 4 rows).
 STREAM_ABOVE = 32
-STREAMED = {64: (32, 8, 8, 8)}
+STREAMED = {64: (32, 8, 32, 8)}
 
 
 @triton.jit
