@@ -243,13 +243,23 @@ def compile_sm90(
     return triton.compile(source, target=target, options=launch_options(num_warps))
 
 
-def stack_and_local_bytes(compiled) -> tuple[int, int]:
-    """Spill space of a compiled kernel, read from its cubin with cuobjdump."""
+def _resource_usage(compiled) -> dict[str, str]:
+    """``cuobjdump -res-usage`` of a compiled kernel's cubin (REG, STACK, SHARED, LOCAL...)."""
     tool = triton.knobs.nvidia.cuobjdump.path
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
-    usage = dict(item.split(":", 1) for item in out.split() if ":" in item)
+    return dict(item.split(":", 1) for item in out.split() if ":" in item)
+
+
+def stack_and_local_bytes(compiled) -> tuple[int, int]:
+    """Spill space of a compiled kernel, read from its cubin with cuobjdump."""
+    usage = _resource_usage(compiled)
     return int(usage["STACK"]), int(usage["LOCAL"])
+
+
+def registers(compiled) -> int:
+    """Registers per thread of a compiled kernel, read from its cubin with cuobjdump."""
+    return int(_resource_usage(compiled)["REG"])

@@ -52,6 +52,7 @@ def test_dry_run_times_every_core_on_cpu(tmp_path):
         assert r["max_abs_error"] < TOLERANCE[r["dtype"]], label
         if r["impl"].startswith("triton["):
             assert r["programs_per_head"] == int(r["split"])
+        assert "maxnreg" not in r, label  # no --maxnreg: no cap, rows as before it existed
 
 
 def test_needs_a_gpu_without_dry_run():
@@ -81,3 +82,110 @@ def test_every_core_has_preset_shapes_and_inputs():
         assert tensors[0].dtype == torch.bfloat16 and reset.shape == (3, 2)
         outs = benchmark.REFERENCES[core](*(t.double() for t in tensors), reset)
         assert all(torch.isfinite(torch.as_tensor(o)).all() for o in outs)
+
+
+# --------------------------------------------------------------------------- --maxnreg
+
+
+@pytest.mark.parametrize("bad", ["300", "23", "0", "-128", "12.5", "abc"])
+def test_maxnreg_names_a_bad_value_and_the_range(bad):
+    with pytest.raises(benchmark.FwrlError, match=rf"--maxnreg.*{bad!r}.*\[24, 255\]"):
+        benchmark.main(["--core", "rdn", "--dry-run", "--maxnreg", "128", bad])
+
+
+def test_maxnreg_parses_and_defaults_to_no_cap():
+    assert benchmark._parser().parse_args([]).maxnreg is None
+    caps = benchmark._parser().parse_args(["--maxnreg", "255", "128", "24"]).maxnreg
+    assert caps == [255, 128, 24]
+    assert benchmark._capped("triton", 128) == "triton[maxnreg=128]"
+    assert benchmark._capped("triton[split=auto]", 96) == "triton[split=auto,maxnreg=96]"
+
+
+def test_register_cap_caps_launch_options_and_restores_them():
+    common = pytest.importorskip("fwrl.kernels.triton.common")
+    assert common.REGISTER_CAP_RANGE == benchmark.MAXNREG_RANGE
+    default = {w: common.launch_options(w) for w in (1, 4, 8, 16)}
+    assert [default[w]["maxnreg"] for w in (1, 4, 8, 16)] == [255, 255, 255, 128]
+    with common.register_cap(128):
+        assert common.launch_options(8) == dict(default[8], maxnreg=128)
+        assert common.launch_options(16)["maxnreg"] == 128
+        with common.register_cap(96):  # contexts nest
+            assert common.launch_options(4)["maxnreg"] == 96
+        assert common.launch_options(4)["maxnreg"] == 128
+    with common.register_cap(168):  # a cap above a block's share leaves the share
+        assert common.launch_options(16)["maxnreg"] == 128
+        assert common.launch_options(8)["maxnreg"] == 168
+    with common.register_cap(None):
+        assert common.launch_options(8) == default[8]
+    with pytest.raises(RuntimeError, match="inside"):
+        with common.register_cap(64):
+            assert common.launch_options(8)["maxnreg"] == 64
+            raise RuntimeError("inside")
+    assert {w: common.launch_options(w) for w in default} == default  # restored, also after raising
+    for bad in (23, 256, 128.0, True, "128"):
+        with pytest.raises(ValueError, match=r"\[24, 255\]"):
+            with common.register_cap(bad):
+                pass
+    assert {w: common.launch_options(w) for w in default} == default
+
+
+def test_maxnreg_rows_cap_the_forward_and_the_backward(monkeypatch):
+    """Every launch of a capped row runs under its cap, the backward autograd runs
+    outside the runner included; the rows are labelled and carry the cap."""
+    common = pytest.importorskip("fwrl.kernels.triton.common")
+    seen = []
+
+    class Probe(torch.autograd.Function):  # stands in for a fused kernel's launches
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", common.launch_options(8)["maxnreg"]))
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("backward", common.launch_options(8)["maxnreg"]))
+            return 2 * g
+
+    monkeypatch.setattr(benchmark, "_uncapped_triton_runners", lambda core, args, inputs: {
+        "triton[split=auto]": (lambda x, reset: (Probe.apply(x),), "", dict(split="auto"))})
+    monkeypatch.setattr(benchmark, "_inputs", lambda core, shape, dtype, device, seed=0: (
+        torch.randn(3, 2, 4), torch.zeros(3, 2, dtype=torch.bool)))
+    monkeypatch.setitem(benchmark.REFERENCES, "rdn", lambda x, reset, **kwargs: (2 * x,))
+    args = benchmark._parser().parse_args(["--core", "rdn", "--maxnreg", "128", "96", "128"])
+    args.impls, args.repeats, args.warmup = ["reference", "triton"], 1, 0
+    rows = benchmark._bench_shape("rdn", (2, 3, 1, 4), "fp32", torch.float32,
+                                  torch.device("cpu"), args)
+    assert [(r["impl"], r.get("maxnreg")) for r in rows] == [
+        ("reference", None), ("triton[split=auto,maxnreg=128]", 128),
+        ("triton[split=auto,maxnreg=96]", 96)]
+    assert all(r["split"] == "auto" and r["max_abs_error"] == 0 for r in rows[1:])
+    assert {kind for kind, _ in seen} == {"forward", "backward"}
+    assert {cap for _, cap in seen} == {128, 96}  # never the default 255
+    assert common.launch_options(8)["maxnreg"] == 255
+
+
+def test_maxnreg_dry_run_labels_the_triton_rows(tmp_path):
+    """The CLI end to end (kernels in the interpreter, which ignores the cap): one row per
+    split and cap, labelled with both; cores without splits get triton[maxnreg=N]."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.abspath(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fwrl.launch.cli", "bench", "kernels", "--dry-run", "--core",
+         "delta_rule", "rdn", "--dtype", "fp32", "--split", "auto", "2", "--maxnreg", "255",
+         "128", "--json-path", str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["core"], r["impl"], r.get("maxnreg")) for r in rows] == [
+        ("delta_rule", "reference", None),
+        ("delta_rule", "triton[split=auto,maxnreg=255]", 255),
+        ("delta_rule", "triton[split=auto,maxnreg=128]", 128),
+        ("delta_rule", "triton[split=2,maxnreg=255]", 255),
+        ("delta_rule", "triton[split=2,maxnreg=128]", 128),
+        ("rdn", "reference", None),
+        ("rdn", "triton[maxnreg=255]", 255),
+        ("rdn", "triton[maxnreg=128]", 128),
+    ]
+    for r in rows:
+        assert "skipped" not in r and r["max_abs_error"] < TOLERANCE["fp32"], r

@@ -23,6 +23,7 @@ from kernel_harness import (
     launch_specialisation,
     load_kernel_module,
     needs_compiling_triton,
+    registers,
     resets,
     skip_without_sm90_toolchain,
     stack_and_local_bytes,
@@ -445,3 +446,27 @@ def test_compiles_for_sm90_without_spills():
     fmap_bwd = compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
                             dict(BD=128, FMAP=1, EPS=1e-5), 1, dict(N=rows, NV=8, D=128))
     assert stack_and_local_bytes(fmap_bwd) == (0, 0)
+
+
+@needs_compiling_triton
+def test_register_cap_reaches_the_compiled_kernel():
+    """``common.register_cap`` (``fwrl bench kernels --maxnreg``) changes the binary: the
+    backward the H100 timed at the large shape (d = 64, split 1, fp32, 8 warps) takes 159
+    registers by default and fits 128 without spilling (two programs per SM)."""
+    skip_without_sm90_toolchain()
+    C = load_kernel_module(KERNEL, interpret=False)
+    common = C.launch_options.__globals__  # the common module of the same package copy
+    bk, bv, _, bwd_warps = C._block_sizes(64, 64, 1)
+    io = {n: "*fp32" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
+    io.update(RESET="*i8", START="*i32")
+    constexprs = dict(BK=bk, BV=bv, FMAP=1, DELTA=True, EPS=1e-5, FULL=True, FUSE_FMAP=True,
+                      WRITE_REBUILT=False)
+    ints = dict(LAUNCH_INTS, DK=64, DV=64)
+
+    def backward():
+        return compile_sm90(C._backward_kernel, io, constexprs, bwd_warps, ints)
+
+    assert registers(backward()) > 128
+    with common["register_cap"](128):
+        capped = backward()
+    assert registers(capped) <= 128 and stack_and_local_bytes(capped) == (0, 0)

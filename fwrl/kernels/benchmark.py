@@ -12,7 +12,10 @@ it times:
 - ``triton``: the fused kernel (``fwrl.kernels.triton.<core>``), called
   directly (never through dispatch, so it cannot fall back unnoticed); for
   the delta rule once per ``--split`` (programs per (batch, head): 1, 2, 4, 8
-  or auto);
+  or auto); with ``--maxnreg N [N ...]``, once per register cap too (every
+  launch of the row, forward and backward, at most N registers per thread:
+  ``triton.common.register_cap``; 255: the default), labelled ``triton[maxnreg=N]``
+  or ``triton[split=S,maxnreg=N]``, the row's ``maxnreg`` field N;
 - ``fla_recurrent`` and ``fla_chunk`` (delta rule only, when ``fla`` is
   importable): fla-core's ``fused_recurrent_delta_rule`` and
   ``chunk_delta_rule`` (scale 1; chunk takes bf16 only). Episode ends become
@@ -37,13 +40,14 @@ process was started with ``TRITON_INTERPRET=1`` (the kernels then run in
 Triton's interpreter); CI uses it to keep the benchmark from rotting.
 
 Run ``fwrl bench kernels [--core all] [--dtype fp32 bf16] [--split 1 2 auto]
-[--json-path PATH]`` (or ``python benchmarks/kernels.py ...`` from the repository
-root; both call :func:`main`). Timing needs a CUDA GPU.
+[--maxnreg 255 128] [--json-path PATH]`` (or ``python benchmarks/kernels.py ...``
+from the repository root; both call :func:`main`). Timing needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -87,6 +91,9 @@ SPEEDUP_TARGETS = {"srwm": 30.0, "rdn": 10.0, "delta_rnn": 30.0}
 IMPLEMENTATIONS = ("reference", "compiled", "triton", "fla_recurrent", "fla_chunk")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SPLITS = ("auto", "1", "2", "4", "8")
+# Registers per thread --maxnreg takes (fwrl.kernels.triton.common.REGISTER_CAP_RANGE,
+# not imported here: the benchmark parses its arguments without Triton).
+MAXNREG_RANGE = (24, 255)
 # Fraction of (t, b) entries that start a new episode (resets inside the rollout).
 RESET_RATE = 0.02
 
@@ -101,6 +108,19 @@ def _parse_shape(text: str) -> tuple[int, int, int, int]:
     if len(shape) != 4 or min(shape) < 1:
         raise argparse.ArgumentTypeError(f"shape {text!r} is not B,T,H,D (four positive ints)")
     return shape  # type: ignore[return-value]
+
+
+def _parse_maxnreg(text: str) -> int:
+    low, high = MAXNREG_RANGE
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or not low <= n <= high:
+        raise argparse.ArgumentTypeError(
+            f"register cap {text!r} is not an int in [{low}, {high}] (registers per thread, "
+            "e.g. 64 96 128 168 255; 255 is the default)")
+    return n
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=SPLITS, nargs="+", default=["auto"],
                    help="delta_rule's Triton kernel: programs per (batch, head), each "
                    "owning a block of W's rows; one timed row per value (default: auto)")
+    p.add_argument("--maxnreg", type=_parse_maxnreg, nargs="+", metavar="N",
+                   help=f"Triton rows: time the fused kernel once per register cap N (an int in "
+                   f"[{MAXNREG_RANGE[0]}, {MAXNREG_RANGE[1]}]: every launch at most N registers "
+                   "per thread, e.g. 128 for two 8-warp programs per SM; 255 is the default), "
+                   "labelled triton[maxnreg=N] or triton[split=S,maxnreg=N] (default: no cap, "
+                   "rows labelled triton or triton[split=S])")
     p.add_argument("--impl", choices=IMPLEMENTATIONS, action="append", dest="impls",
                    help="implementations to run (repeatable); default: all available "
                    "(--dry-run: reference and triton)")
@@ -228,7 +254,34 @@ def _in_input_dtype(fn: Callable, kwargs: dict) -> Runner:
 
 def _triton_runners(core: str, args, inputs) -> dict[str, tuple[Runner | None, str, dict]]:
     """name -> (runner, note, extra row fields) for the fused kernel (one per split for
-    the delta rule); runner None where the kernel cannot run (the note says why)."""
+    the delta rule, each once per --maxnreg cap); runner None where the kernel cannot run
+    (the note says why)."""
+    runners = _uncapped_triton_runners(core, args, inputs)
+    if not args.maxnreg:
+        return runners
+    return {_capped(name, cap): (fn, note, dict(extra, maxnreg=cap))
+            for name, (fn, note, extra) in runners.items()
+            for cap in dict.fromkeys(args.maxnreg)}
+
+
+def _capped(name: str, cap: int) -> str:
+    """``triton`` -> ``triton[maxnreg=128]``, ``triton[split=2]`` ->
+    ``triton[split=2,maxnreg=128]``."""
+    label = f"maxnreg={cap}"
+    return f"{name[:-1]},{label}]" if name.endswith("]") else f"{name}[{label}]"
+
+
+def _register_cap(cap: int | None):
+    """The context that caps the registers of the fused kernels' launches at ``cap``."""
+    if cap is None:
+        return contextlib.nullcontext()
+    from fwrl.kernels.triton.common import register_cap
+
+    return register_cap(cap)
+
+
+def _uncapped_triton_runners(core: str, args,
+                             inputs) -> dict[str, tuple[Runner | None, str, dict]]:
     kwargs = _core_kwargs(core, args)
     kernel = KERNEL_MODULES.get(core, core)
     try:
@@ -451,8 +504,10 @@ def _bench_shape(core, shape, dtype_name, dtype, device, args) -> list[dict]:
             row["skipped"] = note
         else:
             try:
-                row["max_abs_error"] = _max_error(core, fn, inputs, args)
-                row.update(_bench_one(fn, inputs, args, device))
+                # The cap covers the backward too (autograd launches it outside fn).
+                with _register_cap(extra.get("maxnreg")):
+                    row["max_abs_error"] = _max_error(core, fn, inputs, args)
+                    row.update(_bench_one(fn, inputs, args, device))
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 row["skipped"] = "out of GPU memory"

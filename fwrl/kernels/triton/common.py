@@ -14,12 +14,15 @@ helpers relatively (``from .common import ...``), so the private copy of a
 kernel module uses the private copy of this module.
 
 Python helpers used by every wrapper are here too: the interpreter check, the
-device / dtype reasons of ``supports`` and the replay starts of the backward.
+device / dtype reasons of ``supports``, the replay starts of the backward and the
+launch options (with ``register_cap``, the benchmark's register cap).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -259,6 +262,13 @@ def aligned(x: Tensor) -> Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+# Registers per thread a cap may ask for (register_cap): a thread has at most 255,
+# and ptxas gives a kernel 24 at least (on sm_90 a cap of 16 compiles at 24).
+REGISTER_CAP_RANGE = (24, 255)
+# The cap register_cap sets (None: none); read by launch_options at every launch.
+_register_cap: int | None = None
+
+
 def launch_options(num_warps: int) -> dict:
     """Options of every kernel launch (and of the sm_90 spill checks).
 
@@ -266,10 +276,41 @@ def launch_options(num_warps: int) -> dict:
     (255 up to 8 warps). Left to itself, ptxas sometimes caps a kernel at 64 or
     128 registers to fit more blocks per SM and spills a few bytes; these kernels
     keep their state in registers and run one or two programs per SM, so they
-    take the registers instead.
+    take the registers instead. Inside ``register_cap(n)``, at most n.
     """
-    return dict(num_warps=num_warps, maxnreg=min(255, 65536 // (32 * num_warps)),
-                enable_fp_fusion=True)
+    maxnreg = min(255, 65536 // (32 * num_warps))
+    if _register_cap is not None:
+        maxnreg = min(maxnreg, _register_cap)
+    return dict(num_warps=num_warps, maxnreg=maxnreg, enable_fp_fusion=True)
+
+
+@contextlib.contextmanager
+def register_cap(n: int | None) -> Iterator[None]:
+    """Cap the registers per thread (``maxnreg``) of every kernel launched inside the
+    context at ``n`` (an int in REGISTER_CAP_RANGE); None: the default of
+    ``launch_options`` (the most a block can have, 255 up to 8 warps).
+
+    For A/B timings of occupancy against spills (``fwrl bench kernels --maxnreg``):
+    a cap of 128 lets an 8-warp program that takes 129-255 registers share an SM with
+    another one, if ptxas fits it without spilling too much. The cap is
+    ``min(default, n)``, so 255 is the default for every kernel. Triton compiles a
+    separate binary per ``maxnreg`` value (it is part of the kernel's cache key), so
+    the first launch under a new cap compiles. The setting is module-wide, not
+    per thread: it applies to every launch inside the context, the backward kernels
+    autograd runs included (on whatever thread), and is restored on exit, also on an
+    exception; contexts nest, but do not open them concurrently from two threads.
+    """
+    global _register_cap
+    low, high = REGISTER_CAP_RANGE
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high):
+        raise ValueError(f"register cap {n!r} is not an int in [{low}, {high}] (registers per "
+                         "thread) or None (the default)")
+    previous = _register_cap
+    _register_cap = n
+    try:
+        yield
+    finally:
+        _register_cap = previous
 
 
 def warps_for(elements: int, per_warp: int, low: int = 1, high: int = 8) -> int:
