@@ -84,6 +84,9 @@ def test_kernels_part_dry_run(tmp_path):
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}
     assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
     assert any(g["goal"].startswith("delta_rule") for g in data["goals"])
+    capped = {(row["core"], row["impl"]) for row in data["rows"] if "maxnreg=" in row["impl"] and row.get("fwd_bwd_ms")}
+    assert {core for core, _ in capped} == {"delta_rule", "rdn", "srwm"}  # the register-cap A/B ran
+    assert "Register cap A/B" in (folder / "kernels.md").read_text()
 
 
 def test_kernel_goals_from_the_h100_rows(tmp_path):
@@ -102,6 +105,7 @@ def test_kernel_goals_from_the_h100_rows(tmp_path):
     assert small["met"] == "yes" and abs(small["measured"] - 62.703 / 0.929) < 0.1
     fla = [g for name, g in goals.items() if "FLA" in name]
     assert len(fla) == 1 and abs(fla[0]["measured"] - 1.886 / 0.929) < 0.01, fla
+    assert "Register cap A/B" not in (folder / "kernels.md").read_text()  # that run had no capped rows
     assert goals["delta_lstm: fused fwd+bwd vs eager at 256x101x8x64"]["met"] == "NO"
     assert "| delta_rule: fused fwd+bwd vs eager at 32x51x4x32 | >= 50x | 67.5 | yes |" in (
         folder / "kernels.md").read_text()
@@ -126,13 +130,36 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
     rows = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", meta)
     assert meta["resumed_from"]["commit"].startswith("c7ffd00") and meta["resumed_from"]["rows"] == len(rows)
     assert all(r["note"].startswith("timed at c7ffd00") for r in rows)
-    pending = [(core, impls, dtypes) for core, impls, dtypes, shapes in suite._kernel_passes()
-               if not suite._pass_timed(rows, core, impls, dtypes, shapes)]
+    pending = [(core, impls, dtypes, caps) for core, impls, dtypes, shapes, caps in suite._kernel_passes()
+               if not suite._pass_timed(rows, core, impls, dtypes, shapes, caps)]
     passes = suite._kernel_passes()
     assert len(pending) == len(passes) - 10
-    assert pending[0] == ("delta_rnn", ("reference", "triton"), ("bf16",))
+    # the register-cap A/B passes came after that run: pending, in goal order, before delta_rnn's bf16
+    assert pending[:3] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")]
+    assert pending[3] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
     # --retime delta_lstm drops that core's rows: its fp32 goal pass is pending again
     kept = [r for r in rows if r["core"] != "delta_lstm"]
     assert not suite._pass_timed(kept, "delta_lstm", ("reference", "triton"), ("fp32",),
                                  ["32,51,4,32", "256,101,8,64"])
     assert suite._pass_timed(kept, "rdn", ("reference", "triton"), ("fp32",), ["32,51,4,32", "256,101,8,64"])
+
+
+def test_register_cap_rows_compare_each_cap_with_the_default():
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    try:
+        import suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks/gpu"))
+    rows = [{"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "triton", "fwd_bwd_ms": 25.7,
+             "speedup_fwd_bwd": 7.94},
+            {"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "triton[maxnreg=255]", "fwd_bwd_ms": 26.0},
+            {"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "triton[maxnreg=128]", "fwd_bwd_ms": 13.0,
+             "speedup_fwd_bwd": 15.7},
+            {"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "reference", "fwd_bwd_ms": 204.0,
+             "fwd_bwd_peak_mib": 6952.0}]
+    caps = suite._register_cap_rows(rows)
+    assert [(r["maxnreg"], r["vs_default"]) for r in caps] == [(255, 1.0), (128, 2.0)]
+    assert suite._register_cap("triton[split=auto,maxnreg=128]") == 128 and suite._register_cap("triton") is None
+    # the goals keep to the default binary: the uncapped row, not the faster capped one
+    large = [g for g in suite._kernel_goals(rows) if g["goal"] == "rdn: fused fwd+bwd vs eager at 256x101x8x64"]
+    assert large[0]["measured"] == 7.94  # not the capped row's 15.7

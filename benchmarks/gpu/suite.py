@@ -94,6 +94,12 @@ PONG_AGENTS = {"rdn": ("--preset", "pong-cpu", "--core", "rdn"), "lstm": ("--pre
 PONG_GOAL_AGENT = "rdn"
 PONG_RANDOM_EXIT = -19.0  # a mean return above this has left random play (random: about -20.3)
 PONG_EVAL_EPISODES = 4
+# The register-cap A/B (fwrl bench kernels --maxnreg) at the large goal shape, fp32: the kernels' default
+# maxnreg (255 up to 8 warps) leaves 1-2 programs per SM; a cap of 128 compiles the delta rule's backward
+# without a spill at twice the programs per SM (kernels-h100/analysis.md, sections 2, 4 and 6). delta_lstm's
+# streamed backward needs 248 registers: left out.
+REGISTER_CAPS = (255, 128)
+REGISTER_CAP_CORES = ("delta_rule", "rdn", "srwm")
 # pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
 # and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
 GPU_TEST_SELECTION = "cuda or sm90 or gpu"
@@ -263,23 +269,26 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
         meta["resumed_from"]["rows"] = len(rows)
         meta["resumed_from"]["retimed"] = sorted(part.retime)
         part.log(f"resumed {len(rows)} timed rows of {part.resume} (commit {meta['resumed_from']['commit']})")
-    done: set[tuple[str, str, str]] = set()  # the dry run's (core, impl, dtype): its shape is always the same
-    for n, (core, impls, dtypes, shapes) in enumerate(_kernel_passes()):
-        if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes):
+    # the dry run's (core, impl, dtype, caps): its shape is always the same
+    done: set[tuple[str, str, str, tuple[int, ...]]] = set()
+    for n, (core, impls, dtypes, shapes, caps) in enumerate(_kernel_passes()):
+        if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes, caps):
             continue
         path = part.out / f"kernels-pass{n}.json"
         args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
             args += ["--dry-run"]
             impls = tuple(i for i in impls if i in ("reference", "triton")
-                          and any((core, i, d) not in done for d in dtypes))
+                          and any((core, i, d, caps) not in done for d in dtypes))
             if not impls:
                 continue
-            done.update((core, i, d) for i in impls for d in dtypes)
+            done.update((core, i, d, caps) for i in impls for d in dtypes)
         else:
             args += ["--repeats", "10"] + [a for shape in shapes for a in ("--shape", shape)]
         args += [a for impl in impls for a in ("--impl", impl)]
-        what = {"core": core, "dtype": "/".join(dtypes), "shape": " ".join(shapes), "impl": "/".join(impls)}
+        args += ["--maxnreg", *caps] if caps else []
+        what = {"core": core, "dtype": "/".join(dtypes), "shape": " ".join(shapes),
+                "impl": "/".join(impls) + (f" maxnreg {'/'.join(map(str, caps))}" if caps else "")}
         try:
             result = part.run(fwrl(*args), timeout=KERNEL_PASS_SECONDS if not part.dry else 240, check=False,
                               env={"TRITON_INTERPRET": "1"} if part.dry else None)
@@ -317,6 +326,11 @@ def write_kernel_report(out: Path, meta: dict[str, Any], summary: str, tests: st
     md = header("GPU suite: kernels", meta)
     md += f"\nCUDA tests ({tests}): **{summary}**\n\n## Goals (H100)\n\n"
     md += table(goals, ("goal", "target", "measured", "met"))
+    caps = _register_cap_rows(rows)
+    if caps:
+        md += ("\n## Register cap A/B (`--maxnreg`: fwd and bwd compiled under each cap; 255 is the default "
+               "binary; vs_default: its fwd+bwd time over this one's)\n\n")
+        md += table(caps, ("core", "dtype", "shape", "maxnreg", "fwd_ms", "fwd_bwd_ms", "vs_default"))
     md += "\n## Timings (median of CUDA events; memory = peak beyond the inputs)\n\n"
     md += table(rows, ("core", "dtype", "shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_peak_mib",
                        "speedup_fwd_bwd", "max_abs_error", "note"))
@@ -336,12 +350,13 @@ def _resumed_rows(source: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _pass_timed(rows: list[dict[str, Any]], core: str, impls: Sequence[str], dtypes: Sequence[str],
-                shapes: Sequence[str]) -> bool:
-    """Whether ``rows`` hold a timing of every (implementation, dtype, shape) of one pass."""
-    have = {(_impl_name(r["impl"]), r["dtype"], r["shape"]) for r in rows
+                shapes: Sequence[str], caps: Sequence[int] = ()) -> bool:
+    """Whether ``rows`` hold a timing of every (implementation, dtype, shape) of one pass (and, for a
+    pass of register caps, of every cap)."""
+    have = {(_impl_name(r["impl"]), r["dtype"], r["shape"], _register_cap(r["impl"])) for r in rows
             if r["core"] == core and (r.get("fwd_bwd_ms") or r.get("fwd_ms"))}
-    return all((impl, dtype, shape.replace(",", "x")) in have
-               for impl in impls for dtype in dtypes for shape in shapes)
+    return all((impl, dtype, shape.replace(",", "x"), cap) in have
+               for impl in impls for dtype in dtypes for shape in shapes for cap in (caps or (None,)))
 
 
 def _run_kernel_tests(part: Part, tests: list[str], select: list[str]) -> str:
@@ -355,12 +370,13 @@ def _run_kernel_tests(part: Part, tests: list[str], select: list[str]) -> str:
         return f"stopped after {exc.timeout:.0f} s: {_pytest_summary(output)}"
 
 
-def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[str]]]:
-    """``(core, implementations, dtypes, shapes)`` of each ``fwrl bench kernels`` call, most wanted
-    first, each small enough that one slow compile or autotune costs only its own call: the
-    goals (fused against eager at the two goal shapes, fp32; the delta rule against FLA's fused
-    recurrent kernel at the RL shape), then bf16, each core's other preset shapes, FLA's chunked
-    kernel and last ``torch.compile`` of the reference (compiles are slow)."""
+def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[str], tuple[int, ...]]]:
+    """``(core, implementations, dtypes, shapes, register caps)`` of each ``fwrl bench kernels``
+    call, most wanted first, each small enough that one slow compile or autotune costs only its
+    own call: the goals (fused against eager at the two goal shapes, fp32; the delta rule against
+    FLA's fused recurrent kernel at the RL shape), the register-cap A/B at the large shape, then
+    bf16, each core's other preset shapes, FLA's chunked kernel and last ``torch.compile`` of
+    the reference (compiles are slow)."""
     from fwrl.kernels.benchmark import CORE_SHAPES
 
     def text(shapes) -> list[str]:
@@ -368,18 +384,19 @@ def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[s
 
     goal = text(GOAL_SHAPES)
     eager_fused = ("reference", "triton")
-    passes = [(core, eager_fused, ("fp32",), goal) for core in KERNEL_CORES]
-    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), goal[:1]))
-    passes += [(core, eager_fused, ("bf16",), goal) for core in KERNEL_CORES]
+    passes = [(core, eager_fused, ("fp32",), goal, ()) for core in KERNEL_CORES]
+    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), goal[:1], ()))
+    passes += [(core, ("triton",), ("fp32",), goal[1:], REGISTER_CAPS) for core in REGISTER_CAP_CORES]
+    passes += [(core, eager_fused, ("bf16",), goal, ()) for core in KERNEL_CORES]
     for core in KERNEL_CORES:
         presets = [shape for shape in text(CORE_SHAPES[core]) if shape not in goal]
         if presets:
-            passes.append((core, eager_fused, DTYPES, presets))
+            passes.append((core, eager_fused, DTYPES, presets, ()))
     delta_rule_shapes = list(dict.fromkeys(goal + text(CORE_SHAPES["delta_rule"])))
-    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), delta_rule_shapes[1:]))
-    passes.append(("delta_rule", ("fla_recurrent",), ("bf16",), delta_rule_shapes))
-    passes.append(("delta_rule", ("fla_chunk",), DTYPES, delta_rule_shapes))
-    passes += [(core, ("compiled",), ("fp32",), goal) for core in KERNEL_CORES]
+    passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), delta_rule_shapes[1:], ()))
+    passes.append(("delta_rule", ("fla_recurrent",), ("bf16",), delta_rule_shapes, ()))
+    passes.append(("delta_rule", ("fla_chunk",), DTYPES, delta_rule_shapes, ()))
+    passes += [(core, ("compiled",), ("fp32",), goal, ()) for core in KERNEL_CORES]
     return passes
 
 
@@ -393,7 +410,7 @@ def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The fastest timed row of ``impl`` (any of its splits: ``triton[split=auto] split auto``)
         for ``core`` at ``shape``."""
         found = [r for r in rows if (r["core"], r.get("shape"), r["dtype"]) == (core, shape, dtype)
-                 and _impl_name(r["impl"]) == impl and r.get("fwd_bwd_ms")]
+                 and _impl_name(r["impl"]) == impl and _register_cap(r["impl"]) is None and r.get("fwd_bwd_ms")]
         return min(found, key=lambda r: r["fwd_bwd_ms"]) if found else None
 
     goals = []
@@ -417,6 +434,29 @@ def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ratio = fla["fwd_bwd_ms"] / ours["fwd_bwd_ms"] if ours and fla else None
         goals.append(goal_line(f"delta rule vs FLA fused_recurrent at {shape} (fwd+bwd)", ratio, GOALS["vs_fla"]))
     return goals
+
+
+def _register_cap(impl: str) -> int | None:
+    """The register cap in an implementation label (``triton[split=auto,maxnreg=128]`` -> 128), else None."""
+    found = re.search(r"maxnreg=(\d+)", impl)
+    return int(found.group(1)) if found else None
+
+
+def _register_cap_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The register-cap A/B: per core, dtype and shape timed under caps, fwd+bwd at each cap and each
+    cap's speed-up over the default (255)."""
+    out = []
+    keys = sorted({(r["core"], r["dtype"], r["shape"]) for r in rows
+                   if _register_cap(r["impl"]) is not None and r.get("fwd_bwd_ms")})
+    for core, dtype, shape in keys:
+        timed = {_register_cap(r["impl"]): r for r in rows if (r["core"], r["dtype"], r["shape"]) == (core, dtype, shape)
+                 and _register_cap(r["impl"]) is not None and r.get("fwd_bwd_ms")}
+        base = timed.get(max(timed))
+        for cap, row in sorted(timed.items(), reverse=True):
+            out.append({"core": core, "dtype": dtype, "shape": shape, "maxnreg": cap, "fwd_ms": row.get("fwd_ms"),
+                        "fwd_bwd_ms": row["fwd_bwd_ms"],
+                        "vs_default": round(base["fwd_bwd_ms"] / row["fwd_bwd_ms"], 3) if base else None})
+    return out
 
 
 def _impl_name(impl: str) -> str:
