@@ -403,7 +403,7 @@ def test_compile_checks_specialise_as_the_launcher():
     for ints in (dict(LAUNCH_INTS, DK=64, DV=64), dict(T=1, B=3, H=1, DK=20, DV=48)):
         args = [ints[n] if n in ints else MockTensor(dtypes.get(io.get(n), torch.float32))
                 for n in kernel.arg_names if n not in constexprs]
-        launch = dict(constexprs, num_warps=8)
+        launch = dict(constexprs, num_warps=8, enable_fp_fusion=True)  # as launch_options gives
         bound, specialization, options = binder(*args, **launch)
         _, signature, consts, attrs = kernel._pack_args(backend, launch, bound, specialization,
                                                         options)
