@@ -841,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the goals are re-derived), on any machine")
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # PART may come before the options, OUT after them
     if args.rebuild:
         return rebuild_report(args.part, Path(args.rebuild))
     if args.retime and args.resume is None:
