@@ -138,7 +138,10 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
     assert pending[:3] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")]
     assert pending[3] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
     # --retime delta_lstm drops that core's rows: its fp32 goal pass is pending again
-    kept = [r for r in rows if r["core"] != "delta_lstm"]
+    retimed: dict = {}
+    kept = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", retimed, {"delta_lstm"})
+    assert retimed["resumed_from"]["retimed"] == ["delta_lstm"] and retimed["resumed_from"]["rows"] == len(kept)
+    assert len(kept) == len(rows) - 4 and all(r["core"] != "delta_lstm" for r in kept)
     assert not suite._pass_timed(kept, "delta_lstm", ("reference", "triton"), ("fp32",),
                                  ["32,51,4,32", "256,101,8,64"])
     assert suite._pass_timed(kept, "rdn", ("reference", "triton"), ("fp32",), ["32,51,4,32", "256,101,8,64"])

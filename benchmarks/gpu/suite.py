@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("kernels", "learner", "pong")
@@ -147,7 +147,7 @@ class Part:
         timeout = self.left() if timeout is None else min(timeout, self.left())
         if timeout <= 0:
             raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
-        tag = f"[{prefix}] " if prefix else ""
+        tag = _tag(prefix)
         self.log(f"{tag}$ {' '.join(argv)}")
         lines: list[str] = []
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -178,8 +178,13 @@ class Part:
         try:
             return self.run(argv, timeout=timeout, check=False, prefix=prefix).returncode == 0
         except (TimeoutError, subprocess.TimeoutExpired) as exc:
-            self.log(f"{f'[{prefix}] ' if prefix else ''}not finished: {exc}")
+            self.log(f"{_tag(prefix)}not finished: {exc}")
             return False
+
+
+def _tag(prefix: str) -> str:
+    """What starts the log lines of a command run beside others (``[rdn] ``); empty without a prefix."""
+    return f"[{prefix}] " if prefix else ""
 
 
 def fwrl(*args: Any) -> list[str]:
@@ -265,9 +270,7 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
         summary = _run_kernel_tests(part, tests, select)
     rows: list[dict[str, Any]] = []
     if part.resume is not None:  # an earlier session's timed rows: its passes are not timed again
-        rows = [row for row in _resumed_rows(part.resume, meta) if row["core"] not in part.retime]
-        meta["resumed_from"]["rows"] = len(rows)
-        meta["resumed_from"]["retimed"] = sorted(part.retime)
+        rows = _resumed_rows(part.resume, meta, part.retime)
         part.log(f"resumed {len(rows)} timed rows of {part.resume} (commit {meta['resumed_from']['commit']})")
     # the dry run's (core, impl, dtype, caps): its shape is always the same
     done: set[tuple[str, str, str, tuple[int, ...]]] = set()
@@ -337,15 +340,17 @@ def write_kernel_report(out: Path, meta: dict[str, Any], summary: str, tests: st
     (out / "kernels.md").write_text(md)
 
 
-def _resumed_rows(source: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The timed rows of an earlier kernels part's JSON, each noted with that run's commit; records
-    where they came from in ``meta`` (the report's header says so)."""
+def _resumed_rows(source: Path, meta: dict[str, Any], retime: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The timed rows of an earlier kernels part's JSON but those of the cores in ``retime``, each
+    noted with that run's commit; records where they came from in ``meta`` (the report's header
+    says so)."""
     earlier = json.loads(source.read_text())
     commit = str(earlier["meta"].get("commit", "unknown"))
     timed = [{**row, "note": f"timed at {commit[:7]}, {earlier['meta'].get('date', '')}".rstrip(", ")}
-             for row in earlier["rows"] if row.get("fwd_bwd_ms") or row.get("fwd_ms")]
+             for row in earlier["rows"]
+             if (row.get("fwd_bwd_ms") or row.get("fwd_ms")) and row["core"] not in retime]
     meta["resumed_from"] = {"path": str(source), "commit": commit, "gpu": earlier["meta"].get("gpu"),
-                            "date": earlier["meta"].get("date"), "rows": len(timed)}
+                            "date": earlier["meta"].get("date"), "rows": len(timed), "retimed": sorted(retime)}
     return timed
 
 
@@ -445,17 +450,18 @@ def _register_cap(impl: str) -> int | None:
 def _register_cap_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The register-cap A/B: per core, dtype and shape timed under caps, fwd+bwd at each cap and each
     cap's speed-up over the default (255)."""
+    groups: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        cap = _register_cap(r["impl"])
+        if cap is not None and r.get("fwd_bwd_ms"):
+            groups.setdefault((r["core"], r["dtype"], r["shape"]), {})[cap] = r
     out = []
-    keys = sorted({(r["core"], r["dtype"], r["shape"]) for r in rows
-                   if _register_cap(r["impl"]) is not None and r.get("fwd_bwd_ms")})
-    for core, dtype, shape in keys:
-        timed = {_register_cap(r["impl"]): r for r in rows if (r["core"], r["dtype"], r["shape"]) == (core, dtype, shape)
-                 and _register_cap(r["impl"]) is not None and r.get("fwd_bwd_ms")}
-        base = timed.get(max(timed))
+    for (core, dtype, shape), timed in sorted(groups.items()):
+        base = timed[max(timed)]
         for cap, row in sorted(timed.items(), reverse=True):
             out.append({"core": core, "dtype": dtype, "shape": shape, "maxnreg": cap, "fwd_ms": row.get("fwd_ms"),
                         "fwd_bwd_ms": row["fwd_bwd_ms"],
-                        "vs_default": round(base["fwd_bwd_ms"] / row["fwd_bwd_ms"], 3) if base else None})
+                        "vs_default": round(base["fwd_bwd_ms"] / row["fwd_bwd_ms"], 3)})
     return out
 
 
