@@ -96,6 +96,28 @@ def test_head_dim_64():
     _assert_matches(ref, got, label="d=64")
 
 
+def test_rebuilt_s_in_chunks(monkeypatch):
+    """With y in fp32, s_t is not recorded: the dR GEMM rebuilds it from y (h_0 at t = 0,
+    zero after a reset) one chunk at a time. Chunks of one and of three steps (the last one
+    short) give the reference's gradients, and the records hold 2d + 1 floats per step."""
+    T, d = 7, 16
+    inputs = _inputs(T, 2, 2, d, seed=5)
+    reset = resets(T, 2, "mid")
+    grads = _grads(inputs, 9)
+    ref = _run(rdn_reference, inputs, reset, grads)
+    step_bytes = 2 * 2 * d * 4
+    for steps in (1, 3):
+        monkeypatch.setattr(K, "S_CHUNK_BYTES", steps * step_bytes)
+        got = _run(K.rdn_triton, inputs, reset, grads, dtype=torch.float32)
+        _assert_matches(ref, got, label=f"chunks of {steps} steps")
+    f32 = [t.float() for t in inputs]
+    *_, (_, _, rec) = K._forward(*f32, reset, fmap=2, store=True)
+    assert rec.shape == (T, 2, 2, 2 * d + 1)
+    bf16 = [t.bfloat16() if t.dim() >= 3 and t.shape[0] == T else t.float() for t in inputs]
+    *_, (_, _, rec) = K._forward(*bf16, reset, fmap=2, store=True)
+    assert rec.shape == (T, 2, 2, 3 * d + 1), "a bf16 y is rounded: s is recorded"
+
+
 def test_split_sequence_equals_one_call():
     T, T1 = 8, 3
     inputs = [t.float() for t in _inputs(T, 2, 2, 16, seed=8)]
@@ -125,7 +147,7 @@ def test_reversal_rebuilds_the_initial_state():
     inputs = [t.float() for t in _inputs(T, 1, 1, 16, seed=21)]
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, WT, hT, records = K._forward(*inputs, reset, fmap=2, store=True)
-    *_, rebuilt = K._backward(*inputs[:9], records, WT, torch.zeros_like(y), torch.zeros_like(WT),
+    *_, rebuilt = K._backward(*inputs, records, WT, y, torch.zeros_like(y), torch.zeros_like(WT),
                               torch.zeros_like(hT), fmap=2, full=True, rebuild=True)
     W0 = inputs[8]
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
@@ -245,10 +267,13 @@ def test_compiles_for_sm90_without_spills():
         bd, fwd_warps, bwd_warps = C._block_sizes(d)
         io = {n: f"*{dtype}" for n in ("XQ", "XK", "XV", "XB", "Y", "DY", "DXQ", "DXK", "DXV", "DXB")}
         io.update(RESET="*i8", START="*i32")
+        keep_s = dtype != "fp32"  # s is recorded where y is rounded (rdn._keeps_s)
         fwd = _compile_sm90(C._forward_kernel, io,
-                            dict(D=d, BD=bd, FMAP=2, STORE=True, EPS=1e-5), fwd_warps)
+                            dict(D=d, BD=bd, FMAP=2, STORE=True, KEEP_S=keep_s, EPS=1e-5),
+                            fwd_warps)
         bwd = _compile_sm90(C._backward_kernel, io,
-                            dict(D=d, BD=bd, FMAP=2, FULL=True, WRITE_REBUILT=False, EPS=1e-5),
+                            dict(D=d, BD=bd, FMAP=2, FULL=True, WRITE_REBUILT=False,
+                                 KEEP_S=keep_s, EPS=1e-5),
                             bwd_warps)
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)
