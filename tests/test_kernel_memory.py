@@ -4,8 +4,8 @@ Each test runs the script in a subprocess (it sets ``TRITON_INTERPRET=1`` before
 importing the kernels, which this process must not inherit). Memory is a
 deterministic function of the wrappers' allocations, so these are exact checks,
 not timings: the planner reproduces what the H100 measured for a kernel that has
-not changed since (delta_rule, c7ffd00), and the RDN plan stays under the bytes
-its records and its dR GEMM were cut to.
+not changed since (delta_rule, c7ffd00), and the RDN, SRWM and SR-DeltaNet plans
+stay under the bytes they were cut to.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def test_every_core_plans_at_a_small_shape(tmp_path):
 
 
 def test_plan_matches_the_h100_and_the_rdn_cut(tmp_path):
-    rows = _plan(tmp_path, "--core", "delta_rule", "rdn", "--shape", "256,101,8,64",
-                 "--dtype", "fp32", "--against", H100)
+    rows = _plan(tmp_path, "--core", "delta_rule", "rdn", "srwm", "sr_delta_net",
+                 "--shape", "256,101,8,64", "--dtype", "fp32", "--against", H100)
     by_core = {r["core"]: r for r in rows}
     delta = by_core["delta_rule"]
     assert delta["fwd_bwd_peak_mib"] == pytest.approx(delta["fused_measured_mib"], rel=2e-3)
@@ -70,3 +70,9 @@ def test_plan_matches_the_h100_and_the_rdn_cut(tmp_path):
     assert rdn["fused_measured_mib"] == pytest.approx(572.08, abs=0.01)
     assert rdn["fwd_bwd_peak_mib"] < 380
     assert rdn["eager_measured_mib"] / rdn["fwd_bwd_peak_mib"] > 18
+    # SRWM: dS by strided baddbmm (no [dy; dz] or q - k tensors, no einsum copies, phi(x)
+    # in chunks), 1368.6 -> 1019.5; SR-DeltaNet's W^y chunks summed one launch at a time
+    # (one partial buffer, not four), 2337.0 -> 1775.2.
+    for core, measured, cut in (("srwm", 1368.55, 1020), ("sr_delta_net", 2337.04, 1776)):
+        assert by_core[core]["fused_measured_mib"] == pytest.approx(measured, abs=0.01)
+        assert by_core[core]["fwd_bwd_peak_mib"] < cut, core

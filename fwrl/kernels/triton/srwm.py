@@ -46,8 +46,8 @@ are formed from W^y's rows here and passed to it (the replay reads those rows'
 rates u = beta r with ``srwm_split._core_rates``).
 
 The kernel writes g and dz per step (fp32); dS, a sum of outer products over
-(t, b), is two batched GEMMs over those records in PyTorch afterwards:
-deterministic, no atomics, and no [R, D] accumulator in registers (which is
+(t, b), is batched GEMMs over those and the records in PyTorch afterwards
+(``_slow_grads``, on strided views, nothing copied): deterministic, no atomics, and no [R, D] accumulator in registers (which is
 what lets d = 64 and SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without
 spilling; ``WARPS`` lists the block shapes the register kernels take).
 """
@@ -359,13 +359,47 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
             BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(warps),
         )
-    # dS = sum over (t, b) of g (q - k)^T + dz x^T: two batched GEMMs per head.
-    qk = rec[..., R : R + D] - rec[..., R + D : R + 2 * D]
-    phi_x = apply_feature_map("softmax" if fmap == 2 else "identity", x.float())
-    dz = torch.cat([dy.float(), dz], dim=-1)
-    dS = torch.einsum("tbhr,tbhd->hrd", dg, qk) + torch.einsum("tbhr,tbhd->hrd", dz, phi_x)
+    dS = _slow_grads(x, rec, dg, dy, dz, fmap=fmap)
     grads = (dx, dS, dO0)
     return grads + (rebuilt,) if rebuild else grads
+
+
+# Largest fp32 chunk of phi(x) (bytes) ``_slow_grads`` holds at a time.
+PHI_CHUNK_BYTES = 8 * 2**20
+
+
+def _slow_grads(x: Tensor, rec: Tensor, dg: Tensor, dy: Tensor, dz: Tensor, *,
+                fmap: int) -> Tensor:
+    """dS [H, R, D] = sum over (t, b) of g (q - k)^T + [dy; dz] phi(x)^T, in fp32.
+
+    Batched GEMMs over the heads on strided views, accumulated in place: g
+    ([H, R, T B]) against q and k read from the records ([H, T B, D], the
+    difference as two products, not a tensor), and the output block of dS
+    against dy, the rest against dz, so neither [dy; dz] nor q - k is formed.
+    Every operand has a unit stride and a leading stride of at least its rows,
+    which cuBLAS reads in place (``einsum`` copied both operands of each GEMM).
+    phi(x) is computed in chunks of at most PHI_CHUNK_BYTES of steps. The sum
+    runs in a fixed order: deterministic.
+    """
+    T, B, H, D = x.shape
+    R, DY = dg.shape[-1], dy.shape[-1]
+    dS = torch.zeros(H, R, D, device=x.device, dtype=torch.float32)
+
+    def heads(t: Tensor) -> Tensor:  # [n, B, H, c] (c contiguous) -> [H, n B, c], a view
+        return t.reshape(t.shape[0] * B, H, t.shape[-1]).transpose(0, 1)
+
+    g = heads(dg).transpose(1, 2)  # [H, R, T B]
+    dS.baddbmm_(g, heads(rec[..., R : R + D]))
+    dS.baddbmm_(g, heads(rec[..., R + D : R + 2 * D]), alpha=-1.0)
+    input_map = "softmax" if fmap == 2 else "identity"
+    steps = max(1, min(T, PHI_CHUNK_BYTES // (B * H * D * 4)))
+    for t0 in range(0, T, steps):
+        t1 = min(T, t0 + steps)
+        phi_x = heads(apply_feature_map(input_map, x[t0:t1].float()))
+        dS[:, :DY].baddbmm_(heads(dy[t0:t1].float()).transpose(1, 2), phi_x)
+        dS[:, DY:].baddbmm_(heads(dz[t0:t1]).transpose(1, 2), phi_x)
+        del phi_x  # before the next chunk exists
+    return dS
 
 
 class _SRWMFunction(torch.autograd.Function):

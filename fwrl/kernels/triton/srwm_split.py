@@ -34,8 +34,9 @@ its rows is independent of the others given them. So:
       dA^y     = g (q - k)^T + dy x^T,   G^y_{t-1} = keep_t (G^y + dA^y)  (0 for grad_mode step)
 
   Each program writes its rows' partial d q, d k, d x (before phi's
-  backward) and d beta_y per step; the wrapper sums them over the chunks with
-  ``torch.sum`` (deterministic, no atomics). ``_core_backward_kernel`` then
+  backward) and d beta_y per step; the wrapper launches the chunks one after
+  the other and adds each one's partials into one sum as it ends
+  (deterministic, no atomics, and one partial buffer alive, not one per chunk). ``_core_backward_kernel`` then
   runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
   d k, d beta and d x before the softmax / sigmoid / phi backward.
 
@@ -46,8 +47,8 @@ of d q, d k, d x and d beta_y are its inputs, here the sums over the chunks,
 there computed from W^y's rows in registers. Both replays read C's rates
 u = beta r of a record with ``_core_rates``.
 
-As in ``srwm.py``, the kernels write g and dz per step and dS is two batched
-GEMMs over the records afterwards (``srwm._backward``).
+As in ``srwm.py``, the kernels write g and dz per step and dS is batched GEMMs
+over them and the records afterwards (``srwm._slow_grads``).
 
 ``srwm.py`` imports ``_num_records``, ``_core_step_backward`` and ``_core_rates``
 from here (this module is the lower of the two).
@@ -181,18 +182,17 @@ def _y_forward_kernel(
     tl.store(OT + i_bh * R * D + p, W - _load_rows(s_base, row0, rows, BC, BD, D), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["CHUNK"])
 def _y_backward_kernel(
     X, S, O0, RESET, START, REC, OT,  # forward inputs and records
     DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
-    DO0, DG, PART, REBUILT,  # outputs (PART [chunks,T,B,H,3D+1]: partial dq, dk, dx, dbeta_y)
-    T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
+    DO0, DG, PART, REBUILT,  # outputs (PART [T,B,H,3D+1]: this chunk's partial dq, dk, dx, dbeta_y)
+    CHUNK, T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
     WRITE_REBUILT: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1).to(tl.int64)
-    row0 = tl.program_id(1) * BC
+    row0 = CHUNK * BC
     b = i_bh // H
     h = i_bh % H
     R: tl.constexpr = DY + 2 * D + 4
@@ -233,7 +233,7 @@ def _y_backward_kernel(
         g = by * du
         dq = _vecmat(A, g)
         dz = tl.load(DYOUT + row * DY + row0 + oc, mask=mc, other=0.0).to(tl.float32)
-        part = PART + (chunk * T * B * H + row) * NP
+        part = PART + row * NP
         tl.store(part + od, dq, mask=md)
         tl.store(part + D + od, _vecmat(G, u) - dq, mask=md)
         tl.store(part + 2 * D + od, _vecmat(A, dz), mask=md)
@@ -484,17 +484,25 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, *, fmap: int, ful
     dx = torch.empty_like(x)
     dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
     dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
-    dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
-    part = torch.empty(chunks, T, B, H, 3 * D + 1, device=x.device, dtype=torch.float32)
     rebuilt = torch.empty_like(dO0) if rebuild else dO0
     dy, dOT = aligned(dy), aligned(dOT)
-    _y_backward_kernel[(B * H, chunks)](
-        x, S, O0, reset8, starts, rec, OT, dy, dOT,
-        dO0, dg, part, rebuilt,
-        T, B, H, D, DY, nrec,
-        BD=bd, BC=rows, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, **launch_options(y_warps),
-    )
-    ext = aligned(part.sum(dim=0))  # fixed-order reduction: deterministic
+    # One launch per chunk of W^y's rows, each summed into ext as it ends (chunk 0 writes
+    # ext itself): two [T, B, H, 3D + 1] buffers at most, not one per chunk, and the
+    # order of the sum is fixed (deterministic, no atomics).
+    ext = torch.empty(T, B, H, 3 * D + 1, device=x.device, dtype=torch.float32)
+    part = torch.empty_like(ext) if chunks > 1 else ext
+    for chunk in range(chunks):
+        _y_backward_kernel[(B * H,)](
+            x, S, O0, reset8, starts, rec, OT, dy, dOT,
+            dO0, dg, ext if chunk == 0 else part, rebuilt,
+            chunk, T, B, H, D, DY, nrec,
+            BD=bd, BC=rows, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
+            **launch_options(y_warps),
+        )
+        if chunk:
+            ext += part
+    del part  # before dz exists
+    dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
     _core_backward_kernel[(B * H,)](
         x, S, O0, reset8, starts, rec, OT, ext, dOT,
         dx, dO0, dg, dz, rebuilt,
