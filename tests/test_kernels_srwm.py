@@ -304,7 +304,7 @@ def test_cuda_matches_reference(d, dy, monkeypatch):
 # shape, 32 x 64, that needs fewer forward warps) and the SRWM at its largest head
 # dim, 64.
 COMPILE_CASES = [(16, 16, "bf16"), (16, 49, "fp32"), (32, 32, "bf16"), (32, 97, "bf16"),
-                 (32, 97, "fp32"), (20, 61, "bf16"), (64, 64, "bf16")]
+                 (32, 97, "fp32"), (20, 61, "bf16"), (64, 64, "bf16"), (64, 64, "fp32")]
 # The integer arguments of this module's kernels (T, B, H; D, DY, NREC constant) take the values
 # of the benchmark's large shape, specialised as a launch specialises them.
 _compile_sm90 = functools.partial(compile_sm90, ints=LAUNCH_INTS)

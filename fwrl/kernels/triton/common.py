@@ -207,6 +207,14 @@ def _load_rows(base, row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.const
     return tl.load(base + p, mask=m, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _add_rows(base, row0, rows, value, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """Rows [row0, row0 + rows) of the fp32 [*, D] matrix at ``base`` += ``value`` ([BR, BD]):
+    a read-modify-write by the one program that owns those rows (no atomics)."""
+    p, m = _block(row0, rows, BR, BD, D)
+    tl.store(base + p, tl.load(base + p, mask=m, other=0.0) + value, mask=m)
+
+
 # --------------------------------------------------------------------------- Python helpers
 
 

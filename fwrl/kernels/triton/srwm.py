@@ -45,11 +45,19 @@ d beta_y ((A^y)^T g^y, (G^y)^T u^y - (A^y)^T g^y, (A^y)^T dy, sum (G^y k) * r^y)
 are formed from W^y's rows here and passed to it (the replay reads those rows'
 rates u = beta r with ``srwm_split._core_rates``).
 
-The kernel writes g and dz per step (fp32); dS, a sum of outer products over
-(t, b), is batched GEMMs over those and the records in PyTorch afterwards
-(``_slow_grads``, on strided views, nothing copied): deterministic, no atomics, and no [R, D] accumulator in registers (which is
-what lets d = 64 and SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without
-spilling; ``WARPS`` lists the block shapes the register kernels take).
+dS needs no [R, D] accumulator in registers (which is what lets d = 64 and
+SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without spilling; ``WARPS`` lists
+the block shapes the register kernels take). In grad_mode full the sum
+telescopes: G_{t-1} = keep_t (G_t + dA_t), so per (batch row, head)
+
+    sum over t of dA_t = dO_0 - dO_T + sum over the reset steps t of (G_t + dA_t)
+
+and the kernel adds G_t + dA_t into a [R, D] matrix in memory at the (rare)
+reset steps only; the wrapper adds dO_0 - dO_T and sums over the batch. In
+grad_mode step (G is cut every step) the kernel writes g and dz per step
+(fp32) and dS is batched GEMMs over those and the records in PyTorch
+(``_slow_grads``, on strided views, nothing copied). Both are deterministic:
+no atomics.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ from fwrl.kernels.reference.feature_maps import apply_feature_map
 from fwrl.kernels.reference.srwm import GRAD_MODES, INPUT_MAPS, NUM_RATES
 
 from .common import (
-    _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
+    _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
     aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
 from .srwm_split import (
@@ -177,7 +185,8 @@ def _forward_kernel(
 def _backward_kernel(
     X, S, O0, RESET, START, REC, OT,  # forward inputs and records
     DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
-    DX, DO0, DG, DZ, REBUILT,  # outputs (DG [T,B,H,R], DZ [T,B,H,2D+4]: for dS)
+    DX, DO0, DG, DZ, ACC, REBUILT,  # outputs; for dS, step: DG [T,B,H,R], DZ [T,B,H,2D+4],
+    # full: ACC [B,H,R,D] += G + dA at each reset
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BY: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
     WRITE_REBUILT: tl.constexpr,
@@ -241,12 +250,14 @@ def _backward_kernel(
         Aq, Ak, Ab, Gq, Gk, Gb = _core_step_backward(
             Wq, Wk, Wb, Gq, Gk, Gb, rec, q, k, beta, x,
             dqy, dky, _vecmat(Ay, dzy), _sum(duy * ry, 0),
-            reset_byte, s_base, row, DX, DG, DZ, D, DY, BD, FMAP, FULL)
-        tl.store(DG + row * R + oy, gy, mask=my)
+            reset_byte, s_base, row, DX, DG, DZ, ACC + i_bh * R * D, D, DY, BD, FMAP, FULL)
         if FULL:
-            qk = q - k
-            Gy = tl.where(reset, 0.0, Gy + gy[:, None] * qk[None, :] + dzy[:, None] * x[None, :])
+            Gy += gy[:, None] * (q - k)[None, :] + dzy[:, None] * x[None, :]
+            if reset:  # G + dA, cut here by the reset: its part of dS
+                _add_rows(ACC + i_bh * R * D, _runtime_zero(reset_byte), DY, Gy, BY, BD, D)
+            Gy = tl.where(reset, 0.0, Gy)
         else:
+            tl.store(DG + row * R + oy, gy, mask=my)
             Gy = tl.full([BY, BD], 0.0, tl.float32)
         # The matrix before this step. After a reset at t >= 1: replay the
         # segment that ends at t - 1 from its start: S, plus O_0 when the
@@ -341,25 +352,39 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
+    dOT = aligned(dOT)
+    # dS = sum over (t, b) of dA_t. grad_mode full: G_{t-1} = keep_t (G_t + dA_t) telescopes,
+    # so per row b the sum is dO_0 - dO_T + (G_t + dA_t summed over the reset steps t, which
+    # the kernels add into acc): no per-step factors, no GEMM. grad_mode step: the kernels
+    # write the factors g and dz of each dA_t and _slow_grads sums their products.
+    if full:
+        acc = torch.zeros(B, H, R, D, device=x.device, dtype=torch.float32)
+        dg = dz = acc  # unused by the kernels
+    else:
+        acc = None
+        dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
+        dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
     if split_rows is not None:
-        dx, dO0, dg, dz, rebuilt = split_backward(
-            x, S, O0, reset8, starts, rec, OT, dy, dOT, fmap=fmap, full=full, rows=split_rows,
-            rebuild=rebuild)
+        dx, dO0, rebuilt = split_backward(
+            x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, dg if acc is None else acc,
+            fmap=fmap, full=full, rows=split_rows, rebuild=rebuild)
     else:
         bd, by, _, warps = _block_sizes(D, DY)
         dx = torch.empty_like(x)
         dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-        dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
-        dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
         rebuilt = torch.empty_like(dO0) if rebuild else dO0
         _backward_kernel[(B * H,)](
-            x, S, O0, reset8, starts, rec, OT, aligned(dy), aligned(dOT),
-            dx, dO0, dg, dz, rebuilt,
+            x, S, O0, reset8, starts, rec, OT, aligned(dy), dOT,
+            dx, dO0, dg, dz, dg if acc is None else acc, rebuilt,
             T, B, H, D, DY, _num_records(D, DY),
             BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(warps),
         )
-    dS = _slow_grads(x, rec, dg, dy, dz, fmap=fmap)
+    if full:
+        dS = acc.add_(dO0).sub_(dOT).sum(dim=0)
+        del acc
+    else:
+        dS = _slow_grads(x, rec, dg, dy, dz, fmap=fmap)
     grads = (dx, dS, dO0)
     return grads + (rebuilt,) if rebuild else grads
 

@@ -47,8 +47,9 @@ of d q, d k, d x and d beta_y are its inputs, here the sums over the chunks,
 there computed from W^y's rows in registers. Both replays read C's rates
 u = beta r of a record with ``_core_rates``.
 
-As in ``srwm.py``, the kernels write g and dz per step and dS is batched GEMMs
-over them and the records afterwards (``srwm._slow_grads``).
+dS is formed as in ``srwm.py``: by telescoping in grad_mode full (each kernel adds
+G + dA of its rows at reset steps into one [R, D] matrix per (batch row, head)),
+by GEMMs over per-step g and dz in grad_mode step (``srwm._slow_grads``).
 
 ``srwm.py`` imports ``_num_records``, ``_core_step_backward`` and ``_core_rates``
 from here (this module is the lower of the two).
@@ -64,7 +65,7 @@ from torch import Tensor
 from fwrl.kernels.reference.srwm import NUM_RATES
 
 from .common import (
-    _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward,
+    _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward,
     _sum, _vecmat, aligned, launch_options, padded, warps_for,
 )
 
@@ -186,7 +187,8 @@ def _y_forward_kernel(
 def _y_backward_kernel(
     X, S, O0, RESET, START, REC, OT,  # forward inputs and records
     DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
-    DO0, DG, PART, REBUILT,  # outputs (PART [T,B,H,3D+1]: this chunk's partial dq, dk, dx, dbeta_y)
+    DO0, DG, PART, ACC, REBUILT,  # outputs (PART [T,B,H,3D+1]: this chunk's partial dq, dk,
+    # dx, dbeta_y; step: DG [T,B,H,R] rows 0..DY; full: ACC rows 0..DY += G + dA at resets)
     CHUNK, T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
     WRITE_REBUILT: tl.constexpr,
@@ -238,10 +240,14 @@ def _y_backward_kernel(
         tl.store(part + D + od, _vecmat(G, u) - dq, mask=md)
         tl.store(part + 2 * D + od, _vecmat(A, dz), mask=md)
         tl.store(part + 3 * D, _sum(du * r, 0))
-        tl.store(DG + row * R + row0 + oc, g, mask=mc)
         if FULL:
-            G = tl.where(reset, 0.0, G + g[:, None] * (q - k)[None, :] + dz[:, None] * x[None, :])
+            G += g[:, None] * (q - k)[None, :] + dz[:, None] * x[None, :]
+            if reset:  # G + dA, cut here by the reset: its part of dS
+                _add_rows(ACC + i_bh * R * D, row0 + _runtime_zero(reset_byte), rows, G,
+                          BC, BD, D)
+            G = tl.where(reset, 0.0, G)
         else:
+            tl.store(DG + row * R + row0 + oc, g, mask=mc)
             G = tl.full([BC, BD], 0.0, tl.float32)
         # The rows before this step. After a reset at t >= 1: replay the segment
         # that ends at t - 1 from its start (S, plus O_0 for the first segment
@@ -284,7 +290,7 @@ def _core_step_backward(
     Wq, Wk, Wb, Gq, Gk, Gb,  # the core rows of W_t and of G = dL/dW_t
     rec, q, k, beta, x,  # the step's record (r^q, r^k, r^b are read here), q, k, beta, phi(x_t)
     ext_dq, ext_dk, ext_dx, ext_dbeta_y,  # W^y's terms of d q, d k, d x (before phi), d beta_y
-    reset_byte, s_base, row, DX, DG, DZ,
+    reset_byte, s_base, row, DX, DG, DZ, acc,
     D: tl.constexpr, DY: tl.constexpr, BD: tl.constexpr, FMAP: tl.constexpr,
     FULL: tl.constexpr,
 ):
@@ -294,9 +300,11 @@ def _core_step_backward(
     Undoes the step's update (A = W - u k^T; the slow weights S at ``s_base``, loaded
     exactly, at a reset), forms the gradients of the module docstrings from G, adds W^y's
     terms (``ext_*``: (A^y)^T g^y, (G^y)^T u^y - (A^y)^T g^y, (A^y)^T dy and
-    sum (G^y k) * r^y) before the softmax / sigmoid / phi backward, writes d x, the core
-    rows of g and dz = [d q~; d k~; d b~] of step ``row``, and returns (A^q, A^k, A^b) and
-    G_{t-1} = keep_t (G + dA) (0 for grad_mode step).
+    sum (G^y k) * r^y) before the softmax / sigmoid / phi backward, writes d x of step
+    ``row`` and returns (A^q, A^k, A^b) and G_{t-1} = keep_t (G + dA) (0 for grad_mode step).
+    For dS: grad_mode full adds G + dA of a reset step into the core rows of the program's
+    [R, D] matrix at ``acc`` (``srwm._backward``: dS by telescoping); grad_mode step
+    writes the core rows of g and dz = [d q~; d k~; d b~] of the step (dS by GEMMs).
     """
     R: tl.constexpr = DY + 2 * D + 4
     NZ: tl.constexpr = 2 * D + 4
@@ -331,21 +339,29 @@ def _core_step_backward(
     if FMAP == 2:
         dx = _softmax_backward(x, dx)
     tl.store(DX + row * D + od, dx.to(DX.dtype.element_ty), mask=md)
-    # The factors of dA = g (q - k)^T + dz x^T, for the dS GEMMs.
-    dg = DG + row * R
-    tl.store(dg + DY + od, gq, mask=md)
-    tl.store(dg + DY + D + od, gk, mask=md)
-    tl.store(dg + DY + 2 * D + o4, gb)
-    dz = DZ + row * NZ
-    tl.store(dz + od, dzq, mask=md)
-    tl.store(dz + D + od, dzk, mask=md)
-    tl.store(dz + 2 * D + o4, dzb)
     if FULL:
         qk = q - k
-        Gq = tl.where(reset, 0.0, Gq + gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :])
-        Gk = tl.where(reset, 0.0, Gk + gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :])
-        Gb = tl.where(reset, 0.0, Gb + gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :])
+        Gq += gq[:, None] * qk[None, :] + dzq[:, None] * x[None, :]
+        Gk += gk[:, None] * qk[None, :] + dzk[:, None] * x[None, :]
+        Gb += gb[:, None] * qk[None, :] + dzb[:, None] * x[None, :]
+        if reset:  # G + dA, cut here by the reset: its part of dS
+            zero = _runtime_zero(reset_byte)
+            _add_rows(acc, DY + zero, D, Gq, BD, BD, D)
+            _add_rows(acc, DY + D + zero, D, Gk, BD, BD, D)
+            _add_rows(acc, DY + 2 * D + zero, 4, Gb, 4, BD, D)
+        Gq = tl.where(reset, 0.0, Gq)
+        Gk = tl.where(reset, 0.0, Gk)
+        Gb = tl.where(reset, 0.0, Gb)
     else:
+        # The factors of dA = g (q - k)^T + dz x^T, for the dS GEMMs.
+        dg = DG + row * R
+        tl.store(dg + DY + od, gq, mask=md)
+        tl.store(dg + DY + D + od, gk, mask=md)
+        tl.store(dg + DY + 2 * D + o4, gb)
+        dz = DZ + row * NZ
+        tl.store(dz + od, dzq, mask=md)
+        tl.store(dz + D + od, dzk, mask=md)
+        tl.store(dz + 2 * D + o4, dzb)
         Gq = tl.full([BD, BD], 0.0, tl.float32)
         Gk = tl.full([BD, BD], 0.0, tl.float32)
         Gb = tl.full([4, BD], 0.0, tl.float32)
@@ -356,7 +372,8 @@ def _core_step_backward(
 def _core_backward_kernel(
     X, S, O0, RESET, START, REC, OT,  # forward inputs and records
     EXT, DOT,  # summed gradients from W^y's rows [T,B,H,3D+1]; d offsets_T [B,H,R,D]
-    DX, DO0, DG, DZ, REBUILT,  # outputs (DG [T,B,H,R] rows Dy..R, DZ [T,B,H,2D+4])
+    DX, DO0, DG, DZ, ACC, REBUILT,  # outputs (step: DG [T,B,H,R] rows Dy..R, DZ [T,B,H,2D+4];
+    # full: ACC [B,H,R,D] rows Dy..R, += G + dA at each reset)
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr, WRITE_REBUILT: tl.constexpr,
 ):
@@ -396,7 +413,7 @@ def _core_backward_kernel(
             x = tl.where(md, x_in, 0.0)
         Aq, Ak, Ab, Gq, Gk, Gb = _core_step_backward(
             Wq, Wk, Wb, Gq, Gk, Gb, rec, q, k, beta, x, ext_dq, ext_dk, ext_dx, ext_dbeta_y,
-            reset_byte, s_base, row, DX, DG, DZ, D, DY, BD, FMAP, FULL)
+            reset_byte, s_base, row, DX, DG, DZ, ACC + i_bh * R * D, D, DY, BD, FMAP, FULL)
         # The rows before this step. After a reset at t >= 1: replay the segment
         # that ends at t - 1 from its start (S, plus O_0 for the first segment
         # when step 0 did not reset).
@@ -470,11 +487,12 @@ def split_forward(x: Tensor, S: Tensor, O0: Tensor, reset8: Tensor, *, fmap: int
     return y, OT, rec
 
 
-def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, *, fmap: int, full: bool,
-                   rows: int, rebuild: bool):
-    """dx, dO_0 [B,H,R,D], g [T,B,H,R], dz = [d q~; d k~; d b~] [T,B,H,2D+4] and (only with
-    ``rebuild``) the rebuilt S + O_0, from the W^y chunk kernel, a sum over its chunks and
-    the core kernel."""
+def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, fmap: int,
+                   full: bool, rows: int, rebuild: bool):
+    """dx, dO_0 [B,H,R,D] and (only with ``rebuild``) the rebuilt S + O_0, from the W^y chunk
+    kernel, a sum over its chunks and the core kernel; for dS (``srwm._backward``), full:
+    G + dA of every reset step added into ``acc`` [B,H,R,D], step: g into ``dg`` [T,B,H,R]
+    and dz = [d q~; d k~; d b~] into ``dz`` [T,B,H,2D+4] (the others: any tensor, unused)."""
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
@@ -483,7 +501,6 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, *, fmap: int, ful
     chunks = triton.cdiv(DY, rows)
     dx = torch.empty_like(x)
     dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-    dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
     rebuilt = torch.empty_like(dO0) if rebuild else dO0
     dy, dOT = aligned(dy), aligned(dOT)
     # One launch per chunk of W^y's rows, each summed into ext as it ends (chunk 0 writes
@@ -494,19 +511,18 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, *, fmap: int, ful
     for chunk in range(chunks):
         _y_backward_kernel[(B * H,)](
             x, S, O0, reset8, starts, rec, OT, dy, dOT,
-            dO0, dg, ext if chunk == 0 else part, rebuilt,
+            dO0, dg, ext if chunk == 0 else part, acc, rebuilt,
             chunk, T, B, H, D, DY, nrec,
             BD=bd, BC=rows, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(y_warps),
         )
         if chunk:
             ext += part
-    del part  # before dz exists
-    dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
+    del part
     _core_backward_kernel[(B * H,)](
         x, S, O0, reset8, starts, rec, OT, ext, dOT,
-        dx, dO0, dg, dz, rebuilt,
+        dx, dO0, dg, dz, acc, rebuilt,
         T, B, H, D, DY, nrec,
         BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, **launch_options(core_warps),
     )
-    return dx, dO0, dg, dz, rebuilt
+    return dx, dO0, rebuilt
