@@ -165,12 +165,13 @@ def test_reversal_rebuilds_the_initial_state(split_rows):
     T = 100
     x, *rest = (t.float() for t in _inputs(T, 1, 1, 16, 3 * 16 + 1, seed=21))
     S = torch.cat(rest[:4], dim=1)
-    O0 = torch.cat(rest[4:], dim=2)
+    O0 = tuple(rest[4:])
     reset = torch.zeros(T, 1, dtype=torch.bool)
     y, OT, records = K._forward(x, S, O0, reset, fmap=2, store=True, split_rows=split_rows)
-    *_, rebuilt = K._backward(x, S, O0, records, OT, torch.zeros_like(y), torch.zeros_like(OT),
+    *_, rebuilt = K._backward(x, S, O0, records, OT, torch.zeros_like(y),
+                              tuple(torch.zeros_like(o) for o in OT),
                               fmap=2, full=True, rebuild=True, split_rows=split_rows)
-    W0 = S + O0
+    W0 = S + torch.cat(O0, dim=2)
     assert (rebuilt - W0).abs().max() <= 1e-5 * W0.abs().max()
 
 

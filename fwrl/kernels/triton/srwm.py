@@ -76,7 +76,8 @@ from .common import (
     aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
 from .srwm_split import (
-    SPLIT_ROWS, _core_rates, _core_step_backward, _num_records, split_backward, split_forward,
+    SPLIT_ROWS, _core_rates, _core_step_backward, _load_core_offsets, _num_records,
+    _store_core_offsets, offset_buffers, split_backward, split_forward,
 )
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
@@ -116,8 +117,8 @@ def _load_blocks(base, zero, D: tl.constexpr, DY: tl.constexpr, BD: tl.constexpr
 
 @triton.jit
 def _forward_kernel(
-    X, S, O0, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets [B,H,R,D]
-    Y, OT, REC,  # outputs (REC only with STORE)
+    X, S, O0Y, O0Q, O0K, O0B, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets [B,H,rows,D]
+    Y, OTY, OTQ, OTK, OTB, REC,  # outputs: y, the final offsets, REC (only with STORE)
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BY: tl.constexpr, FMAP: tl.constexpr, STORE: tl.constexpr,
 ):
@@ -131,19 +132,12 @@ def _forward_kernel(
     md = od < D
     my = oy < DY
     s_base = S + h * R * D
-    o_base = O0 + i_bh * R * D
-    py, mwy = _block(0, DY, BY, BD, D)
-    pq, mwq = _block(DY, D, BD, BD, D)
-    pk, mwk = _block(DY + D, D, BD, BD, D)
-    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
-    Wy = (tl.load(s_base + py, mask=mwy, other=0.0).to(tl.float32)
-          + tl.load(o_base + py, mask=mwy, other=0.0).to(tl.float32))
-    Wq = (tl.load(s_base + pq, mask=mwq, other=0.0).to(tl.float32)
-          + tl.load(o_base + pq, mask=mwq, other=0.0).to(tl.float32))
-    Wk = (tl.load(s_base + pk, mask=mwk, other=0.0).to(tl.float32)
-          + tl.load(o_base + pk, mask=mwk, other=0.0).to(tl.float32))
-    Wb = (tl.load(s_base + pb, mask=mwb, other=0.0).to(tl.float32)
-          + tl.load(o_base + pb, mask=mwb, other=0.0).to(tl.float32))
+    Wy, Wq, Wk, Wb = _load_blocks(s_base, 0, D, DY, BD, BY)
+    Wy += _load_rows(O0Y + i_bh * DY * D, 0, DY, BY, BD, D)
+    Oq, Ok, Ob = _load_core_offsets(O0Q, O0K, O0B, i_bh, 0, D, BD)
+    Wq += Oq
+    Wk += Ok
+    Wb += Ob
     for t in range(T):
         row = t * B * H + i_bh
         reset_byte = tl.load(RESET + t * B + b)
@@ -174,18 +168,19 @@ def _forward_kernel(
         Wq = Wq + (_pick(beta, o4, 1) * rq)[:, None] * k[None, :]
         Wk = Wk + (_pick(beta, o4, 2) * rk)[:, None] * k[None, :]
         Wb = Wb + (_pick(beta, o4, 3) * rb)[:, None] * k[None, :]
-    t_base = OT + i_bh * R * D
-    tl.store(t_base + py, Wy - tl.load(s_base + py, mask=mwy, other=0.0).to(tl.float32), mask=mwy)
-    tl.store(t_base + pq, Wq - tl.load(s_base + pq, mask=mwq, other=0.0).to(tl.float32), mask=mwq)
-    tl.store(t_base + pk, Wk - tl.load(s_base + pk, mask=mwk, other=0.0).to(tl.float32), mask=mwk)
-    tl.store(t_base + pb, Wb - tl.load(s_base + pb, mask=mwb, other=0.0).to(tl.float32), mask=mwb)
+    Sy, Sq, Sk, Sb = _load_blocks(s_base, 0, D, DY, BD, BY)
+    py, mwy = _block(0, DY, BY, BD, D)
+    tl.store(OTY + i_bh * DY * D + py, Wy - Sy, mask=mwy)
+    _store_core_offsets(OTQ, OTK, OTB, i_bh, Wq - Sq, Wk - Sk, Wb - Sb, D, BD)
 
 
 @triton.jit
 def _backward_kernel(
-    X, S, O0, RESET, START, REC, OT,  # forward inputs and records
-    DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
-    DX, DO0, DG, DZ, ACC, REBUILT,  # outputs; for dS, step: DG [T,B,H,R], DZ [T,B,H,2D+4],
+    X, S, O0Y, O0Q, O0K, O0B, RESET, START, REC,  # forward inputs and records
+    OTY, OTQ, OTK, OTB,  # the final offsets the forward returned
+    DYOUT, DOTY, DOTQ, DOTK, DOTB,  # incoming gradients: dy [T,B,H,DY], d offsets_T
+    DX, DO0Y, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs; for dS, step: DG [T,B,H,R],
+    # DZ [T,B,H,2D+4],
     # full: ACC [B,H,R,D] += G + dA at each reset
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BY: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
@@ -201,22 +196,15 @@ def _backward_kernel(
     md = od < D
     my = oy < DY
     s_base = S + h * R * D
-    o_base = O0 + i_bh * R * D
-    py, mwy = _block(0, DY, BY, BD, D)
-    pq, mwq = _block(DY, D, BD, BD, D)
-    pk, mwk = _block(DY + D, D, BD, BD, D)
-    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
-    t_base = OT + i_bh * R * D
     # W_T = S + O_T (the final offsets are what the forward returned).
-    Wy = tl.load(s_base + py, mask=mwy, other=0.0).to(tl.float32) + tl.load(t_base + py, mask=mwy, other=0.0)
-    Wq = tl.load(s_base + pq, mask=mwq, other=0.0).to(tl.float32) + tl.load(t_base + pq, mask=mwq, other=0.0)
-    Wk = tl.load(s_base + pk, mask=mwk, other=0.0).to(tl.float32) + tl.load(t_base + pk, mask=mwk, other=0.0)
-    Wb = tl.load(s_base + pb, mask=mwb, other=0.0).to(tl.float32) + tl.load(t_base + pb, mask=mwb, other=0.0)
-    g_base = DOT + i_bh * R * D
-    Gy = tl.load(g_base + py, mask=mwy, other=0.0).to(tl.float32)
-    Gq = tl.load(g_base + pq, mask=mwq, other=0.0).to(tl.float32)
-    Gk = tl.load(g_base + pk, mask=mwk, other=0.0).to(tl.float32)
-    Gb = tl.load(g_base + pb, mask=mwb, other=0.0).to(tl.float32)
+    Wy, Wq, Wk, Wb = _load_blocks(s_base, 0, D, DY, BD, BY)
+    Wy += _load_rows(OTY + i_bh * DY * D, 0, DY, BY, BD, D)
+    Oq, Ok, Ob = _load_core_offsets(OTQ, OTK, OTB, i_bh, 0, D, BD)
+    Wq += Oq
+    Wk += Ok
+    Wb += Ob
+    Gy = _load_rows(DOTY + i_bh * DY * D, 0, DY, BY, BD, D)
+    Gq, Gk, Gb = _load_core_offsets(DOTQ, DOTK, DOTB, i_bh, 0, D, BD)
     for i in range(T):
         t = T - 1 - i
         row = t * B * H + i_bh
@@ -267,7 +255,8 @@ def _backward_kernel(
             zero = _runtime_zero(reset_byte)
             Wy, Wq, Wk, Wb = _load_blocks(s_base, zero, D, DY, BD, BY)
             if (start == 0) & (tl.load(RESET + b) == 0):
-                Oy, Oq, Ok, Ob = _load_blocks(o_base, zero, D, DY, BD, BY)
+                Oy = _load_rows(O0Y + i_bh * DY * D, zero, DY, BY, BD, D)
+                Oq, Ok, Ob = _load_core_offsets(O0Q, O0K, O0B, i_bh, zero, D, BD)
                 Wy += Oy
                 Wq += Oq
                 Wk += Ok
@@ -287,12 +276,14 @@ def _backward_kernel(
             Wq = Aq
             Wk = Ak
             Wb = Ab
-    base = i_bh * R * D
-    tl.store(DO0 + base + py, Gy, mask=mwy)
-    tl.store(DO0 + base + pq, Gq, mask=mwq)
-    tl.store(DO0 + base + pk, Gk, mask=mwk)
-    tl.store(DO0 + base + pb, Gb, mask=mwb)
+    py, mwy = _block(0, DY, BY, BD, D)
+    tl.store(DO0Y + i_bh * DY * D + py, Gy, mask=mwy)
+    _store_core_offsets(DO0Q, DO0K, DO0B, i_bh, Gq, Gk, Gb, D, BD)
     if WRITE_REBUILT:  # the full matrix before step 0 (S + O_0), for the reversal test
+        base = i_bh * R * D
+        pq, mwq = _block(DY, D, BD, BD, D)
+        pk, mwk = _block(DY + D, D, BD, BD, D)
+        pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
         tl.store(REBUILT + base + py, Wy, mask=mwy)
         tl.store(REBUILT + base + pq, Wq, mask=mwq)
         tl.store(REBUILT + base + pk, Wk, mask=mwk)
@@ -321,10 +312,11 @@ def _block_sizes(d: int, dy: int) -> tuple[int, int, int, int]:
     return (bd, by, *WARPS[(bd, by)])
 
 
-def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, store: bool,
-             split_rows: int | None = None):
-    """y, O_T and (reset bytes, replay starts, records); ``split_rows``: the split path
-    (``srwm_split``) with that many rows of W^y per program, None: the register path."""
+def _forward(x: Tensor, S: Tensor, O0: tuple[Tensor, ...], reset: Tensor, *, fmap: int,
+             store: bool, split_rows: int | None = None):
+    """y, O_T (four tensors, as O0: ``srwm_split.offset_buffers``) and (reset bytes, replay
+    starts, records); ``split_rows``: the split path (``srwm_split``) with that many rows of
+    W^y per program, None: the register path."""
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
@@ -334,11 +326,12 @@ def _forward(x: Tensor, S: Tensor, O0: Tensor, reset: Tensor, *, fmap: int, stor
     else:
         bd, by, warps, _ = _block_sizes(D, DY)
         y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
-        OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+        OT = offset_buffers(B, H, D, DY, x.device)
         nrec = _num_records(D, DY)
-        rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32) if store else OT
+        rec = (torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32) if store
+               else OT[0])
         _forward_kernel[(B * H,)](
-            x, S, O0, reset8, y, OT, rec,
+            x, S, *O0, reset8, y, *OT, rec,
             T, B, H, D, DY, nrec,
             BD=bd, BY=by, FMAP=fmap, STORE=store, **launch_options(warps),
         )
@@ -352,7 +345,7 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
-    dOT = aligned(dOT)
+    dOT = tuple(aligned(g) for g in dOT)
     # dS = sum over (t, b) of dA_t. grad_mode full: G_{t-1} = keep_t (G_t + dA_t) telescopes,
     # so per row b the sum is dO_0 - dO_T + (G_t + dA_t summed over the reset steps t, which
     # the kernels add into acc): no per-step factors, no GEMM. grad_mode step: the kernels
@@ -371,18 +364,24 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
     else:
         bd, by, _, warps = _block_sizes(D, DY)
         dx = torch.empty_like(x)
-        dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-        rebuilt = torch.empty_like(dO0) if rebuild else dO0
+        dO0 = offset_buffers(B, H, D, DY, x.device)
+        rebuilt = (torch.empty(B, H, R, D, device=x.device, dtype=torch.float32) if rebuild
+                   else dO0[0])
         _backward_kernel[(B * H,)](
-            x, S, O0, reset8, starts, rec, OT, aligned(dy), dOT,
-            dx, dO0, dg, dz, dg if acc is None else acc, rebuilt,
+            x, S, *O0, reset8, starts, rec, *OT, aligned(dy), *dOT,
+            dx, *dO0, dg, dz, dg if acc is None else acc, rebuilt,
             T, B, H, D, DY, _num_records(D, DY),
             BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(warps),
         )
     if full:
-        dS = acc.add_(dO0).sub_(dOT).sum(dim=0)
+        dS = acc.sum(dim=0)
         del acc
+        row0 = 0
+        for d0, dT in zip(dO0, dOT):  # + sum over b of dO_0 - dO_T, block by block
+            rows = d0.shape[2]
+            dS[:, row0 : row0 + rows] += d0.sum(dim=0) - dT.float().sum(dim=0)
+            row0 += rows
     else:
         dS = _slow_grads(x, rec, dg, dy, dz, fmap=fmap)
     grads = (dx, dS, dO0)
@@ -429,18 +428,21 @@ def _slow_grads(x: Tensor, rec: Tensor, dg: Tensor, dy: Tensor, dz: Tensor, *,
 
 class _SRWMFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, S, O0, reset, fmap, full, split_rows):
+    def forward(ctx, x, S, O0y, O0q, O0k, O0b, reset, fmap, full, split_rows):
+        O0 = (O0y, O0q, O0k, O0b)
         y, OT, records = _forward(x, S, O0, reset, fmap=fmap, store=True, split_rows=split_rows)
-        ctx.save_for_backward(x, S, O0, OT, *records)
+        ctx.save_for_backward(x, S, *O0, *OT, *records)
         ctx.options = dict(fmap=fmap, full=full, split_rows=split_rows)
-        ctx.dtypes = (S.dtype, O0.dtype)
-        return y, OT
+        ctx.dtypes = (S.dtype, *(o.dtype for o in O0))
+        return (y, *OT)
 
     @staticmethod
-    def backward(ctx, dy, dOT):
-        x, S, O0, OT, *records = ctx.saved_tensors
+    def backward(ctx, dy, *dOT):
+        x, S, *rest = ctx.saved_tensors
+        O0, OT, records = tuple(rest[:4]), tuple(rest[4:8]), rest[8:]
         dx, dS, dO0 = _backward(x, S, O0, records, OT, dy, dOT, **ctx.options)
-        return dx, dS.to(ctx.dtypes[0]), dO0.to(ctx.dtypes[1]), None, None, None, None
+        return (dx, dS.to(ctx.dtypes[0]), *(g.to(t) for g, t in zip(dO0, ctx.dtypes[1:])),
+                None, None, None, None)
 
 
 def supports(
@@ -486,8 +488,10 @@ def srwm_triton(
     """Fused SRWM (paper 002 Eq. 5-8, App. A); returns (y [T, B, H, Dy] in x's dtype,
     final offsets, fp32).
 
-    Same arguments as ``srwm_reference``. The sub-matrices are stacked once per
-    call (S [H, R, D], offsets [B, H, R, D]); the kernel state is fp32.
+    Same arguments as ``srwm_reference``. The slow sub-matrices are stacked once per
+    call (S [H, R, D], small); the four offsets go to the kernels as they are, and the
+    final ones come back as four tensors (no [B, H, R, D] copy either way); the kernel
+    state is fp32.
     ``split_rows``: None runs the whole matrix in one program's registers where
     ``WARPS`` has its block shape and otherwise the split path of ``srwm_split``
     (W^y over programs, ``SPLIT_ROWS`` rows each: SR-DeltaNet at head dims
@@ -499,13 +503,13 @@ def srwm_triton(
         raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
     slow = (W_y, W_q, W_k, w_b)
     rows = tuple(w.shape[1] for w in slow)
-    S = aligned(torch.cat(slow, dim=1))
-    O0 = aligned(torch.cat(tuple(offsets), dim=2))
+    S = aligned(torch.cat(slow, dim=1))  # [H, R, D]: small, read at resets
+    O0 = tuple(aligned(o) for o in offsets)  # the kernels take the four tensors as they are
     x = aligned(x)
     fmap = KERNEL_INPUT_MAPS[input_map]
     split = _split_rows(x.shape[3], rows[0], split_rows)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, S, O0)):
-        y, OT = _SRWMFunction.apply(x, S, O0, reset, fmap, grad_mode == "full", split)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, S, *O0)):
+        y, *OT = _SRWMFunction.apply(x, S, *O0, reset, fmap, grad_mode == "full", split)
     else:  # inference (typically T = 1): no records (the split path still records q, k, beta)
         y, OT, _ = _forward(x, S, O0, reset, fmap=fmap, store=False, split_rows=split)
-    return y, tuple(OT.split(rows, dim=2))
+    return y, tuple(OT)

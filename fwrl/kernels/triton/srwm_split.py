@@ -88,9 +88,29 @@ def _load_core(base, row0, D: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def _load_core_offsets(OQ, OK, OB, i_bh, zero, D: tl.constexpr, BD: tl.constexpr):
+    """Program i_bh's O^q, O^k, O^b (or their gradients), each its own [B, H, rows, D]
+    tensor, fp32; ``zero``: 0, see ``common._runtime_zero``."""
+    return (_load_rows(OQ + i_bh * D * D, zero, D, BD, BD, D),
+            _load_rows(OK + i_bh * D * D, zero, D, BD, BD, D),
+            _load_rows(OB + i_bh * 4 * D, zero, 4, 4, BD, D))
+
+
+@triton.jit
+def _store_core_offsets(OQ, OK, OB, i_bh, Vq, Vk, Vb, D: tl.constexpr, BD: tl.constexpr):
+    """Stores program i_bh's O^q, O^k, O^b (or their gradients): the inverse of
+    ``_load_core_offsets``."""
+    pq, mq = _block(0, D, BD, BD, D)
+    pb, mb = _block(0, 4, 4, BD, D)
+    tl.store(OQ + i_bh * D * D + pq, Vq, mask=mq)
+    tl.store(OK + i_bh * D * D + pq, Vk, mask=mq)
+    tl.store(OB + i_bh * 4 * D + pb, Vb, mask=mb)
+
+
+@triton.jit
 def _core_forward_kernel(
-    X, S, O0, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets [B,H,R,D]
-    OT, REC,  # outputs: final offsets (rows Dy..R), records (all but r^y)
+    X, S, O0Q, O0K, O0B, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets O^q, O^k, O^b
+    OTQ, OTK, OTB, REC,  # outputs: final offsets O^q, O^k, O^b, records (all but r^y)
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr,
 ):
@@ -102,9 +122,8 @@ def _core_forward_kernel(
     o4 = tl.arange(0, 4)
     md = od < D
     s_base = S + h * R * D
-    o_base = O0 + i_bh * R * D
     Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
-    Oq, Ok, Ob = _load_core(o_base, DY, D, BD)
+    Oq, Ok, Ob = _load_core_offsets(O0Q, O0K, O0B, i_bh, 0, D, BD)
     Wq = Sq + Oq
     Wk = Sk + Ok
     Wb = Sb + Ob
@@ -133,20 +152,15 @@ def _core_forward_kernel(
         Wq = Wq + (_pick(beta, o4, 1) * rq)[:, None] * k[None, :]
         Wk = Wk + (_pick(beta, o4, 2) * rk)[:, None] * k[None, :]
         Wb = Wb + (_pick(beta, o4, 3) * rb)[:, None] * k[None, :]
-    t_base = OT + i_bh * R * D
     Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
-    pq, mwq = _block(DY, D, BD, BD, D)
-    pk, mwk = _block(DY + D, D, BD, BD, D)
-    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
-    tl.store(t_base + pq, Wq - Sq, mask=mwq)
-    tl.store(t_base + pk, Wk - Sk, mask=mwk)
-    tl.store(t_base + pb, Wb - Sb, mask=mwb)
+    _store_core_offsets(OTQ, OTK, OTB, i_bh, Wq - Sq, Wk - Sk, Wb - Sb, D, BD)
 
 
 @triton.jit
 def _y_forward_kernel(
-    X, S, O0, RESET, REC,  # inputs (REC: q, k, beta of the core kernel)
-    Y, OT,  # outputs: y [T,B,H,DY] and the final offsets (rows of this chunk); r^y into REC
+    X, S, O0Y, RESET, REC,  # inputs (O0Y: the offsets O^y [B,H,DY,D]; REC: q, k, beta of the
+    # core kernel)
+    Y, OTY,  # outputs: y [T,B,H,DY] and the final O^y (rows of this chunk); r^y into REC
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr,
 ):
@@ -162,7 +176,7 @@ def _y_forward_kernel(
     mc = oc < rows
     s_base = S + h * R * D
     W = (_load_rows(s_base, row0, rows, BC, BD, D)
-         + _load_rows(O0 + i_bh * R * D, row0, rows, BC, BD, D))
+         + _load_rows(O0Y + i_bh * DY * D, row0, rows, BC, BD, D))
     for t in range(T):
         row = t * B * H + i_bh
         reset_byte = tl.load(RESET + t * B + b)
@@ -180,14 +194,14 @@ def _y_forward_kernel(
         tl.store(rec + row0 + oc, r, mask=mc)
         W = W + (by * r)[:, None] * k[None, :]
     p, m = _block(row0, rows, BC, BD, D)
-    tl.store(OT + i_bh * R * D + p, W - _load_rows(s_base, row0, rows, BC, BD, D), mask=m)
+    tl.store(OTY + i_bh * DY * D + p, W - _load_rows(s_base, row0, rows, BC, BD, D), mask=m)
 
 
 @triton.jit(do_not_specialize=["CHUNK"])
 def _y_backward_kernel(
-    X, S, O0, RESET, START, REC, OT,  # forward inputs and records
-    DYOUT, DOT,  # incoming gradients: dy [T,B,H,DY], d offsets_T [B,H,R,D]
-    DO0, DG, PART, ACC, REBUILT,  # outputs (PART [T,B,H,3D+1]: this chunk's partial dq, dk,
+    X, S, O0Y, RESET, START, REC, OTY,  # forward inputs and records (O^y: [B,H,DY,D])
+    DYOUT, DOTY,  # incoming gradients: dy [T,B,H,DY], d O^y_T [B,H,DY,D]
+    DO0Y, DG, PART, ACC, REBUILT,  # outputs (PART [T,B,H,3D+1]: this chunk's partial dq, dk,
     # dx, dbeta_y; step: DG [T,B,H,R] rows 0..DY; full: ACC rows 0..DY += G + dA at resets)
     CHUNK, T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BC: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
@@ -205,11 +219,11 @@ def _y_backward_kernel(
     rows = DY - row0
     mc = oc < rows
     s_base = S + h * R * D
-    o_base = O0 + i_bh * R * D
+    o_base = O0Y + i_bh * DY * D
     # W^y_T = S + O_T (the final offsets are what the forward returned).
     W = (_load_rows(s_base, row0, rows, BC, BD, D)
-         + _load_rows(OT + i_bh * R * D, row0, rows, BC, BD, D))
-    G = _load_rows(DOT + i_bh * R * D, row0, rows, BC, BD, D)
+         + _load_rows(OTY + i_bh * DY * D, row0, rows, BC, BD, D))
+    G = _load_rows(DOTY + i_bh * DY * D, row0, rows, BC, BD, D)
     for i in range(T):
         t = T - 1 - i
         row = t * B * H + i_bh
@@ -266,7 +280,7 @@ def _y_backward_kernel(
         else:
             W = A
     p, m = _block(row0, rows, BC, BD, D)
-    tl.store(DO0 + i_bh * R * D + p, G, mask=m)
+    tl.store(DO0Y + i_bh * DY * D + p, G, mask=m)
     if WRITE_REBUILT:  # the rows before step 0 (S + O_0), for the reversal test
         tl.store(REBUILT + i_bh * R * D + p, W, mask=m)
 
@@ -370,9 +384,10 @@ def _core_step_backward(
 
 @triton.jit
 def _core_backward_kernel(
-    X, S, O0, RESET, START, REC, OT,  # forward inputs and records
-    EXT, DOT,  # summed gradients from W^y's rows [T,B,H,3D+1]; d offsets_T [B,H,R,D]
-    DX, DO0, DG, DZ, ACC, REBUILT,  # outputs (step: DG [T,B,H,R] rows Dy..R, DZ [T,B,H,2D+4];
+    X, S, O0Q, O0K, O0B, RESET, START, REC, OTQ, OTK, OTB,  # forward inputs and records
+    EXT, DOTQ, DOTK, DOTB,  # summed gradients from W^y's rows [T,B,H,3D+1]; d O^q_T, ...
+    DX, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs (step: DG [T,B,H,R] rows Dy..R,
+    # DZ [T,B,H,2D+4];
     # full: ACC [B,H,R,D] rows Dy..R, += G + dA at each reset)
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr, WRITE_REBUILT: tl.constexpr,
@@ -386,13 +401,12 @@ def _core_backward_kernel(
     o4 = tl.arange(0, 4)
     md = od < D
     s_base = S + h * R * D
-    o_base = O0 + i_bh * R * D
     Sq, Sk, Sb = _load_core(s_base, DY, D, BD)
-    Oq, Ok, Ob = _load_core(OT + i_bh * R * D, DY, D, BD)
+    Oq, Ok, Ob = _load_core_offsets(OTQ, OTK, OTB, i_bh, 0, D, BD)
     Wq = Sq + Oq
     Wk = Sk + Ok
     Wb = Sb + Ob
-    Gq, Gk, Gb = _load_core(DOT + i_bh * R * D, DY, D, BD)
+    Gq, Gk, Gb = _load_core_offsets(DOTQ, DOTK, DOTB, i_bh, 0, D, BD)
     for i in range(T):
         t = T - 1 - i
         row = t * B * H + i_bh
@@ -422,7 +436,7 @@ def _core_backward_kernel(
             zero = _runtime_zero(reset_byte)
             Wq, Wk, Wb = _load_core(s_base, DY + zero, D, BD)
             if (start == 0) & (tl.load(RESET + b) == 0):
-                Iq, Ik, Ib = _load_core(o_base, DY + zero, D, BD)
+                Iq, Ik, Ib = _load_core_offsets(O0Q, O0K, O0B, i_bh, zero, D, BD)
                 Wq += Iq
                 Wk += Ik
                 Wb += Ib
@@ -437,14 +451,12 @@ def _core_backward_kernel(
             Wq = Aq
             Wk = Ak
             Wb = Ab
-    base = i_bh * R * D
-    pq, mwq = _block(DY, D, BD, BD, D)
-    pk, mwk = _block(DY + D, D, BD, BD, D)
-    pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
-    tl.store(DO0 + base + pq, Gq, mask=mwq)
-    tl.store(DO0 + base + pk, Gk, mask=mwk)
-    tl.store(DO0 + base + pb, Gb, mask=mwb)
+    _store_core_offsets(DO0Q, DO0K, DO0B, i_bh, Gq, Gk, Gb, D, BD)
     if WRITE_REBUILT:
+        base = i_bh * R * D
+        pq, mwq = _block(DY, D, BD, BD, D)
+        pk, mwk = _block(DY + D, D, BD, BD, D)
+        pb, mwb = _block(DY + 2 * D, 4, 4, BD, D)
         tl.store(REBUILT + base + pq, Wq, mask=mwq)
         tl.store(REBUILT + base + pk, Wk, mask=mwk)
         tl.store(REBUILT + base + pb, Wb, mask=mwb)
@@ -465,23 +477,33 @@ def split_config(d: int, rows: int) -> tuple[int, tuple[int, int], tuple[int, in
     return bd, CORE_WARPS[bd], y_warps
 
 
-def split_forward(x: Tensor, S: Tensor, O0: Tensor, reset8: Tensor, *, fmap: int, rows: int):
-    """y [T,B,H,Dy] (x's dtype), final offsets O_T [B,H,R,D] (fp32) and the records
-    [T,B,H,NREC] (fp32; always written: the W^y kernel reads q, k, beta from them)."""
+def offset_buffers(B: int, H: int, D: int, DY: int, device) -> tuple[Tensor, ...]:
+    """Uninitialised fp32 (O^y, O^q, O^k, O^b), [B, H, rows, D] each (rows Dy, D, D, 4): the
+    offsets and their gradients are four tensors, as the callers hold them, never stacked
+    (a stacked copy in, and the concatenation of their gradients out, would each take one
+    more [B, H, R, D])."""
+    return tuple(torch.empty(B, H, rows, D, device=device, dtype=torch.float32)
+                 for rows in (DY, D, D, NUM_RATES))
+
+
+def split_forward(x: Tensor, S: Tensor, O0: tuple[Tensor, ...], reset8: Tensor, *, fmap: int,
+                  rows: int):
+    """y [T,B,H,Dy] (x's dtype), the final offsets O_T (``offset_buffers``, fp32) and the
+    records [T,B,H,NREC] (fp32; always written: the W^y kernel reads q, k, beta from them)."""
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
     bd, (core_warps, _), (y_warps, _) = split_config(D, rows)
     nrec = _num_records(D, DY)
     y = torch.empty(T, B, H, DY, device=x.device, dtype=x.dtype)
-    OT = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
+    OT = offset_buffers(B, H, D, DY, x.device)
     rec = torch.empty(T, B, H, nrec, device=x.device, dtype=torch.float32)
     _core_forward_kernel[(B * H,)](
-        x, S, O0, reset8, OT, rec, T, B, H, D, DY, nrec,
+        x, S, *O0[1:], reset8, *OT[1:], rec, T, B, H, D, DY, nrec,
         BD=bd, FMAP=fmap, **launch_options(core_warps),
     )
     _y_forward_kernel[(B * H, triton.cdiv(DY, rows))](
-        x, S, O0, reset8, rec, y, OT, T, B, H, D, DY, nrec,
+        x, S, O0[0], reset8, rec, y, OT[0], T, B, H, D, DY, nrec,
         BD=bd, BC=rows, FMAP=fmap, **launch_options(y_warps),
     )
     return y, OT, rec
@@ -489,8 +511,9 @@ def split_forward(x: Tensor, S: Tensor, O0: Tensor, reset8: Tensor, *, fmap: int
 
 def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, fmap: int,
                    full: bool, rows: int, rebuild: bool):
-    """dx, dO_0 [B,H,R,D] and (only with ``rebuild``) the rebuilt S + O_0, from the W^y chunk
-    kernel, a sum over its chunks and the core kernel; for dS (``srwm._backward``), full:
+    """dx, dO_0 (``offset_buffers``; O0, OT and dOT are four tensors too) and (only with
+    ``rebuild``) the rebuilt S + O_0 [B,H,R,D], from the W^y chunk kernel, a sum over its
+    chunks and the core kernel; for dS (``srwm._backward``), full:
     G + dA of every reset step added into ``acc`` [B,H,R,D], step: g into ``dg`` [T,B,H,R]
     and dz = [d q~; d k~; d b~] into ``dz`` [T,B,H,2D+4] (the others: any tensor, unused)."""
     T, B, H, D = x.shape
@@ -500,9 +523,10 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, f
     nrec = _num_records(D, DY)
     chunks = triton.cdiv(DY, rows)
     dx = torch.empty_like(x)
-    dO0 = torch.empty(B, H, R, D, device=x.device, dtype=torch.float32)
-    rebuilt = torch.empty_like(dO0) if rebuild else dO0
-    dy, dOT = aligned(dy), aligned(dOT)
+    dO0 = offset_buffers(B, H, D, DY, x.device)
+    rebuilt = (torch.empty(B, H, R, D, device=x.device, dtype=torch.float32) if rebuild
+               else dO0[0])
+    dy = aligned(dy)
     # One launch per chunk of W^y's rows, each summed into ext as it ends (chunk 0 writes
     # ext itself): two [T, B, H, 3D + 1] buffers at most, not one per chunk, and the
     # order of the sum is fixed (deterministic, no atomics).
@@ -510,8 +534,8 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, f
     part = torch.empty_like(ext) if chunks > 1 else ext
     for chunk in range(chunks):
         _y_backward_kernel[(B * H,)](
-            x, S, O0, reset8, starts, rec, OT, dy, dOT,
-            dO0, dg, ext if chunk == 0 else part, acc, rebuilt,
+            x, S, O0[0], reset8, starts, rec, OT[0], dy, dOT[0],
+            dO0[0], dg, ext if chunk == 0 else part, acc, rebuilt,
             chunk, T, B, H, D, DY, nrec,
             BD=bd, BC=rows, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(y_warps),
@@ -520,8 +544,8 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, f
             ext += part
     del part
     _core_backward_kernel[(B * H,)](
-        x, S, O0, reset8, starts, rec, OT, ext, dOT,
-        dx, dO0, dg, dz, acc, rebuilt,
+        x, S, *O0[1:], reset8, starts, rec, *OT[1:], ext, *dOT[1:],
+        dx, *dO0[1:], dg, dz, acc, rebuilt,
         T, B, H, D, DY, nrec,
         BD=bd, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild, **launch_options(core_warps),
     )
