@@ -116,6 +116,16 @@ def _load_blocks(base, zero, D: tl.constexpr, DY: tl.constexpr, BD: tl.constexpr
 
 
 @triton.jit
+def _slow_plus_offsets(s_base, OY, OQ, OK, OB, i_bh, D: tl.constexpr, DY: tl.constexpr,
+                       BD: tl.constexpr, BY: tl.constexpr):
+    """The four blocks of W = S + O for program i_bh: S at ``s_base`` ([R, D]) and the
+    offsets O^y, O^q, O^k, O^b, each its own [B, H, rows, D] tensor; fp32."""
+    Wy, Wq, Wk, Wb = _load_blocks(s_base, 0, D, DY, BD, BY)
+    Oq, Ok, Ob = _load_core_offsets(OQ, OK, OB, i_bh, 0, D, BD)
+    return (Wy + _load_rows(OY + i_bh * DY * D, 0, DY, BY, BD, D), Wq + Oq, Wk + Ok, Wb + Ob)
+
+
+@triton.jit
 def _forward_kernel(
     X, S, O0Y, O0Q, O0K, O0B, RESET,  # inputs: x [T,B,H,D], slow [H,R,D], offsets [B,H,rows,D]
     Y, OTY, OTQ, OTK, OTB, REC,  # outputs: y, the final offsets, REC (only with STORE)
@@ -132,12 +142,7 @@ def _forward_kernel(
     md = od < D
     my = oy < DY
     s_base = S + h * R * D
-    Wy, Wq, Wk, Wb = _load_blocks(s_base, 0, D, DY, BD, BY)
-    Wy += _load_rows(O0Y + i_bh * DY * D, 0, DY, BY, BD, D)
-    Oq, Ok, Ob = _load_core_offsets(O0Q, O0K, O0B, i_bh, 0, D, BD)
-    Wq += Oq
-    Wk += Ok
-    Wb += Ob
+    Wy, Wq, Wk, Wb = _slow_plus_offsets(s_base, O0Y, O0Q, O0K, O0B, i_bh, D, DY, BD, BY)
     for t in range(T):
         row = t * B * H + i_bh
         reset_byte = tl.load(RESET + t * B + b)
@@ -197,12 +202,7 @@ def _backward_kernel(
     my = oy < DY
     s_base = S + h * R * D
     # W_T = S + O_T (the final offsets are what the forward returned).
-    Wy, Wq, Wk, Wb = _load_blocks(s_base, 0, D, DY, BD, BY)
-    Wy += _load_rows(OTY + i_bh * DY * D, 0, DY, BY, BD, D)
-    Oq, Ok, Ob = _load_core_offsets(OTQ, OTK, OTB, i_bh, 0, D, BD)
-    Wq += Oq
-    Wk += Ok
-    Wb += Ob
+    Wy, Wq, Wk, Wb = _slow_plus_offsets(s_base, OTY, OTQ, OTK, OTB, i_bh, D, DY, BD, BY)
     Gy = _load_rows(DOTY + i_bh * DY * D, 0, DY, BY, BD, D)
     Gq, Gk, Gb = _load_core_offsets(DOTQ, DOTK, DOTB, i_bh, 0, D, BD)
     for i in range(T):
