@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                         "of its eager peak to the planned fused one")
     parser.add_argument("--json-path", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    cores = list(kb.CORES) if "all" in args.core else list(dict.fromkeys(args.core))
+    cores = kb._cores(args)
     gpu = measured(args.against)
     rows = []
     print(f"{'core':<13} {'dtype':<5} {'shape':<13} {'fwd MiB':>9} {'fwd+bwd MiB':>12}"

@@ -23,10 +23,11 @@ y is fp32: it is tanh of the stored output y_{t-1} (h_0 at t = 0, zero after a
 reset), bit for bit what the forward used; a bf16 or fp16 y is rounded, so
 then s_t is recorded too (3d + 1). The pre-activation of q is recomputed as
 x_q + R_q s_t (one matvec per step; the forward's value up to the summation
-order of R_q s): q takes no part in the undo, so its rounding does not build up. At a reset at t >= 1 the
-state before it is rebuilt by replaying the recorded updates of the segment
-that ends at t - 1 (``common.replay_starts``; no state is stored, no host
-synchronisation). With G = dL/dW_t and dh = dy_t + (gradient from s_{t+1}):
+order of R_q s): q takes no part in the undo, so its rounding does not build
+up. At a reset at t >= 1 the state before it is rebuilt by replaying the
+recorded updates of the segment that ends at t - 1 (``common.replay_starts``;
+no state is stored, no host synchronisation). With G = dL/dW_t and
+dh = dy_t + (gradient from s_{t+1}):
 
     d q   = W_t^T dh;   G += dh q^T;   du = G k   (u = beta r)
     d beta = du . r;    dv = beta du;  d k = G^T u - W_{t-1}^T dv

@@ -184,9 +184,8 @@ def _backward_kernel(
     X, S, O0Y, O0Q, O0K, O0B, RESET, START, REC,  # forward inputs and records
     OTY, OTQ, OTK, OTB,  # the final offsets the forward returned
     DYOUT, DOTY, DOTQ, DOTK, DOTB,  # incoming gradients: dy [T,B,H,DY], d offsets_T
-    DX, DO0Y, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs; for dS, step: DG [T,B,H,R],
-    # DZ [T,B,H,2D+4],
-    # full: ACC [B,H,R,D] += G + dA at each reset
+    DX, DO0Y, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs; for dS, grad_mode step:
+    # DG [T,B,H,R] and DZ [T,B,H,2D+4], full: ACC [B,H,R,D] += G + dA at each reset
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, BY: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr,
     WRITE_REBUILT: tl.constexpr,
@@ -350,16 +349,17 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
     # so per row b the sum is dO_0 - dO_T + (G_t + dA_t summed over the reset steps t, which
     # the kernels add into acc): no per-step factors, no GEMM. grad_mode step: the kernels
     # write the factors g and dz of each dA_t and _slow_grads sums their products.
+    # (The buffer a mode does not use is passed as any other: the kernels never touch it.)
     if full:
         acc = torch.zeros(B, H, R, D, device=x.device, dtype=torch.float32)
-        dg = dz = acc  # unused by the kernels
+        dg = dz = acc
     else:
-        acc = None
         dg = torch.empty(T, B, H, R, device=x.device, dtype=torch.float32)
         dz = torch.empty(T, B, H, 2 * D + NUM_RATES, device=x.device, dtype=torch.float32)
+        acc = dg
     if split_rows is not None:
         dx, dO0, rebuilt = split_backward(
-            x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, dg if acc is None else acc,
+            x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc,
             fmap=fmap, full=full, rows=split_rows, rebuild=rebuild)
     else:
         bd, by, _, warps = _block_sizes(D, DY)
@@ -369,7 +369,7 @@ def _backward(x, S, O0, records, OT, dy, dOT, *, fmap: int, full: bool, rebuild:
                    else dO0[0])
         _backward_kernel[(B * H,)](
             x, S, *O0, reset8, starts, rec, *OT, aligned(dy), *dOT,
-            dx, *dO0, dg, dz, dg if acc is None else acc, rebuilt,
+            dx, *dO0, dg, dz, acc, rebuilt,
             T, B, H, D, DY, _num_records(D, DY),
             BD=bd, BY=by, FMAP=fmap, FULL=full, WRITE_REBUILT=rebuild,
             **launch_options(warps),

@@ -36,8 +36,8 @@ its rows is independent of the others given them. So:
   Each program writes its rows' partial d q, d k, d x (before phi's
   backward) and d beta_y per step; the wrapper launches the chunks one after
   the other and adds each one's partials into one sum as it ends
-  (deterministic, no atomics, and one partial buffer alive, not one per chunk). ``_core_backward_kernel`` then
-  runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
+  (deterministic, no atomics, and one partial buffer alive, not one per
+  chunk). ``_core_backward_kernel`` then runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
   d k, d beta and d x before the softmax / sigmoid / phi backward.
 
 One step of C's backward (undo or load S, the gradients, W^y's terms added,
@@ -65,8 +65,8 @@ from torch import Tensor
 from fwrl.kernels.reference.srwm import NUM_RATES
 
 from .common import (
-    _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _softmax_backward,
-    _sum, _vecmat, aligned, launch_options, padded, warps_for,
+    _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax,
+    _softmax_backward, _sum, _vecmat, aligned, launch_options, padded, warps_for,
 )
 
 # Rows of W^y per program of the split kernels (a power of two). 64 rows at
@@ -386,9 +386,8 @@ def _core_step_backward(
 def _core_backward_kernel(
     X, S, O0Q, O0K, O0B, RESET, START, REC, OTQ, OTK, OTB,  # forward inputs and records
     EXT, DOTQ, DOTK, DOTB,  # summed gradients from W^y's rows [T,B,H,3D+1]; d O^q_T, ...
-    DX, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs (step: DG [T,B,H,R] rows Dy..R,
-    # DZ [T,B,H,2D+4];
-    # full: ACC [B,H,R,D] rows Dy..R, += G + dA at each reset)
+    DX, DO0Q, DO0K, DO0B, DG, DZ, ACC, REBUILT,  # outputs; grad_mode step: DG [T,B,H,R]
+    # rows Dy..R and DZ [T,B,H,2D+4], full: ACC [B,H,R,D] rows Dy..R += G + dA at each reset
     T, B, H, D: tl.constexpr, DY: tl.constexpr, NREC: tl.constexpr,
     BD: tl.constexpr, FMAP: tl.constexpr, FULL: tl.constexpr, WRITE_REBUILT: tl.constexpr,
 ):
