@@ -254,7 +254,7 @@ def test_preflight_refuses_before_the_run_folder_exists(tmp_path, read_only, cap
 
     runs = tmp_path / "runs"
     base = ["train", "--env", "memory:cue_delay", "--runs-dir", str(runs), "--name", "r"]
-    for extra, pattern in [(["--stem", "nature"], "stem 'nature' needs image observations"),
+    for extra, pattern in [(["--stem", "nature"], "stem 'nature' does not fit the observations of memory:cue_delay"),
                            (["--load-vision-from", str(tmp_path / "none.pt")], "load_vision_from"),
                            (["--device", "cuda:7"], "cuda:7")]:
         assert main([*base, *extra]) == 2

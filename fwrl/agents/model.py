@@ -40,15 +40,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fwrl.agents import policy
+from fwrl.agents.stem_shapes import SMALL_FRAME, STEMS, check_stem, default_stem  # noqa: F401  (re-exported)
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.memory_modules import build_core, core_config_class
 from fwrl.memory_modules.fwp_block import auto_output_scale
 from fwrl.memory_modules.base import State
 
-STEMS = ("impala", "nature", "minatar", "mlp")
 INITS = ("torch", "orthogonal")
-# frames whose height or width is below this get the minatar stem under stem auto
-SMALL_FRAME = 32
 
 
 class _ResidualBlock(nn.Module):
@@ -140,11 +138,7 @@ class MLPStem(nn.Module):
 def make_stem(name: str, obs_shape: tuple[int, ...]) -> nn.Module:
     if name not in STEMS:
         raise unknown_choice("vision stem", name, STEMS)
-    is_image = len(obs_shape) == 3
-    if name == "mlp" and is_image:
-        raise FwrlError(f"stem 'mlp' needs flat vector observations, got shape {obs_shape}; use impala or nature.")
-    if name != "mlp" and not is_image:
-        raise FwrlError(f"stem {name!r} needs image observations (C, H, W), got shape {obs_shape}; use mlp.")
+    check_stem(name, obs_shape)  # a stem that does not fit: one FwrlError naming those that do
     return {"impala": ImpalaStem, "nature": NatureStem, "minatar": MinAtarStem, "mlp": MLPStem}[name](obs_shape)
 
 
@@ -178,13 +172,6 @@ def with_output_scale(core: str, options: Mapping[str, Any] | None, image_stem: 
     if options.get("output_scale") is None and "output_scale" in core_config_class(core).model_fields:
         options["output_scale"] = auto_output_scale(image_stem)
     return options
-
-
-def default_stem(obs_shape: tuple[int, ...]) -> str:
-    """impala for frames, minatar for frames under 32 pixels high or wide, mlp for vectors."""
-    if len(obs_shape) != 3:
-        return "mlp"
-    return "minatar" if min(obs_shape[1:]) < SMALL_FRAME else "impala"
 
 
 class AgentNet(nn.Module):

@@ -22,8 +22,10 @@ from fwrl.launch.settings.flags import add_setting_flags, add_train_config_flags
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
-BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "stem": "nature", "num_workers": 4,
-                             "envs_per_worker": 1, "batch_size": 8, "unroll_length": 80}
+BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers": 4, "envs_per_worker": 1,
+                             "batch_size": 8, "unroll_length": 80}
+# the stem of the bench's own env (Pong); with --env the stem is picked as fwrl train picks it (auto)
+BENCH_THROUGHPUT_STEM = "nature"
 # settings bench throughput sets itself (a measuring window, no checkpoints)
 BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "checkpoint_interval")
 BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker": 1}
@@ -236,10 +238,12 @@ def run_info(args: argparse.Namespace) -> int:
         console.print(table)
     if describe:
         from fwrl.agents.model import count_parameters, layer_table
+        from fwrl.agents.stem_shapes import check_stem
         from fwrl.envs.registry import describe_env
         from fwrl.launch.training.agent import build_model
 
         info = describe_env(config.env)
+        check_stem(config.stem, info.obs_shape, config.env)
         model = build_model(config, info)
         table = Table("module", "parameters", title=f"{config.env} / {config.core} / {model.stem_name} stem")
         for name, n in layer_table(model):
@@ -293,9 +297,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                         description="Agent steps/s of real training (env workers, inference, learner) after a "
                                     "warm-up. Takes the settings of fwrl train; without --preset or --config its "
                                     "own defaults are " + ", ".join(f"{k} {v}" for k, v in BENCH_THROUGHPUT_DEFAULTS.items())
-                                    + ".")
+                                    + f", and stem {BENCH_THROUGHPUT_STEM} on its own env (with --env: auto, as "
+                                    "fwrl train picks it).")
     add_setting_flags(t, BenchConfig)
-    add_train_config_flags(t, BENCH_THROUGHPUT_DEFAULTS, exclude=BENCH_THROUGHPUT_FIXED)
+    add_train_config_flags(t, {**BENCH_THROUGHPUT_DEFAULTS, "stem": f"{BENCH_THROUGHPUT_STEM} (with --env: auto)"},
+                           exclude=BENCH_THROUGHPUT_FIXED)
     _add_env_path_flags(t)
     t.set_defaults(run=run_bench_throughput)
     e = bsub.add_parser("envs", help="raw env steps/s through the worker layer",
@@ -332,9 +338,7 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     from fwrl.launch.training.preflight import check_runnable
 
     window = BenchConfig.parse(given_settings(args, BenchConfig))
-    own = args.preset is None and args.config is None  # a preset or config file replaces the bench's defaults
-    config = train_config_from_args(args, base=BENCH_THROUGHPUT_DEFAULTS if own else None,
-                                    check_env=not args.print_config)
+    config = train_config_from_args(args, base=bench_throughput_base(args), check_env=not args.print_config)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -343,6 +347,14 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
                             ceiling_seconds=window.ceiling_seconds, json_path=window.json_path, paths=args.paths,
                             rounds=args.rounds, profile_path=window.profile_path,
                             profile_seconds=window.profile_seconds)
+
+
+def bench_throughput_base(args: argparse.Namespace) -> dict | None:
+    """The bench's own defaults under the flags: none with --preset or --config (they replace them);
+    the nature stem only on the bench's own env (Pong): with --env, the stem is auto, as in fwrl train."""
+    if args.preset is not None or args.config is not None:
+        return None
+    return {**BENCH_THROUGHPUT_DEFAULTS, **({} if hasattr(args, "env") else {"stem": BENCH_THROUGHPUT_STEM})}
 
 
 def run_bench_envs(args: argparse.Namespace) -> int:

@@ -295,12 +295,25 @@ def check_env_first(settings: Mapping[str, Any], installed: bool = True) -> None
     """Check the env of merged settings (spec, family, games, options and, with ``installed``, the
     libraries its workers need: ``fwrl.envs.registry.check_installed``) before the config is
     validated, which imports torch for the core's options: a misspelt env or a missing library is
-    said at once. Values that are not a spec string are left to the config's own check."""
+    said at once. An explicit stem is checked against the env's observations too (``auto`` always
+    fits). Values that are not a spec string are left to the config's own check."""
     env = settings.get("env", TrainConfig.model_fields["env"].default)
     if isinstance(env, str) and env:
         from fwrl.envs.registry import check_installed, resolve
 
         check_installed(env) if installed else resolve(env)
+        check_stem_first(env, settings.get("stem"), settings.get("env_wrappers") or ())
+
+
+def check_stem_first(env: str, stem: Any, wrappers: Sequence[str] = ()) -> None:
+    """A stem named explicitly fits the observations of ``env`` (one FwrlError naming the stems
+    that fit: :func:`fwrl.agents.stem_shapes.check_stem`); ``auto`` and values that are not a stem
+    are left to the config's own check."""
+    if stem in STEM_CHOICES and stem != "auto" and isinstance(wrappers, (list, tuple)):
+        from fwrl.agents.stem_shapes import check_stem
+        from fwrl.envs.registry import describe_env
+
+        check_stem(stem, describe_env(env, wrappers=tuple(wrappers)).obs_shape, env)
 
 
 def check_resume(saved: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:

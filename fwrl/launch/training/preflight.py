@@ -48,19 +48,23 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
 
     Checks the env (family, games, options, its optional dependency; first, before
     torch is imported: :func:`check_workers_runnable`), the
-    device, that the stem suits the observations and the core builds for
+    device, that the stem fits the observations (before torch is imported,
+    :func:`fwrl.agents.stem_shapes.check_stem`) and the core builds for
     them (on the meta device: nothing is allocated), the worker count of a
     multi-task env, ``load_vision_from`` (read only by a new run, not on
     ``resume``), the Ray backend's dependency, user env wrappers (importable, callable) and that
     ``inference_graph`` has a CUDA device.
     """
     check_workers_runnable(config.env, config.backend, config.env_wrappers)
-    import torch
-
+    from fwrl.agents.stem_shapes import check_stem
     from fwrl.envs.registry import describe_env
-    from fwrl.launch.training.agent import build_model, pick_device
 
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+    check_stem(config.stem, info.obs_shape, config.env)  # before torch: one line naming the stems that fit
+    import torch
+
+    from fwrl.launch.training.agent import build_model, pick_device
+
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "

@@ -1,0 +1,106 @@
+"""What a new user still tripped on (issue 39): each item's behaviour, through the command line.
+
+Everything runs through ``fwrl.launch.cli.main`` (in-process, or in a fresh interpreter where
+the import graph is the point) on small envs and tiny agents; nothing trains for long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fwrl.launch.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(argv: list) -> tuple[int, str, str]:
+    """``main(argv)`` in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_refused(code: int, err: str, *needles: str) -> None:
+    """One ``fwrl: error:`` paragraph, exit status 2, no traceback, naming each needle."""
+    assert code == 2, err
+    assert err.startswith("fwrl: error:"), err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def cli_in_subprocess(argv: list, cwd: Path, env: dict | None = None) -> tuple[int, str, bool]:
+    """``main(argv)`` in a fresh interpreter: (exit status, stderr, whether torch was imported)."""
+    script = textwrap.dedent(f"""
+        import sys
+        from fwrl.launch.cli import main
+        code = main({[str(a) for a in argv]!r})
+        print("TORCH_IMPORTED=" + str("torch" in sys.modules))
+        sys.exit(code)
+    """)
+    environ = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=environ, capture_output=True, text=True,
+                          timeout=120)
+    return proc.returncode, proc.stderr, "TORCH_IMPORTED=True" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- 1: a stem that does not fit
+
+@pytest.mark.parametrize("command", ["train", "info", "sweep", "bench"])
+def test_a_stem_too_big_for_the_frames_is_refused_naming_the_stems_that_fit(command, tmp_path, monkeypatch):
+    pytest.importorskip("minatar")
+    monkeypatch.chdir(tmp_path)
+    argv = {"train": ["train", "--env", "minatar:breakout", "--stem", "nature", "--runs-dir", "runs"],
+            "info": ["info", "--env", "minatar:breakout", "--stem", "nature"],
+            "sweep": ["sweep", "sw", "--env", "minatar:breakout", "--stem", "nature"],
+            "bench": ["bench", "throughput", "--env", "minatar:breakout", "--stem", "nature"]}[command]
+    code, _, err = run_cli(argv)
+    assert_refused(code, err, "stem 'nature' does not fit", "minatar:breakout", "at least 36x36",
+                   "Stems that fit: impala, minatar")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_refuses_the_stem_before_importing_torch(tmp_path):
+    pytest.importorskip("minatar")
+    code, err, torch_imported = cli_in_subprocess(["train", "--env", "minatar:breakout", "--stem", "nature"],
+                                                  tmp_path)
+    assert code == 2 and "stem 'nature' does not fit" in err, err
+    assert not torch_imported
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_picks_the_stem_as_train_does(tmp_path, monkeypatch):
+    """Without --env the bench runs its own Pong with the nature stem; with --env, stem auto."""
+    pytest.importorskip("minatar")
+    code, out, err = run_cli(["bench", "throughput", "--env", "minatar:breakout", "--print-config"])
+    assert code == 0, err
+    assert "stem: auto" in out, out
+    code, out, err = run_cli(["bench", "throughput", "--print-config"])
+    assert code == 0, err
+    assert "stem: nature" in out and "env: atari:Pong" in out, out
+
+
+@pytest.mark.parametrize("size", [35, 36])
+def test_the_stems_shape_rule_is_the_convolutions(size):
+    """``smallest_frame`` agrees with what the nature stem's convolutions take."""
+    from fwrl.agents.model import NatureStem, make_stem
+    from fwrl.agents.stem_shapes import fitting_stems, smallest_frame
+    from fwrl.errors import FwrlError
+
+    assert smallest_frame("nature") == 36 and smallest_frame("minatar") == 3 and smallest_frame("impala") == 1
+    if size >= smallest_frame("nature"):
+        assert NatureStem((4, size, size)).flat_size > 0
+        assert "nature" in fitting_stems((4, size, size))
+    else:
+        with pytest.raises(FwrlError, match="at least 36x36"):
+            make_stem("nature", (4, size, size))
+    assert fitting_stems((8,)) == ["mlp"]
