@@ -104,3 +104,14 @@ def test_the_stems_shape_rule_is_the_convolutions(size):
         with pytest.raises(FwrlError, match="at least 36x36"):
             make_stem("nature", (4, size, size))
     assert fitting_stems((8,)) == ["mlp"]
+
+
+# ----------------------------------------------------------------------------- 6: slurm without sbatch
+
+def test_slurm_without_sbatch_is_refused_before_the_sweep_folder_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no sbatch (nor squeue) here
+    code, _, err = run_cli(["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "feedforward",
+                            "--executor", "slurm"])
+    assert_refused(code, err, "needs sbatch", "--dry-run")
+    assert list(tmp_path.iterdir()) == [], "the sweep folder was written before the refusal"

@@ -4,7 +4,7 @@ Order of work: read the grid and expand its cells (every cell's config is
 validated as ``fwrl train`` validates one); compare with the sweep folder's
 cells (:func:`fwrl.launch.sweep.plan.check_compatible`); find what is left;
 with the local executor, check each cell as ``fwrl train`` would (env, model,
-device) before anything starts. Only then is the folder written and the cells
+device) before anything starts; with the slurm executor, that ``sbatch`` is here. Only then is the folder written and the cells
 run. ``--status`` and ``--dry-run`` write nothing.
 
 Exit status: 0 when every cell is done (or, slurm, the array was submitted), 1
@@ -68,6 +68,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         return _dry_run(sweep, states, todo, opts, sbatch_options)
     if opts.executor == "local" and todo:
         check_cells([sweep.cell(c) for c in todo])
+    if opts.executor == "slurm" and todo:
+        from fwrl.launch.sweep.slurm import check_sbatch
+
+        check_sbatch()  # before the sweep folder is written
 
     with SweepLock(path):
         sweep = write_sweep(path, grid, cells)

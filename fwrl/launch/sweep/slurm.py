@@ -100,11 +100,16 @@ def alive_cells(sweep: Sweep) -> set[str]:
     return alive
 
 
-def submit(sweep: Sweep, script: str) -> str:
-    """Write the script to ``SWEEP/slurm/`` and submit it; returns the job id. Cells become ``queued``."""
+def check_sbatch() -> None:
+    """A FwrlError where ``sbatch`` is not on PATH (checked before the sweep folder is written)."""
     if shutil.which("sbatch") is None:
         raise FwrlError("the slurm executor needs sbatch, which is not on PATH here; run fwrl sweep on a SLURM "
                         "login node, or pass --dry-run to print the array script.")
+
+
+def submit(sweep: Sweep, script: str) -> str:
+    """Write the script to ``SWEEP/slurm/`` and submit it; returns the job id. Cells become ``queued``."""
+    check_sbatch()
     folder = sweep.path / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"array-{datetime.now().strftime('%Y%m%d-%H%M%S')}.sh"
