@@ -21,11 +21,16 @@ def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> FwrlE
     return FwrlError(f"unknown {kind} {value!r}; valid choices: {valid}.")
 
 
+def install_command(extra: str) -> str:
+    """How to install an extra, in the README's form (in the fwrl folder): ``pip install -e '.[atari]'``."""
+    return f"pip install -e '.[{extra}]'"
+
+
 def missing_dependency(module: str, extra: str, purpose: str) -> FwrlError:
-    """Error for an optional dependency that is not installed."""
+    """Error for an optional dependency that is not installed: what needs it, and the extra to install."""
     return FwrlError(
-        f"{purpose} needs the Python module '{module}', which is not installed. "
-        f"Install it with: pip install 'fwrl[{extra}]'"
+        f"the Python module '{module}', needed for {purpose}, is not installed. "
+        f"Install it with: {install_command(extra)} (in the fwrl folder)"
     )
 
 

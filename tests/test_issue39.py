@@ -115,3 +115,83 @@ def test_slurm_without_sbatch_is_refused_before_the_sweep_folder_is_written(tmp_
                             "--executor", "slurm"])
     assert_refused(code, err, "needs sbatch", "--dry-run")
     assert list(tmp_path.iterdir()) == [], "the sweep folder was written before the refusal"
+
+
+# ----------------------------------------------------------------------------- 7: error texts that mislead
+
+def memory_checkpoint(folder: Path) -> Path:
+    """A fresh agent's checkpoint for ``memory:cue_delay`` (evaluate and resume only read it)."""
+    import torch
+
+    from fwrl.agents.checkpoint import save_checkpoint
+    from fwrl.envs.registry import describe_env
+    from fwrl.launch.settings.config import TrainConfig
+    from fwrl.launch.training.agent import build_model
+
+    config = TrainConfig.from_dict({"env": "memory:cue_delay", "core": "lstm", "core_options": {"hidden_size": 16}})
+    info = describe_env(config.env)
+    model = build_model(config, info)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "checkpoint.pt"
+    save_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler, agent_steps=0, updates=0,
+                    config=config.to_dict(), env_info=info.to_dict())
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--env", "memory:cue_delay", "--core", "lstm", "--elstm-grad", "rtrl", "--runs-dir", "runs"],
+    ["bench", "throughput", "--env", "memory:cue_delay", "--elstm-grad", "rtrl"],
+    ["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "rdn", "--elstm-grad", "rtrl"],
+])
+def test_elstm_grad_on_another_core_says_what_it_is(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv)
+    assert_refused(code, err, "--elstm-grad", "applies to", "elstm only")
+    assert "unknown core option 'grad'" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("metrics.csv", "is a text file, not an fwrl checkpoint"),
+    ("truncated", "damaged or truncated checkpoint"),
+    ("garbled", "not a readable fwrl checkpoint"),
+    ("pickled object", "holds Python objects beyond tensors"),
+    ("empty", "is empty (0 bytes)"),
+])
+def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is(case, needle, tmp_path):
+    import torch
+
+    good = memory_checkpoint(tmp_path / "run").read_bytes()
+    path = tmp_path / ("metrics.csv" if case == "metrics.csv" else "checkpoint.pt")
+    if case == "metrics.csv":
+        path.write_text("time,agent_steps,mean_return\n1.0,400,0.5\n")
+    elif case == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif case == "garbled":
+        garbled = bytearray(good)
+        for i in range(200, 260):  # inside the first member (data.pkl): the archive stays whole
+            garbled[i] ^= 0xFF
+        path.write_bytes(bytes(garbled))
+    elif case == "pickled object":
+        torch.save({"format": "fwrl-checkpoint-v1", "model": Path("x")}, path)
+    else:
+        path.write_bytes(b"")
+    code, _, err = run_cli(["evaluate", path, "--out", tmp_path / "e.json"])
+    assert_refused(code, err, needle, str(path))
+    for torch_words in ("weights_only=False", "weights_only` set to `False", "Re-running", "pop from empty list",
+                        "miniz", "\x1b["):
+        assert torch_words not in err, err
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_missing_library_message_reads_well_and_names_the_readmes_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "minatar", None)  # importing it fails, as where it is not installed
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["train", "--env", "minatar:breakout", "--runs-dir", "runs"])
+    assert_refused(code, err, "'minatar', needed for MinAtar envs, is not installed", "pip install -e '.[minatar]'")
+    assert "envs needs" not in err and "fwrl[minatar]" not in err
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -e '.[atari]'" in readme  # the form the message gives is the README's
+    assert list(tmp_path.iterdir()) == []

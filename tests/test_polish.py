@@ -51,13 +51,13 @@ def assert_refused(code: int, err: str, *needles: str) -> None:
 
 # (family or backend, env spec, extra flags, modules made unimportable, what the message must name)
 MISSING = {
-    "atari": ("atari:Pong", [], ["ale_py"], "pip install 'fwrl[atari]'"),
-    "procgen": ("procgen:bigfish", [], ["procgen", "envpool"], "pip install 'fwrl[procgen]'"),
-    "minatar": ("minatar:breakout", [], ["minatar"], "pip install 'fwrl[minatar]'"),
+    "atari": ("atari:Pong", [], ["ale_py"], "pip install -e '.[atari]'"),
+    "procgen": ("procgen:bigfish", [], ["procgen", "envpool"], "pip install -e '.[procgen]'"),
+    "minatar": ("minatar:breakout", [], ["minatar"], "pip install -e '.[minatar]'"),
     "dmlab": ("dmlab:rooms_watermaze", [], ["deepmind_lab"], "docker/Dockerfile.dmlab"),
     "gym-module": ("gym:fwrl_no_such_package:Thing-v0", [], [], "cannot import module 'fwrl_no_such_package'"),
-    "envpool": ("atari:Pong?vector=envpool", [], ["envpool"], "pip install 'fwrl[envpool]'"),
-    "ray-backend": ("memory:cue_delay", ["--backend", "ray"], ["ray"], "pip install 'fwrl[ray]'"),
+    "envpool": ("atari:Pong?vector=envpool", [], ["envpool"], "pip install -e '.[envpool]'"),
+    "ray-backend": ("memory:cue_delay", ["--backend", "ray"], ["ray"], "pip install -e '.[ray]'"),
 }
 
 
@@ -123,7 +123,7 @@ def test_evaluate_checks_the_runs_own_env_and_backend(tmp_path, monkeypatch, no_
     """Without --env, evaluate checks the env the agent was trained on (and the worker backend)."""
     monkeypatch.setitem(sys.modules, "ray", None)
     code, _, err = run_cli(["evaluate", memory_checkpoint, "--backend", "ray", "--out", tmp_path / "e.json"])
-    assert_refused(code, err, "pip install 'fwrl[ray]'")
+    assert_refused(code, err, "pip install -e '.[ray]'")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -359,7 +359,7 @@ def test_missing_triton_names_the_extra(monkeypatch):
     args = benchmark._parser().parse_args(["--core", "rdn", "--dry-run"])
     inputs = benchmark._inputs("rdn", (2, 3, 1, 4), torch.float32, "cpu")
     (runner, note, _), = benchmark._triton_runners("rdn", args, inputs).values()
-    assert runner is None and "pip install 'fwrl[kernels]'" in note, note
+    assert runner is None and "pip install -e '.[kernels]'" in note, note
 
 
 def test_readme_bad_input_example_fails_as_it_says():

@@ -234,7 +234,7 @@ def test_missing_rliable_names_the_extra(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else real(name, *a))
     code, _, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"))
-    assert code == 2 and "pip install 'fwrl[report]'" in err and "rliable" in err
+    assert code == 2 and "pip install -e '.[report]'" in err and "rliable" in err
 
 
 def test_one_seed_gets_a_ci_over_its_evaluation_episodes(tmp_path):

@@ -17,6 +17,7 @@ import torch
 
 from fwrl import __version__
 from fwrl.errors import FwrlError
+from fwrl.utils.checkpoint_files import check_checkpoint_file, load_error
 from fwrl.utils.files import atomic_write
 
 FORMAT = "fwrl-checkpoint-v1"
@@ -89,16 +90,11 @@ def save_checkpoint(path: Path, **parts: Any) -> None:
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint safely; a corrupt or foreign file is a FwrlError."""
     path = Path(path)
-    if not path.is_file():
-        raise FwrlError(f"checkpoint {path} does not exist.")
+    check_checkpoint_file(path)  # missing, empty, not a zip archive (a metrics.csv), cut short
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many kinds for corrupt or unsafe files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FwrlError(
-            f"{path} is not a readable fwrl checkpoint ({first[:200]}). It may be corrupt, "
-            "truncated, or not a checkpoint; fwrl only loads files with torch.load(weights_only=True)."
-        ) from None
+        raise load_error(path, exc) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise FwrlError(
             f"{path} is not an fwrl checkpoint (expected format {FORMAT!r}, "

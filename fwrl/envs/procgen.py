@@ -57,7 +57,7 @@ from fwrl.envs.procgen_vector import EnvpoolProcgen, import_envpool_procgen
 from fwrl.envs.registry import EnvFamily, EnvInfo, register_family
 from fwrl.envs.spec import EnvSpec, Option
 from fwrl.envs.vector_paths import check_threads, library_problem, resolve_path, threads_option, vector_option
-from fwrl.errors import FwrlError, unknown_choice
+from fwrl.errors import FwrlError, install_command, unknown_choice
 
 GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
@@ -124,7 +124,7 @@ def _import_procgen():
         except ImportError:
             raise FwrlError(
                 "ProcGen envs need the Python module 'procgen' (the procgen2 wheel), which is not "
-                "installed. Install it with: pip install 'fwrl[procgen]' && pip install --no-deps procgen2 gym3 "
+                f"installed. Install it with: {install_command('procgen')} && pip install --no-deps procgen2 gym3 "
                 "(procgen2 and gym3 pin numpy<2 in their metadata but run on numpy 2)."
             ) from None
     return procgen

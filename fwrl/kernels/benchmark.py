@@ -59,7 +59,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from fwrl.errors import FwrlError
+from fwrl.errors import FwrlError, install_command
 from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
 from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
 from fwrl.kernels.reference.delta_rule import delta_rule_reference
@@ -287,8 +287,8 @@ def _uncapped_triton_runners(core: str, args,
     try:
         module = importlib.import_module(f"fwrl.kernels.triton.{kernel}")
     except ImportError as exc:
-        return {"triton": (None, f"Triton kernel unavailable ({exc}); install Triton with: pip install "
-                                 "'fwrl[kernels]'", {})}
+        return {"triton": (None, f"Triton kernel unavailable ({exc}); install Triton with: "
+                                 f"{install_command('kernels')}", {})}
     *tensors, _ = inputs
     supports_args = {
         "delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),

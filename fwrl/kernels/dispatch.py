@@ -9,7 +9,7 @@ module's ``kernel_layer_name``); the first call of each layer logs, at INFO on
 the ``fwrl.kernels`` logger, which backend runs and on what shape. A CUDA input
 that falls back to the reference is never silently slow: it warns once per
 layer and reason, saying why and what would avoid it (a supported head dim,
-dtype or feature map; ``pip install 'fwrl[kernels]'``; or
+dtype or feature map; ``pip install -e '.[kernels]'``; or
 ``FWRL_KERNELS=reference`` to choose the reference on purpose, which silences
 the warning). CPU inputs run the reference without a warning.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fwrl.errors import FwrlError, unknown_choice
+from fwrl.errors import FwrlError, install_command, unknown_choice
 from fwrl.kernels.reference.delta_rule import delta_rule_reference
 
 BACKENDS = ("auto", "reference", "triton")
@@ -105,7 +105,7 @@ def _kernel_module(kernel: str) -> tuple[Any, str | None]:
         return importlib.import_module(f"fwrl.kernels.triton.{kernel}"), None
     except ImportError as exc:
         return None, (f"Triton is not importable ({exc}; install it with "
-                      "pip install 'fwrl[kernels]')")
+                      f"{install_command('kernels')})")
 
 
 def _dispatch(

@@ -74,7 +74,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.launch.settings.config import check_resume, config_yaml, read_config
-    from fwrl.launch.settings.flags import train_config_from_args, train_overrides
+    from fwrl.launch.settings.flags import check_elstm_grad, train_config_from_args, train_overrides
     from fwrl.launch.training.rundir import check_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
@@ -84,7 +84,9 @@ def run_train(args: argparse.Namespace) -> int:
         if args.preset or args.config:
             raise FwrlError("--resume continues a run with its saved config; do not pass --preset or --config.")
         run_dir = check_run_dir(Path(args.runs_dir) / _run_name(args.name), resume=True)
-        config = check_resume(read_config(run_dir / "config.yaml"), train_overrides(args))
+        saved = read_config(run_dir / "config.yaml")
+        check_elstm_grad(args, saved.core)
+        config = check_resume(saved, train_overrides(args))
     else:
         config = train_config_from_args(args, check_env=not args.print_config)
         run_dir = None

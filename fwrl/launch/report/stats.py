@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from fwrl.errors import FwrlError, missing_dependency
+from fwrl.errors import FwrlError, install_command, missing_dependency
 
 METRICS = ("IQM", "median", "mean")
 
@@ -39,7 +39,7 @@ def import_rliable():
     except Exception as exc:  # noqa: BLE001 - a broken install of one of its dependencies
         raise FwrlError(f"rliable is installed but cannot be imported ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}). Its dependency arch (< 8, pinned by "
-                        "rliable 1.2) does not import under pandas 3: pip install 'fwrl[report]', which pins "
+                        f"rliable 1.2) does not import under pandas 3: {install_command('report')}, which pins "
                         "pandas < 3.") from None
     return library, metrics, plot_utils
 

@@ -120,12 +120,22 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def check_elstm_grad(args: argparse.Namespace, core: Any) -> None:
+    """``--elstm-grad`` sets how an eLSTM trains: with another core it is an error that says so
+    (rather than an unknown core option ``grad``)."""
+    grad = getattr(args, "elstm_grad", None)
+    if grad and core != "elstm":
+        raise FwrlError(f"--elstm-grad {grad} applies to --core elstm only, and the core here is {core!r}; drop "
+                        "--elstm-grad, or pass --core elstm.")
+
+
 def train_config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None,
                            check_env: bool = False) -> TrainConfig:
     """``base`` (a command's own defaults) < --preset < --config < flags, validated; with
     ``check_env``, the env (and the libraries it needs) is checked first, before torch is imported
     (:func:`~fwrl.launch.settings.config.check_env_first`)."""
     settings = layered_settings(args.preset, train_overrides(args), args.config, base)
+    check_elstm_grad(args, settings.get("core", TrainConfig.model_fields["core"].default))
     if check_env:
         check_env_first(settings)
     return TrainConfig.from_dict(settings)

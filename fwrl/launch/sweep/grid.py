@@ -266,6 +266,9 @@ def expand(grid: Grid) -> list[Cell]:
         data["core_options"] = {**data.get("core_options", {}), **common, **own_options}
         cells.append(Cell(name, labels, TrainConfig.from_dict(data, source=source)))
     unused = [k for k in grid.common_core_options if not any(k in _core_option_names(c) for c in cores_seen)]
+    if "grad" in unused and "elstm" not in cores_seen:
+        raise FwrlError(f"--elstm-grad (elstm_grad) applies to core elstm only, and no cell of this grid has it "
+                        f"(cores: {', '.join(sorted(cores_seen))}); drop it, or add elstm to the cores.")
     if unused:
         valid = sorted(set().union(*(_core_option_names(c) for c in cores_seen)))
         raise unknown_choice(f"core option (for cores {', '.join(sorted(cores_seen))})", unused[0], valid)
