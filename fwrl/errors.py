@@ -15,10 +15,11 @@ class FwrlError(Exception):
     """An error caused by the user's input, shown without a traceback."""
 
 
-def unknown_choice(kind: str, value: object, choices: Iterable[object]) -> FwrlError:
-    """Error for a value that is not one of ``choices``; the message lists them."""
+def unknown_choice(kind: str, value: object, choices: Iterable[object], where: str = "") -> FwrlError:
+    """Error for a value that is not one of ``choices``; the message lists them. ``where`` follows
+    the value: ``unknown core 'rdnn' in sweep cell rdnn__seed-1; valid choices: ...``."""
     valid = ", ".join(sorted(str(c) for c in choices))
-    return FwrlError(f"unknown {kind} {value!r}; valid choices: {valid}.")
+    return FwrlError(f"unknown {kind} {value!r}{f' {where}' if where else ''}; valid choices: {valid}.")
 
 
 def install_command(extra: str) -> str:

@@ -27,7 +27,7 @@ from fwrl.launch.sweep.grid import Cell, expand
 from fwrl.launch.sweep.options import SweepConfig
 from fwrl.launch.sweep.plan import (CellState, Sweep, SweepLock, cell_states, check_compatible, finished, is_sweep,
                                     load_sweep, to_run, write_sweep)
-from fwrl.launch.sweep.progress import SweepProgress
+from fwrl.launch.sweep.progress import SweepProgress, run_time_left
 from fwrl.launch.training.progress import format_duration
 
 
@@ -82,6 +82,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             left = [s.name for s in states if not finished(s, opts.evaluate, opts.eval_episodes)]
             print(f"sweep {path}: nothing to start: {len(states) - len(left)} of {len(states)} cells done"
                   + (f", {len(left)} running or queued elsewhere" if left else ""), file=sys.stderr)
+            if not left:
+                print(f"next: fwrl report {path}", file=sys.stderr)
             return 0
         if opts.executor == "slurm":
             return _submit(sweep, todo, opts, sbatch_options)
@@ -90,19 +92,24 @@ def run_sweep(args: argparse.Namespace) -> int:
             from fwrl.launch.sweep.local import default_parallel, run_local
 
             parallel = parallel or default_parallel(sweep, todo)
-            progress = SweepProgress(str(path), states, parallel)
+            progress = SweepProgress(str(path), states, parallel, time_left=_time_left(sweep))
             print(f"sweep {path}: {len(todo)} of {len(states)} cells to run, {parallel} at a time (local)",
                   file=sys.stderr)
             code = run_local(sweep, todo, progress, parallel, opts.evaluate, opts.eval_episodes)
         else:
             from fwrl.launch.sweep.ray_executor import run_ray
 
-            progress = SweepProgress(str(path), states, parallel or len(todo))
+            progress = SweepProgress(str(path), states, parallel or len(todo), time_left=_time_left(sweep))
             print(f"sweep {path}: {len(todo)} of {len(states)} cells to run as Ray tasks "
                   f"(--ray-address {opts.ray_address})", file=sys.stderr)
             code = run_ray(sweep, todo, progress, opts.ray_address, opts.cell_cpus, opts.cell_gpus, opts.evaluate,
                            opts.eval_episodes)
     return _finish(sweep, code)
+
+
+def _time_left(sweep: Sweep):
+    """A running cell's seconds left, from its run's metrics.csv (None before its first update)."""
+    return lambda cell: run_time_left(sweep.path / "runs" / cell, sweep.cell(cell).config.total_steps)
 
 
 def check_cells(cells: list[Cell]) -> None:
@@ -141,6 +148,9 @@ def _finish(sweep: Sweep, code: int) -> int:
         print(f"{len(stopped)} cell(s) stopped before their budget (max_seconds); run the same command again to "
               "continue them", file=sys.stderr)
         return EXIT_LATER
+    if all(s.state == "done" for s in states):
+        print(f"next: fwrl report {sweep.path}   (tables, aggregates and curves of the sweep's runs)",
+              file=sys.stderr)
     return 0
 
 
@@ -149,7 +159,7 @@ def print_status(sweep: Sweep, states: list[CellState]) -> None:
     from rich.table import Table
 
     table = Table(title=f"sweep {sweep.path}", title_justify="left")
-    table.add_column("cell", overflow="fold")  # whole names, folded where the terminal is narrow
+    table.add_column("cell", overflow="fold")  # whole names, folded only where a terminal is narrower
     for column in ("state", "exit", "time", "agent steps", "evaluated"):
         table.add_column(column, no_wrap=True)
     table.add_column("log / message", overflow="fold")
@@ -161,7 +171,11 @@ def print_status(sweep: Sweep, states: list[CellState]) -> None:
                       format_duration(seconds) if seconds else "", f"{steps:,}" if steps else "",
                       "yes" if status.get("evaluated") else "",
                       status.get("message") or (status.get("log", "") if s.state == "failed" else ""))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: every row on one line, however long (not 80 columns)
+        natural = console.measure(table, options=console.options.update_width(100_000)).maximum
+        console = Console(width=max(80, natural))
+    console.print(table)
     print(SweepProgress(str(sweep.path), states, 1).summary().split(", ETA")[0])
 
 

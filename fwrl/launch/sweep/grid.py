@@ -121,7 +121,7 @@ def _bundle_label(settings: Mapping[str, Any]) -> str:
 
 def _setting_keys(key: Any, source: str) -> str:
     if not isinstance(key, str) or key not in GRID_KEYS:
-        raise unknown_choice(f"setting in {source}", key, GRID_KEYS)
+        raise unknown_choice("setting", key, GRID_KEYS, f"in {source}")
     return key
 
 
@@ -178,7 +178,7 @@ def axis_of(key: str, values: Sequence[Any], source: str) -> Axis:
             items.append(_bundle(value, where))
         else:
             if key not in GRID_KEYS:
-                raise unknown_choice(f"setting in {source}", key, GRID_KEYS)
+                raise unknown_choice("setting", key, GRID_KEYS, f"in {source}")
             items.append(Item(item_label(key, value), _settings_of(key, value, where)))
     labels = [i.label for i in items]
     twice = sorted({label for label in labels if labels.count(label) > 1})
@@ -204,7 +204,7 @@ def read_grid_file(path: Path) -> Grid:
                                                or any(isinstance(v, list) for v in value))
         if is_axis:
             if key not in GRID_KEYS and not all(isinstance(v, Mapping) for v in value):
-                raise unknown_choice(f"setting in {source}", key, GRID_KEYS)
+                raise unknown_choice("setting", key, GRID_KEYS, f"in {source}")
             grid.axes.append(axis_of(str(key), value, source))
             continue
         add_common(grid, _setting_keys(key, source), value, source)
@@ -259,7 +259,7 @@ def expand(grid: Grid) -> list[Cell]:
         data = merge_settings(layers)
         core = data.get("core", TrainConfig.model_fields["core"].default)
         if core not in core_names():
-            raise unknown_choice(f"core in {source}", core, core_names())
+            raise unknown_choice("core", core, core_names(), f"in {source}")
         cores_seen.add(core)
         fields = _core_option_names(core)
         common = {k: v for k, v in grid.common_core_options.items() if k in fields}
@@ -271,7 +271,7 @@ def expand(grid: Grid) -> list[Cell]:
                         f"(cores: {', '.join(sorted(cores_seen))}); drop it, or add elstm to the cores.")
     if unused:
         valid = sorted(set().union(*(_core_option_names(c) for c in cores_seen)))
-        raise unknown_choice(f"core option (for cores {', '.join(sorted(cores_seen))})", unused[0], valid)
+        raise unknown_choice("core option", unused[0], valid, f"(for the cores of this grid: {', '.join(sorted(cores_seen))})")
     check_distinct(cells)
     return cells
 

@@ -2,16 +2,23 @@
 
 Plain lines (they read the same in a terminal, a log file or a SLURM output):
 a line when a cell starts or ends, and a summary line when the counts change or
-every ``interval`` seconds. The ETA is the mean time of the cells finished so
-far (in this invocation, else in earlier ones) times the cells left, over the
-cells that run at once.
+every ``interval`` seconds. The ETA: each running cell's time left, from its
+run's progress (``metrics.csv``: agent steps against the budget, at the run's
+rate so far), and for each waiting cell the mean time of the cells finished so
+far (in this invocation, else in earlier ones; before any finished, what the
+running ones are expected to take), over the cells that run at once. Where a
+running cell's time left is not known yet, no ETA is shown rather than a wrong one.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import os
 import sys
 import time
-from typing import Any, Sequence, TextIO
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from fwrl.launch.sweep.plan import CellState
 from fwrl.launch.training.progress import format_duration
@@ -23,8 +30,9 @@ class SweepProgress:
     """Counts per state of a sweep's cells, updated as cells start and end."""
 
     def __init__(self, sweep_name: str, states: Sequence[CellState], parallel: int, out: TextIO | None = None,
-                 interval: float = 30.0):
+                 interval: float = 30.0, time_left: Callable[[str], float | None] | None = None):
         self.name = sweep_name
+        self.time_left = time_left or (lambda cell: None)  # a running cell's seconds left (None: unknown)
         self.state = {s.name: s.state for s in states}
         self.parallel = max(1, parallel)
         self.out = out or sys.stderr
@@ -41,15 +49,27 @@ class SweepProgress:
         return {state: values.count(state) for state in SHOWN}
 
     def eta(self, now: float | None = None) -> float | None:
-        """Seconds left, from the mean duration of finished cells (None before any finished)."""
+        """Seconds left (None where unknown): the running cells' time left, by their runs' progress
+        (else the mean duration less their time so far, while that is positive), plus a mean duration
+        per waiting cell, over the cells that run at once."""
         durations = self.fresh or self.durations
-        if not durations:
-            return None
-        mean = sum(durations) / len(durations)
+        mean = sum(durations) / len(durations) if durations else None
         now = time.time() if now is None else now
+        running: list[tuple[float, float | None]] = []  # (seconds so far, seconds left) per running cell
+        for cell, began in self.started.items():
+            if self.state[cell] == "running":
+                so_far, left = now - began, self.time_left(cell)
+                if left is None and mean is not None and mean > so_far:
+                    left = mean - so_far
+                running.append((so_far, left))
+        if any(left is None for _, left in running):
+            return None  # a cell whose time left is not known (yet): no ETA rather than 0:00
+        if mean is None and running:  # nothing finished yet: a waiting cell takes what a running one will
+            mean = sum(so_far + left for so_far, left in running) / len(running)
         waiting = sum(1 for s in self.state.values() if s in ("pending", "interrupted", "queued"))
-        running = sum(max(0.0, mean - (now - t)) for c, t in self.started.items() if self.state[c] == "running")
-        return (waiting * mean + running) / self.parallel
+        if waiting and mean is None:
+            return None
+        return (waiting * (mean or 0.0) + sum(left for _, left in running)) / self.parallel
 
     def summary(self) -> str:
         counts = self.counts()
@@ -91,3 +111,36 @@ class SweepProgress:
         else:
             message = (status or {}).get("message") or state
             print(f"  stopped  {cell} ({message}); it resumes on the next run", file=self.out, flush=True)
+
+
+def run_time_left(run_dir: Path, total_steps: int, now: float | None = None) -> float | None:
+    """Seconds a run needs to reach ``total_steps`` at its rate so far, from the last row of its
+    ``metrics.csv`` (agent steps, and the run's time at that row) less the time since that row was
+    written; None before its first update."""
+    row = last_metrics_row(Path(run_dir) / "metrics.csv")
+    try:
+        steps, seconds = int(float(row["agent_steps"])), float(row["time"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if steps <= 0 or seconds <= 0:
+        return None
+    now = time.time() if now is None else now
+    since = max(0.0, now - os.path.getmtime(Path(run_dir) / "metrics.csv"))
+    return max(1.0, (total_steps - steps) * seconds / steps - since)
+
+
+def last_metrics_row(path: Path, tail_bytes: int = 65536) -> Mapping[str, str] | None:
+    """The header and last row of a CSV file, read from its start and its end only (None: no row)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.readline().decode("utf-8", "replace")
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(len(header), size - tail_bytes))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    if not header.strip() or not lines or size <= len(header.encode()):
+        return None
+    rows = list(csv.DictReader(io.StringIO(header + lines[-1] + "\n")))
+    return rows[0] if rows else None
