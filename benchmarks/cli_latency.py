@@ -1,5 +1,7 @@
 """How long the command line takes to answer: ``fwrl --help``, input errors, ``fwrl info``.
 
+``--only TEXT`` (repeatable) times only the commands whose label contains TEXT.
+
 Each command runs ``--repeats`` times as ``python -X importtime -m fwrl ...`` in an
 empty folder, for each source tree given (``--tree LABEL=PATH``, put first on
 ``PYTHONPATH``; default: this repository), the trees alternating so that they
@@ -32,6 +34,14 @@ COMMANDS = (
     ("fwrl train --core lstmm", ["train", "--env", "memory:cue_delay", "--core", "lstmm"]),
     ("fwrl train --no-such-flag (argparse)", ["train", "--no-such-flag"]),
     ("fwrl info", ["info"]),
+    # issue 39, item 5: answers that waited for torch (EMPTY_DIR: the empty folder the commands run in)
+    ("fwrl train --core rdn --core-opt heads=4",
+     ["train", "--env", "memory:cue_delay", "--core", "rdn", "--core-opt", "heads=4"]),
+    ("fwrl evaluate EMPTY_DIR", ["evaluate", "."]),
+    ("fwrl sweep --core rdnn (a typo)", ["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "rdnn"]),
+    ("fwrl report EMPTY_DIR", ["report", "."]),
+    ("fwrl info --probe --probe-updates 0",
+     ["info", "--env", "memory:cue_delay", "--probe", "--probe-updates", "0"]),
 )
 TOP_LEVEL = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \| (\S+)$")  # a module imported at the top level
 
@@ -55,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                         help="a source tree holding fwrl/ (repeatable); default: this repository")
     parser.add_argument("--json-path", metavar="PATH", help="also write every run as JSON")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="time only the commands whose label contains TEXT (repeatable)")
     args = parser.parse_args(argv)
+    commands = [(name, cmd) for name, cmd in COMMANDS if not args.only or any(t in name for t in args.only)]
     trees = [(t.partition("=")[0], Path(t.partition("=")[2]).resolve()) for t in args.tree] or [("this", ROOT)]
     for label, path in trees:
         if not (path / "fwrl" / "__init__.py").is_file():
@@ -63,14 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="fwrl-cli-latency-") as cwd:
         for _ in range(args.repeats):
-            for name, command in COMMANDS:
+            for name, command in commands:
                 for label, path in trees:  # alternating: each tree sees the same load
                     runs.setdefault((name, label), []).append(run_once(path, command, cwd))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{args.repeats} runs each, {os.cpu_count()} CPUs, load average {load:.1f} at the end\n")
     print("| command | tree | wall s (median) | min | max | imports s (median) | torch imported | exit |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, _ in COMMANDS:
+    for name, _ in commands:
         for label, _ in trees:
             rs = runs[(name, label)]
             walls = [r["wall_s"] for r in rs]

@@ -38,19 +38,19 @@ def assert_refused(code: int, err: str, *needles: str) -> None:
         assert needle in err, (needle, err)
 
 
-def cli_in_subprocess(argv: list, cwd: Path, env: dict | None = None) -> tuple[int, str, bool]:
-    """``main(argv)`` in a fresh interpreter: (exit status, stderr, whether torch was imported)."""
+def cli_in_subprocess(argv: list, cwd: Path, heavy: str = "torch") -> tuple[int, str, bool]:
+    """``main(argv)`` in a fresh interpreter: (exit status, stderr, whether module ``heavy`` was imported)."""
     script = textwrap.dedent(f"""
         import sys
         from fwrl.launch.cli import main
         code = main({[str(a) for a in argv]!r})
-        print("TORCH_IMPORTED=" + str("torch" in sys.modules))
+        print("IMPORTED=" + str({heavy!r} in sys.modules))
         sys.exit(code)
     """)
-    environ = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    environ = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=environ, capture_output=True, text=True,
                           timeout=120)
-    return proc.returncode, proc.stderr, "TORCH_IMPORTED=True" in proc.stdout
+    return proc.returncode, proc.stderr, "IMPORTED=True" in proc.stdout
 
 
 # ----------------------------------------------------------------------------- 1: a stem that does not fit
@@ -284,3 +284,48 @@ def test_an_unknown_core_in_a_sweep_reads_forwards(tmp_path, monkeypatch):
     assert_refused(code, err, "unknown core 'rdnn' in sweep cell ", "valid choices:")
     assert "unknown core in sweep cell" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- 5: answers without torch
+
+@pytest.mark.parametrize("argv, message, heavy", [
+    (["train", "--env", "memory:cue_delay", "--core", "rdn", "--core-opt", "heads=4"],
+     "unknown core option 'heads' of core rdn; valid choices:", "torch"),
+    (["train", "--env", "memory:cue_delay", "--core", "rdn", "--core-opt", "head_dim=-1"],
+     "core option head_dim=-1 of core rdn is not valid", "torch"),
+    (["evaluate", "."], "holds no checkpoint.pt", "torch"),
+    (["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "rdnn"], "unknown core 'rdnn' in sweep cell",
+     "torch"),
+    (["report", "."], "holds no runs", "rliable"),
+    (["info", "--env", "memory:cue_delay", "--probe", "--probe-updates", "0"], "--probe-updates 0 is not valid",
+     "torch"),
+])
+def test_these_answers_come_without_the_heavy_imports(argv, message, heavy, tmp_path):
+    """README: input errors answer before torch is imported (about a second); report before rliable."""
+    code, err, imported = cli_in_subprocess(argv, tmp_path, heavy)
+    assert code == 2 and message in err, err
+    assert not imported, f"{heavy} was imported before the answer"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_catalogue_checks_core_options_as_the_registry_does():
+    """Every option of every core: a bad value gets the registry's own message from the catalogue."""
+    from fwrl.errors import FwrlError
+    from fwrl.launch.settings.core_catalog import check_core_options
+    from fwrl.memory_modules import core_config_class, core_names
+
+    def message(check) -> str | None:
+        try:
+            check()
+        except FwrlError as exc:
+            return str(exc)
+        return None
+
+    for core in core_names():
+        cls = core_config_class(core)
+        for name in [*cls.model_fields, "heads"]:
+            for value in ("abc", "-1", "2.5", "nan", "0", "1.5", "softmaxx", True):
+                real = message(lambda: cls.from_options({name: value}, core=core))
+                ours = message(lambda: check_core_options(core, {name: value}))
+                assert ours == real or (ours is None and "split the hidden vector" in str(real)), (core, name, value)
+

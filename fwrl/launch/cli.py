@@ -200,6 +200,12 @@ def run_info(args: argparse.Namespace) -> int:
     settings = given_settings(args, TrainConfig)
     options = parse_key_values(args.core_opt, "--core-opt")
     describe = "env" in settings or bool(args.preset)
+    if args.probe_updates < 1:  # the probe's own flags first: said before the config (and torch)
+        raise FwrlError(f"--probe-updates {args.probe_updates} is not valid; valid: an integer >= 1.")
+    if args.probe and not describe:
+        raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
+    if args.json_path and not args.probe:
+        raise FwrlError("--json-path writes the init probe's figures: pass --probe with it.")
     if describe:  # the env first: a misspelt env or a missing library is said before torch is imported
         from fwrl.launch.settings.config import check_env_first, layered_settings
 
@@ -208,12 +214,6 @@ def run_info(args: argparse.Namespace) -> int:
         config = build_config(args.preset, {**settings, "core_options": options})
     elif settings or options:  # checks core, options, stem, env
         config = TrainConfig.from_dict({**settings, "core_options": options}, source="on the command line")
-    if args.probe and not describe:
-        raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
-    if args.probe_updates < 1:
-        raise FwrlError(f"--probe-updates {args.probe_updates} is not valid; valid: an integer >= 1.")
-    if args.json_path and not args.probe:
-        raise FwrlError("--json-path writes the init probe's figures: pass --probe with it.")
     if args.json_path:
         from fwrl.utils.files import check_writable
 
@@ -397,10 +397,11 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     from fwrl.launch.training.preflight import check_workers_runnable
 
+    from fwrl.utils.checkpoint_files import check_checkpoint_file, checkpoint_of
+
     opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
     source = Path(args.source)
-    if not source.exists():
-        raise FwrlError(f"{source} does not exist; pass a run folder of fwrl train or a checkpoint file.")
+    check_checkpoint_file(checkpoint_of(source))  # a folder without a run, a file that is no checkpoint: before torch
     if opts.env:  # a bad spec or a missing library is said before torch loads the checkpoint
         check_workers_runnable(opts.env, opts.backend)
 

@@ -80,9 +80,9 @@ def default_out(paths: Sequence[Path]) -> Path:
 
 def run_report(args: argparse.Namespace) -> int:
     opts = ReportConfig.parse(given_settings(args, ReportConfig))
-    import_rliable()  # say which extra to install before any work
     paths = [Path(p) for p in args.paths]
-    found = find_runs(paths)
+    found = find_runs(paths)  # folders without runs are said at once, before rliable's slow import
+    import_rliable()  # say which extra to install before any work
     out = Path(opts.out) if opts.out else default_out(paths)
     for name in OUTPUTS + (("report.html",) if opts.html else ()):
         check_writable(out / name, "report file", "Pass --out FOLDER to write it elsewhere.")

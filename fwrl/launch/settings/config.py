@@ -114,12 +114,15 @@ class TrainConfig(Settings):
         return self
 
     def _check_core(self) -> None:
-        """The core exists; its options are valid for it (kept as given, typed). An unknown core is
-        refused from the catalogue, before torch is imported (``fwrl.launch.settings.core_catalog``)."""
-        from fwrl.launch.settings.core_catalog import core_names
+        """The core exists; its options are valid for it (kept as given, typed). An unknown core, an
+        unknown option and a value of the wrong type or range are refused from the catalogue, before
+        torch is imported (``fwrl.launch.settings.core_catalog``); the registry's config class then
+        checks the options together and types them."""
+        from fwrl.launch.settings.core_catalog import check_core_options, core_names
 
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
+        check_core_options(self.core, self.core_options)
         from fwrl.memory_modules import core_config_class
 
         options = core_config_class(self.core).from_options(self.core_options, core=self.core)

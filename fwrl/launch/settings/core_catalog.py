@@ -1,8 +1,10 @@
 """The memory cores, their summaries and options, without importing torch.
 
 The cores live in ``fwrl.memory_modules``, whose modules import torch (a few
-seconds). ``fwrl info`` (the core list) and the first check of ``--core``
-read this catalogue instead: ``core_catalog.json`` beside this module, written
+seconds). ``fwrl info`` (the core list) and the first check of ``--core`` and
+its options (each option's type, choices and bounds: an unknown option or a bad
+value is said before torch is imported; the checks across options stay the
+registry's) read this catalogue instead: ``core_catalog.json`` beside this module, written
 from the registry by ``python -m fwrl.launch.settings.core_catalog``. It carries a
 fingerprint of the sources the core configs are built from
 (:data:`SOURCES`); where they changed since it was written (a core or an
@@ -19,7 +21,7 @@ import sys
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Mapping
 
 PACKAGE = Path(__file__).resolve().parents[2]  # fwrl/
 CATALOGUE = Path(__file__).with_name("core_catalog.json")
@@ -50,9 +52,31 @@ def live_catalogue() -> dict[str, Any]:
     for name in core_names():
         cls = core_config_class(name)
         options = [{"name": option, "default": str(info.default), "valid": valid_text(info),
-                    "description": info.description or ""} for option, info in cls.model_fields.items()]
+                    "description": info.description or "", **_option_type(info)}
+                   for option, info in cls.model_fields.items()]
         cores.append({"name": name, "summary": core_summary(name), "options": options})
     return {"fingerprint": fingerprint(), "cores": cores}
+
+
+def _option_type(info) -> dict[str, Any]:
+    """What an option accepts, as JSON: ``type`` (int, float, bool, str), ``optional`` (None too),
+    ``choices`` (a Literal's values) and ``bounds`` (ge, gt, le, lt)."""
+    import types
+    import typing
+
+    from annotated_types import Ge, Gt, Le, Lt
+
+    from fwrl.utils.settings import base_type, choices_of
+
+    annotation = info.annotation
+    optional = (typing.get_origin(annotation) in (typing.Union, types.UnionType)
+                and type(None) in typing.get_args(annotation))
+    choices = choices_of(annotation)
+    kind = base_type(annotation)
+    bounds = {key: getattr(m, key) for m in info.metadata for key in ("ge", "gt", "le", "lt")
+              if isinstance(m, (Ge, Gt, Le, Lt)) and hasattr(m, key)}
+    return {"type": "str" if choices is not None else kind.__name__, "optional": optional,
+            "choices": list(choices) if choices is not None else None, "bounds": bounds}
 
 
 @lru_cache(maxsize=1)
@@ -70,6 +94,48 @@ def catalogue() -> dict[str, Any]:
 def core_names() -> list[str]:
     """The registered cores' names, sorted (as ``fwrl.memory_modules.core_names``)."""
     return [core["name"] for core in catalogue()["cores"]]
+
+
+def option_names(core: str) -> list[str]:
+    """The options of ``core`` (a registered core's name), in the registry's order."""
+    return [option["name"] for option in _core(core)["options"]]
+
+
+def check_core_options(core: str, options: Mapping[str, Any] | None) -> None:
+    """Refuse an unknown option of ``core`` or a value of the wrong type, out of its bounds or not
+    one of its choices, with the registry's message, without importing torch. The checks across
+    options (e.g. heads that split the hidden size) are left to the registry's config class."""
+    _options_model(core).parse(dict(options or {}), what="core option", source=f"of core {core}")
+
+
+def _core(core: str) -> dict[str, Any]:
+    for entry in catalogue()["cores"]:
+        if entry["name"] == core:
+            return entry
+    from fwrl.errors import unknown_choice
+
+    raise unknown_choice("core", core, core_names())
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+@lru_cache(maxsize=None)
+def _options_model(core: str):
+    """A settings model of ``core``'s options built from the catalogue: the same names, types,
+    choices, bounds and descriptions as the registry's config class (hence the same messages)."""
+    from pydantic import Field, create_model
+
+    from fwrl.utils.settings import Settings
+
+    fields: dict[str, Any] = {}
+    for option in _core(core)["options"]:
+        kind: Any = Literal[tuple(option["choices"])] if option.get("choices") is not None else _TYPES[option["type"]]
+        if option.get("optional"):
+            kind = kind | None
+        fields[option["name"]] = (kind, Field(None, description=option["description"] or None,
+                                              **option.get("bounds", {})))
+    return create_model(f"CatalogueOptions_{core}", __base__=Settings, **fields)
 
 
 def write(path: Path = CATALOGUE) -> Path:

@@ -234,17 +234,19 @@ def set_axis(grid: Grid, axis: Axis) -> None:
 # ----------------------------------------------------------------------------- cells
 
 def _core_option_names(core: str) -> set[str]:
-    from fwrl.memory_modules import core_config_class
+    from fwrl.launch.settings.core_catalog import option_names  # without importing torch
 
-    return set(core_config_class(core).model_fields)
+    return set(option_names(core))
 
 
 def expand(grid: Grid) -> list[Cell]:
-    """Every cell of ``grid``, validated as fwrl train validates a config; names unique, configs distinct."""
-    from fwrl.memory_modules import core_names
+    """Every cell of ``grid``, validated as fwrl train validates a config; names unique, configs distinct.
+    Cores and their option names come from the core catalogue, and every cell's core is checked before
+    any config is built, so a typo is said before torch is imported."""
+    from fwrl.launch.settings.core_catalog import core_names
 
     combos = list(itertools.product(*(axis.items for axis in grid.axes)))
-    cells: list[Cell] = []
+    planned: list[tuple[str, dict[str, str], str, dict[str, Any]]] = []  # name, labels, source, settings
     cores_seen: set[str] = set()
     for combo in combos:
         labels = {axis.name: item.label for axis, item in zip(grid.axes, combo)}
@@ -264,7 +266,7 @@ def expand(grid: Grid) -> list[Cell]:
         fields = _core_option_names(core)
         common = {k: v for k, v in grid.common_core_options.items() if k in fields}
         data["core_options"] = {**data.get("core_options", {}), **common, **own_options}
-        cells.append(Cell(name, labels, TrainConfig.from_dict(data, source=source)))
+        planned.append((name, labels, source, data))
     unused = [k for k in grid.common_core_options if not any(k in _core_option_names(c) for c in cores_seen)]
     if "grad" in unused and "elstm" not in cores_seen:
         raise FwrlError(f"--elstm-grad (elstm_grad) applies to core elstm only, and no cell of this grid has it "
@@ -272,6 +274,7 @@ def expand(grid: Grid) -> list[Cell]:
     if unused:
         valid = sorted(set().union(*(_core_option_names(c) for c in cores_seen)))
         raise unknown_choice("core option", unused[0], valid, f"(for the cores of this grid: {', '.join(sorted(cores_seen))})")
+    cells = [Cell(name, labels, TrainConfig.from_dict(data, source=source)) for name, labels, source, data in planned]
     check_distinct(cells)
     return cells
 
