@@ -329,3 +329,45 @@ def test_the_catalogue_checks_core_options_as_the_registry_does():
                 ours = message(lambda: check_core_options(core, {name: value}))
                 assert ours == real or (ours is None and "split the hidden vector" in str(real)), (core, name, value)
 
+
+# ----------------------------------------------------------------------------- 2: a stale evaluation
+
+def test_report_marks_an_evaluation_of_an_earlier_checkpoint_and_says_so(tmp_path):
+    """Evaluated at 209,600 steps, resumed to 300,800: the report's cell is marked and the notes
+    (and the terminal) say which run to evaluate again; a current evaluation is not marked."""
+    import csv
+    import json
+
+    from fwrl.launch.settings.config import TrainConfig, config_yaml
+
+    pytest.importorskip("rliable")
+    for name, evaluated_at, seed in (("stale", 209_600, 1), ("fresh", 300_800, 2)):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        config = TrainConfig.from_dict({"env": "memory:cue_delay?delay=2", "core": "lstm", "seed": seed})
+        (run / "config.yaml").write_text(config_yaml(config))
+        with (run / "metrics.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["time", "agent_steps", "episodes", "mean_return"])
+            for i, steps in enumerate((100_000, 209_600, 300_800)):
+                writer.writerow([10 * i, steps, 100 * i, 0.5 + 0.1 * i])
+        (run / "evaluation.json").write_text(json.dumps({
+            "checkpoint": str(run / "checkpoint.pt"), "agent_steps": evaluated_at, "env": "memory:cue_delay?delay=2",
+            "episodes": 10, "repeats": 1,
+            "aggregates": [{"task": "cue_delay", "split": "test", "repeats": 1, "episodes": 10, "mean": 0.6}]}))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["report", tmp_path / "runs" / "stale", "--out", out, "--reps", "200",
+                                 "--random-episodes", "2"])
+    assert code == 0, err
+    assert "209,600 agent steps" in err and "300,800" in err and "fwrl evaluate" in err, err
+    assert "‡" in stdout, stdout
+    report = json.loads((out / "report.json").read_text())
+    (score,) = report["runs"][0]["scores"].values()
+    assert score["stale"] is True and score["agent_steps"] == 209_600 and score["run_agent_steps"] == 300_800
+    assert any("209,600" in note for note in report["notes"])
+    assert "‡" in (out / "report.md").read_text()
+
+    code, stdout, err = run_cli(["report", tmp_path / "runs" / "fresh", "--out", tmp_path / "out2", "--reps", "200",
+                                 "--random-episodes", "2"])
+    assert code == 0, err
+    assert "‡" not in stdout and "agent steps" not in err

@@ -25,7 +25,8 @@ from fwrl.envs.spec import parse_env_spec
 from fwrl.launch.evaluation import scores
 from fwrl.launch.report import document as doc
 from fwrl.launch.report.baselines import KIND_TEXT, GameRef, RandomPolicyCache, game_refs
-from fwrl.launch.report.collect import NOT_GROUPING, Group, Run, find_runs, group_runs, load_run
+from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, Group, Run, find_runs, group_runs, load_run,
+                                        stale_note)
 from fwrl.launch.report.options import ReportConfig
 from fwrl.launch.report.stats import (METRICS, aggregates, as_json, describe_interval, import_rliable, mean_ci,
                                       profiles, score_matrices, taus_for)
@@ -104,6 +105,9 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
     runs = [load_run(path, labels) for path, labels in found]
     notes = [f"{run.path}: no evaluation.json and no training episodes in metrics.csv; left out."
              for run in runs if not run.scores]
+    for note in filter(None, map(stale_note, runs)):
+        say(f"fwrl report: {note}")
+        notes.append(note)
     runs = [run for run in runs if run.scores]
     groups = group_runs(runs)
     label_of = {id(run): g.label for g in groups for run in g.runs}
@@ -117,7 +121,7 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
                              f"{game}; only the first counts.")
                 continue
             cell.scores[run.seed] = score.value
-            cell.sources.add(score.source)
+            cell.sources.add("stale evaluation" if score.stale else score.source)
             cell.episode_returns = score.returns
     for g_index, (game, per) in enumerate(cells.items()):
         for i, (label, cell) in enumerate(per.items()):
@@ -182,7 +186,8 @@ def _cell_text(cell: GameGroup | None) -> str:
         return "-"
     n = f"n=1, {len(cell.episode_returns)} episodes" if cell.ci_over_episodes else f"n={len(cell.scores)}"
     text = describe_interval(cell.mean, cell.low, cell.high) + f" ({n})"
-    return text + (TRAINING_MARK if "training" in cell.sources else "")
+    return (text + (TRAINING_MARK if "training" in cell.sources else "")
+            + (STALE_MARK if "stale evaluation" in cell.sources else ""))
 
 
 def _random_text(ref: GameRef) -> str:
@@ -196,13 +201,16 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
     labels = [g.label for g in report.groups]
     rows = [[game, _random_text(report.refs[game]), *[_cell_text(report.cells[game].get(label)) for label in labels]]
             for game in report.games]
+    stale = any("stale evaluation" in c.sources for per in report.cells.values() for c in per.values())
     return [doc.Heading(2, "Per game"),
             doc.Paragraph(f"Mean return over seeds with its {report.options.confidence:.0%} bootstrap CI "
                           f"[low, high]; n: seeds (with one seed, the CI is over its evaluation episodes). "
                           f"Final evaluation return (`fwrl evaluate`, evaluation.json) "
                           f"where a run has one; {TRAINING_MARK}: training return (mean of the last training "
-                          "episodes logged in metrics.csv) for some or all seeds. random: the return of "
-                          "uniformly random actions."),
+                          "episodes logged in metrics.csv) for some or all seeds"
+                          + (f"; {STALE_MARK}: for some or all seeds, an evaluation of an earlier checkpoint (the "
+                             "run trained on after it; see the notes)" if stale else "")
+                          + ". random: the return of uniformly random actions."),
             doc.Table(["game", "random", *labels], rows)]
 
 
@@ -365,7 +373,8 @@ def report_json(report: Report, figures: dict[str, Path]) -> dict[str, Any]:
                    "random_source": ref.random_source, "best_group_mean": ref.best}
                   for game, ref in report.refs.items()],
         "runs": [{"path": str(r.path), "group": label_of[id(r)], "seed": r.seed,
-                  "scores": {game: {"value": s.value, "source": s.source, "episodes": s.episodes}
+                  "scores": {game: {"value": s.value, "source": s.source, "episodes": s.episodes,
+                                    "agent_steps": s.agent_steps, "run_agent_steps": s.run_steps, "stale": s.stale}
                              for game, s in r.scores.items()},
                   "normalised": {game: report.refs[game].normalise(s.value) for game, s in r.scores.items()}}
                  for r in report.runs],

@@ -8,6 +8,9 @@ A run's score in a game is its final evaluation return (``evaluation.json`` of
 where it has one, else the mean return of its last logged training episodes
 (the last ``mean_return`` of ``metrics.csv``, a running mean over the last 100
 episodes; ``return/<task>`` for multi-task runs), marked as a training return.
+An evaluation of an earlier checkpoint than the run's last (``evaluation.json``
+records its agent steps; the run was resumed and trained on since) is stale:
+its score is kept, and marked with the two step counts.
 A multi-task run (``procgen:bigfish+fruitbot``) counts in each of its games.
 
 Groups: runs that share every setting but the seed (and the env, which is the
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,6 +36,7 @@ from fwrl.launch.sweep.plan import is_sweep, read_manifest
 # settings that do not make a group: the seed, the env (the game), and what a run may change on --resume
 NOT_GROUPING = frozenset({"seed", "env"} | (RESUMABLE_CHANGES - {"total_steps"}))
 SEED_AXES = ("seed",)
+STALE_MARK = "‡"  # an evaluation of an earlier checkpoint than the run's last
 GAME_AXES = ("env",)
 
 
@@ -44,6 +48,14 @@ class Score:
     source: str  # "evaluation" (evaluation.json) or "training" (metrics.csv)
     episodes: int | None = None
     returns: tuple[float, ...] = ()  # the evaluation episodes' returns (for a CI when a group has one seed)
+    agent_steps: int | None = None  # of the evaluated checkpoint (evaluation.json), or of the last metrics row
+    run_steps: int | None = None  # the run's last logged agent steps
+
+    @property
+    def stale(self) -> bool:
+        """An evaluation of an earlier checkpoint: the run trained on after it."""
+        return (self.source == "evaluation" and self.agent_steps is not None and self.run_steps is not None
+                and self.run_steps > self.agent_steps)
 
 
 @dataclass
@@ -160,14 +172,29 @@ def load_run(path: Path, labels: dict[str, str] | None = None) -> Run:
     spec = parse_env_spec(config["env"])
     rows = read_metrics(path) if (path / "metrics.csv").is_file() else []
     run.scores, run.curves = _training(rows, spec)
+    steps = [int(s) for s in series(rows, "agent_steps")[1] if math.isfinite(s)] if rows else []
+    run_steps = max(steps) if steps else None
     evaluation = path / "evaluation.json"
     if evaluation.is_file():
         try:
             result = json.loads(evaluation.read_text())
         except (OSError, ValueError) as exc:
             raise FwrlError(f"cannot read {evaluation}: {exc}.") from None
-        run.scores.update(_evaluation_scores(result))
+        evaluated = result.get("agent_steps")
+        for game, score in _evaluation_scores(result).items():
+            run.scores[game] = replace(score, agent_steps=int(evaluated) if evaluated is not None else None,
+                                       run_steps=run_steps)
     return run
+
+
+def stale_note(run: Run) -> str | None:
+    """What the report says of a run whose evaluation is of an earlier checkpoint (None: not stale)."""
+    stale = [s for s in run.scores.values() if s.stale]
+    if not stale:
+        return None
+    return (f"{run.path}: evaluation.json is of the checkpoint at {stale[0].agent_steps:,} agent steps, and the run "
+            f"has trained to {stale[0].run_steps:,} since: its score is that earlier evaluation, marked "
+            f"{STALE_MARK}; run `fwrl evaluate {run.path}` again to score the current checkpoint.")
 
 
 # ----------------------------------------------------------------------------- groups
