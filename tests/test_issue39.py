@@ -371,3 +371,28 @@ def test_report_marks_an_evaluation_of_an_earlier_checkpoint_and_says_so(tmp_pat
                                  "--random-episodes", "2"])
     assert code == 0, err
     assert "‡" not in stdout and "agent steps" not in err
+
+
+# ----------------------------------------------------------------------------- 3: evaluate shows progress
+
+def test_evaluate_shows_episodes_done_the_running_mean_and_an_eta(tmp_path):
+    checkpoint = memory_checkpoint(tmp_path / "run")
+    code, _, err = run_cli(["evaluate", checkpoint.parent, "--episodes", "6", "--repeats", "2", "--num-workers", "1",
+                            "--envs-per-worker", "2", "--out", tmp_path / "e.json"])
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("evaluating memory:cue_delay")]
+    assert lines[0].endswith("starting workers ...")
+    assert any("(test, repeat 1 of 2)" in line for line in lines), err
+    assert lines[-1].startswith("evaluating memory:cue_delay (test, repeat 2 of 2): 12 / 12 episodes, mean return "), err
+    assert "elapsed" in lines[-1] and "ETA 0:00" in lines[-1], err
+
+
+def test_evaluate_progress_eta_is_the_time_per_episode_times_those_left():
+    from fwrl.launch.evaluation.progress import EvalProgress
+
+    progress = EvalProgress("atari:Pong", console=None)
+    progress.started = 100.0
+    text = progress.text("test, repeat 1 of 5", 30, 150, -20.5, now=160.0)
+    assert text == ("evaluating atari:Pong (test, repeat 1 of 5): 30 / 150 episodes, mean return -20.5, "
+                    "elapsed 1:00, ETA 4:00")
+    assert "mean return -, elapsed 0:05, ETA -" in progress.text("test", 0, 150, float("nan"), now=105.0)

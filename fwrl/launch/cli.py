@@ -428,14 +428,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
     check_writable(out, "evaluation JSON", "Pass --out PATH to write it elsewhere.")
     check_writable(out.with_suffix(".md"), "evaluation table", "Pass --out PATH to write it elsewhere.")
     num_workers = opts.num_workers or default_num_workers(env)
-    result = ev.evaluate(
-        model, env, episodes=opts.episodes, repeats=opts.repeats, greedy=opts.policy == "greedy", splits=splits,
-        num_workers=num_workers, envs_per_worker=opts.envs_per_worker, seed=opts.seed, device=device,
-        backend=opts.backend, step_timeout=opts.step_timeout, core=config["core"],
-        core_options=config.get("core_options", {}), unroll_length=config.get("unroll_length"),
-        backend_options={"address": opts.ray_address} if opts.backend == "ray" else None,
-        env_wrappers=tuple(config.get("env_wrappers", ())),
-    )
+    from fwrl.launch.evaluation.progress import EvalProgress
+
+    with EvalProgress(env) as progress:  # episodes played, the running mean return, an ETA
+        result = ev.evaluate(
+            model, env, episodes=opts.episodes, repeats=opts.repeats, greedy=opts.policy == "greedy",
+            splits=splits, num_workers=num_workers, envs_per_worker=opts.envs_per_worker, seed=opts.seed,
+            device=device, backend=opts.backend, step_timeout=opts.step_timeout, core=config["core"],
+            core_options=config.get("core_options", {}), unroll_length=config.get("unroll_length"),
+            backend_options={"address": opts.ray_address} if opts.backend == "ray" else None,
+            env_wrappers=tuple(config.get("env_wrappers", ())), progress=progress,
+        )
     result = {"checkpoint": str(path), "agent_steps": int(payload.get("agent_steps", 0)), **result}
     print_table(result)
     md = write_result(result, out)

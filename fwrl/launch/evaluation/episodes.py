@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -71,6 +71,16 @@ class EpisodeCollector(WorkerPool):
     @property
     def complete(self) -> bool:
         return not self._active
+
+    def counted(self) -> tuple[int, int, float]:
+        """(episodes played towards the slots' quotas, the quotas' sum, the mean return of those played)."""
+        done, total, returns = 0, 0, 0.0
+        for (worker, _), played in self.episodes.items():
+            need = self.quota[worker % self.num_tasks]
+            total += need
+            done += min(need, len(played))
+            returns += sum(ep.episode_return for ep in played[:need])
+        return done, total, returns / done if done else math.nan
 
     def _worker_done(self, worker: int) -> bool:
         need = self.quota[worker % self.num_tasks]
@@ -149,16 +159,18 @@ def play_episodes(
     stop: threading.Event | None = None,
     backend_options: Mapping[str, Any] | None = None,
     env_wrappers: Sequence[str] = (),
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> dict[int, list[EvalEpisode]]:
     """``episodes`` finished test-mode episodes per task of ``env``, on a new pool of ``backend``
-    (``env_wrappers``: the user wrappers the agent was trained with)."""
+    (``env_wrappers``: the user wrappers the agent was trained with; ``progress``: see
+    :func:`collect_episodes`)."""
     if episodes < 1:
         raise FwrlError(f"the number of evaluation episodes must be at least 1, got {episodes}.")
     slots_per_task(parse_env_spec(env).num_tasks, num_workers, envs_per_worker)  # check before spawning
     pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, mode="test",
                      step_timeout=step_timeout, env_wrappers=env_wrappers, **dict(backend_options or {}))
     return collect_episodes(model, pool, env, episodes=episodes, greedy=greedy, seed=seed, device=device,
-                            stop=stop)
+                            stop=stop, progress=progress)
 
 
 def collect_episodes(
@@ -171,10 +183,13 @@ def collect_episodes(
     seed: int = 0,
     device: torch.device | str = "cpu",
     stop: threading.Event | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> dict[int, list[EvalEpisode]]:
     """Start ``pool`` (test-mode envs of ``env``), play until every slot has its quota, close it.
 
     Returns, per task index, the chosen episodes; an empty dict if ``stop`` was set first.
+    ``progress(done, total, mean_return)`` is called after every step of the envs (episodes played
+    towards the slots' quotas, their sum, and the mean return of those played).
     """
     spec = parse_env_spec(env)
     slots = slots_per_task(spec.num_tasks, pool.num_workers, pool.envs_per_worker)
@@ -194,6 +209,8 @@ def collect_episodes(
                 if stop is not None and stop.is_set():
                     break
                 loop.step(1.0)
+                if progress is not None:
+                    progress(*collector.counted())
     finally:
         collector.close()
         model.train(was_training)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -47,9 +47,13 @@ def evaluate(
     stop: threading.Event | None = None,
     backend_options: Mapping[str, Any] | None = None,
     env_wrappers: Sequence[str] = (),
+    progress: Callable[[str, int, int, float], None] | None = None,
 ) -> dict[str, Any] | None:
     """Evaluate ``model`` on ``env`` with the family's protocol (overridable); None if stopped.
-    ``env_wrappers``: the user wrappers the agent was trained with, applied in every worker."""
+    ``env_wrappers``: the user wrappers the agent was trained with, applied in every worker.
+    ``progress(what, done, total, mean_return)``: after every step of the envs, the episodes played
+    of the whole evaluation (every split and repeat) and the mean return of the current split and
+    repeat so far (``what`` names them: ``test, repeat 2 of 5``)."""
     protocol = default_protocol(env)
     episodes = protocol.episodes if episodes is None else episodes
     repeats = protocol.repeats if repeats is None else repeats
@@ -58,17 +62,23 @@ def evaluate(
     chosen = select_splits(protocol.splits, splits)
     spec = parse_env_spec(env)
     runs = []
-    for split in chosen:
-        for repeat in range(repeats):
-            run_seed = seed + 10_007 * repeat
-            per_task = play_episodes(model, split.env, episodes=episodes, greedy=greedy, num_workers=num_workers,
-                                     envs_per_worker=envs_per_worker, seed=run_seed, device=device,
-                                     backend=backend, step_timeout=step_timeout, stop=stop,
-                                     backend_options=backend_options, env_wrappers=env_wrappers)
-            if not per_task:
-                return None
-            for task, eps in per_task.items():
-                runs.append(run_result(spec, task, split, repeat, run_seed, eps))
+    sessions = [(split, repeat) for split in chosen for repeat in range(repeats)]  # each plays alike
+    for index, (split, repeat) in enumerate(sessions):
+        run_seed = seed + 10_007 * repeat
+        shown = None
+        if progress is not None:
+            what = split.name + (f", repeat {repeat + 1} of {repeats}" if repeats > 1 else "")
+
+            def shown(done: int, total: int, mean: float, what: str = what, index: int = index) -> None:
+                progress(what, index * total + done, len(sessions) * total, mean)
+        per_task = play_episodes(model, split.env, episodes=episodes, greedy=greedy, num_workers=num_workers,
+                                 envs_per_worker=envs_per_worker, seed=run_seed, device=device,
+                                 backend=backend, step_timeout=step_timeout, stop=stop,
+                                 backend_options=backend_options, env_wrappers=env_wrappers, progress=shown)
+        if not per_task:
+            return None
+        for task, eps in per_task.items():
+            runs.append(run_result(spec, task, split, repeat, run_seed, eps))
     rows = aggregate(runs, spec.family, spec.options)
     attach_published(rows, spec, core, core_options or {}, unroll_length)
     return {
