@@ -163,7 +163,7 @@ def test_bad_specs_are_refused():
 
 def test_missing_ale_py_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ale_py", None)
-    with pytest.raises(FwrlError, match=r"fwrl\[atari\]"):
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[atari\]'"):
         atari._import_ale()
 
 

@@ -82,14 +82,14 @@ def test_auto_takes_ale_then_envpool_then_the_python_chain(monkeypatch):
 
 def test_a_missing_library_names_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)
-    with pytest.raises(FwrlError, match=r"vector=envpool needs the Python module 'envpool'.*'fwrl\[envpool\]'"):
+    with pytest.raises(FwrlError, match=r"the Python module 'envpool', needed for .*vector=envpool.*pip install -e '\.\[envpool\]'"):
         describe_env("atari:Pong?vector=envpool")
     monkeypatch.setitem(sys.modules, "ale_py.vector_env", None)
-    with pytest.raises(FwrlError, match=r"vector=ale needs the Python module 'ale_py'.*pip install 'fwrl\[atari\]'"):
+    with pytest.raises(FwrlError, match=r"the Python module 'ale_py', needed for .*vector=ale.*pip install -e '\.\[atari\]'"):
         describe_env("atari:Pong?vector=ale")
     from fwrl.envs.local_workers import LocalWorkerPool
 
-    with pytest.raises(FwrlError, match=r"fwrl\[envpool\]"):  # before any worker starts
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[envpool\]'"):  # before any worker starts
         LocalWorkerPool("atari:Pong?vector=envpool", 1, 1)
 
 
@@ -470,7 +470,7 @@ def test_procgen_qt_message_when_the_runtime_is_missing(monkeypatch):
         resolve("procgen:bigfish?vector=envpool")
     assert env_path("procgen:bigfish") == "none"
     monkeypatch.setitem(sys.modules, "envpool", None)
-    with pytest.raises(FwrlError, match=r"pip install 'fwrl\[envpool\]'"):
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[envpool\]'"):
         resolve("procgen:bigfish?vector=envpool")
 
 

@@ -93,7 +93,7 @@ def test_missing_package_names_the_extra(monkeypatch):
     from fwrl.envs import minatar
 
     monkeypatch.setitem(sys.modules, "minatar", None)
-    with pytest.raises(FwrlError, match=r"pip install 'fwrl\[minatar\]'"):
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[minatar\]'"):
         minatar.import_minatar()
 
 

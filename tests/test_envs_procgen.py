@@ -64,7 +64,7 @@ def test_describe_needs_no_library(monkeypatch):
     info = describe_env("procgen:bigfish+fruitbot?distribution=easy&num_levels=200")
     assert info.obs_shape == (3, 64, 64) and info.obs_dtype == "uint8"
     assert info.num_actions == 15 and info.task_names == ("bigfish", "fruitbot")
-    with pytest.raises(FwrlError, match=r"fwrl\[procgen\]"):
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[procgen\]'"):
         make_env("procgen:bigfish")
 
 

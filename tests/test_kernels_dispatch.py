@@ -112,7 +112,7 @@ def test_triton_not_importable_says_how_to_install(monkeypatch):
     monkeypatch.setattr(dispatch.importlib, "import_module", no_triton)
     q = torch.randn(2, 1, 1, 8)
     W0 = torch.zeros(1, 1, 8, 8)
-    with pytest.warns(dispatch.KernelFallbackWarning, match=r"pip install 'fwrl\[kernels\]'"):
+    with pytest.warns(dispatch.KernelFallbackWarning, match=r"pip install -e '\.\[kernels\]'"):
         dispatch.delta_rule(q, q, q, q[..., 0], W0, torch.zeros(2, 1, dtype=torch.bool),
                             layer="lt")
     monkeypatch.setenv("FWRL_KERNELS", "triton")

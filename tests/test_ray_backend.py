@@ -63,7 +63,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
     from fwrl.envs.backends import make_pool
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(FwrlError, match=r"pip install 'fwrl\[ray\]'"):
+    with pytest.raises(FwrlError, match=r"pip install -e '\.\[ray\]'"):
         make_pool("ray", ENV, 1, 1)
 
 
