@@ -396,3 +396,111 @@ def test_evaluate_progress_eta_is_the_time_per_episode_times_those_left():
     assert text == ("evaluating atari:Pong (test, repeat 1 of 5): 30 / 150 episodes, mean return -20.5, "
                     "elapsed 1:00, ETA 4:00")
     assert "mean return -, elapsed 0:05, ETA -" in progress.text("test", 0, 150, float("nan"), now=105.0)
+
+
+# ----------------------------------------------------------------------------- 4: the learning suite's settings
+
+def printed_config(*argv) -> tuple[dict, str]:
+    import yaml
+
+    code, out, err = run_cli(["train", *argv, "--print-config"])
+    assert code == 0, err
+    return yaml.safe_load(out), err
+
+
+@pytest.mark.parametrize("core, batch, lr", [("lstm", 8, 0.0012), ("elstm", 8, 0.0012), ("feedforward", 8, 0.0012),
+                                             ("rdn", 32, 0.0006), ("delta_net", 32, 0.0006), ("srwm", 32, 0.0006)])
+def test_minatar_runs_take_the_learning_suites_settings_per_core(core, batch, lr):
+    config, err = printed_config("--env", "minatar:breakout", "--core", core)
+    assert (config["batch_size"], config["learning_rate"]) == (batch, lr)
+    assert (config["num_workers"], config["envs_per_worker"], config["unroll_length"]) == (2, 8, 20)
+    assert "settings of the learning suite" in err and f"batch_size {batch}" in err, err
+
+
+def test_the_family_defaults_are_the_learning_suites_grid():
+    """The defaults are what benchmarks/learning/minatar-cpu.yaml ran (the README's tuned settings)."""
+    import yaml
+
+    from fwrl.launch.settings.family_defaults import family_defaults
+
+    grid = yaml.safe_load((REPO / "benchmarks" / "learning" / "minatar-cpu.yaml").read_text())
+    for item in grid["core"]:
+        expected = {"batch_size": item["batch_size"], "learning_rate": item["learning_rate"],
+                    **{key: grid[key] for key in ("num_workers", "envs_per_worker", "unroll_length")}}
+        assert family_defaults({}, "minatar:breakout", item["core"]) == expected, item
+
+
+def test_flags_presets_and_other_families_keep_their_settings(tmp_path):
+    config, err = printed_config("--env", "minatar:breakout", "--core", "lstm", "--batch-size", "16",
+                                 "--learning-rate", "0.0006")
+    assert (config["batch_size"], config["learning_rate"], config["unroll_length"]) == (16, 0.0006, 20)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("env: minatar:breakout\nunroll_length: 40\n")
+    config, _ = printed_config("--config", mine)
+    assert (config["unroll_length"], config["batch_size"]) == (40, 8)
+    config, err = printed_config("--env", "atari:Pong", "--core", "rdn")  # the papers' settings stay
+    assert (config["batch_size"], config["unroll_length"], config["num_workers"]) == (32, 50, 4)
+    assert "learning suite" not in err
+
+
+def test_a_sweep_gives_each_core_its_settings(tmp_path):
+    sweep = tiny_sweep(tmp_path / "sw", "--env", "minatar:breakout", "--core", "lstm", "rdn")
+    settings = {cell.config.core: (cell.config.batch_size, cell.config.learning_rate) for cell in sweep.cells}
+    assert settings == {"lstm": (8, 0.0012), "rdn": (32, 0.0006)}
+
+
+def test_bench_without_an_update_in_its_window_says_why_not(tmp_path):
+    """A first batch that takes longer than the window: no '0 steps/s', but what the learner waited for."""
+    code, out, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay", "--core", "lstm",
+                              "--core-opt", "hidden_size=8", "--num-workers", "1", "--envs-per-worker", "1",
+                              "--batch-size", "64", "--unroll-length", "400", "--ceiling-seconds", "0",
+                              "--warmup", "0", "--seconds", "2"])
+    said = err.splitlines()[-1]  # after the bench's own progress lines
+    assert code == 2 and said.startswith("fwrl: error: no update finished"), err
+    for needle in ("first batch", "--batch-size", "--seconds"):
+        assert needle in said, said
+    assert "Traceback" not in err and "steps/s" not in out
+
+
+def test_bench_window_starts_at_the_first_update():
+    from fwrl.launch.bench import _window_summary
+
+    rows = [{"time": str(t), "agent_steps": str(s), "updates": str(u), "steps_per_second": "1"}
+            for t, s, u in [(1, 0, 0), (5, 0, 0), (9, 0, 0), (12, 640, 1), (13, 1280, 2), (14, 1920, 3)]]
+    result = _window_summary(rows, warmup=5.0)
+    assert (result.agent_steps, result.seconds, result.updates) == (1280, 2.0, 2)  # from 12 s, not from 5 s
+
+
+def test_a_slow_first_update_says_what_to_change():
+    from fwrl.launch.settings.config import TrainConfig
+    from fwrl.launch.training.slow_start import SlowStartHint
+
+    class Shown:
+        rows: list = []
+
+        def start(self):
+            pass
+
+        def update(self, row):
+            self.rows.append(row)
+
+        def stop(self):
+            pass
+
+    config = TrainConfig.from_dict({"env": "memory:cue_delay", "core": "rdn", "batch_size": 32, "unroll_length": 50})
+    out = io.StringIO()
+    hint = SlowStartHint(Shown(), config, after=0.0, out=out)
+    hint.deadline = 5.0  # train sets these on its progress: they reach the display
+    assert hint._inner.deadline == 5.0
+    hint.start()
+    hint.update({"updates": 0, "agent_steps": 0, "rollout_columns": 12, "acted_steps": 700})
+    hint.update({"updates": 0, "agent_steps": 0, "rollout_columns": 20, "acted_steps": 1200})
+    text = out.getvalue()
+    assert text.count("\n") == 1, text  # said once
+    assert "12 of 32 rollouts of 50 steps" in text and "--batch-size" in text and "--device cuda" in text
+    assert len(Shown.rows) == 2
+    quiet = io.StringIO()
+    fast = SlowStartHint(Shown(), config, after=0.0, out=quiet)
+    fast.start()
+    fast.update({"updates": 1, "agent_steps": 1600})
+    assert quiet.getvalue() == ""

@@ -359,13 +359,18 @@ class ThroughputResult:
         return self.agent_steps / self.seconds
 
 
-def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = float("inf")) -> ThroughputResult:
+def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = float("inf"),
+                    config: TrainConfig | None = None) -> ThroughputResult:
     """Steps, updates and the time-weighted means of the pipeline columns of the metrics rows
-    logged from ``warmup`` seconds to ``until`` (each row covers the interval since the one before)."""
+    logged from ``warmup`` seconds (or from the first update, where it came later) to ``until``
+    (each row covers the interval since the one before). A window without an update is a
+    FwrlError that says why (:func:`_no_update_text`), never a rate of 0 steps/s."""
     timed = [r for r in rows if r.get("steps_per_second", "") != ""]
-    after = [r for r in timed if warmup <= float(r["time"]) <= until]
-    if len(after) < 2:
-        raise FwrlError("the run logged too little to measure; give bench throughput more --seconds.")
+    first_update = next((float(r["time"]) for r in timed if int(float(r.get("updates") or 0)) > 0), None)
+    start = max(warmup, first_update) if first_update is not None else warmup
+    after = [r for r in timed if start <= float(r["time"]) <= until]
+    if first_update is None or len(after) < 2 or int(after[-1]["updates"]) <= int(after[0]["updates"]):
+        raise FwrlError(_no_update_text(timed, warmup, until, first_update, config))
     first, last = after[0], after[-1]
     spans = [(float(b["time"]) - float(a["time"]), b) for a, b in zip(after, after[1:])]
     total = sum(span for span, _ in spans) or 1.0
@@ -379,6 +384,28 @@ def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = fl
         int(last["updates"]) - int(first["updates"]), {key: mean(key) for key in share_keys},
         mean("policy_lag_mean"), max(int(float(row.get("policy_lag_max") or 0)) for _, row in spans),
         mean("rollout_queue"), max(float(row.get("peak_memory_mb") or 0.0) for _, row in spans))
+
+
+def _no_update_text(rows: list[dict[str, str]], warmup: float, until: float, first_update: float | None,
+                    config: TrainConfig | None) -> str:
+    """Why the measured window holds no update, and what to change."""
+    last = rows[-1] if rows else {}
+    ran = float(last.get("time") or 0.0)
+    shape = f"B {config.batch_size} x T {config.unroll_length} of {config.core}" if config else "this batch"
+    if first_update is None:
+        columns = int(float(last.get("rollout_columns") or 0))
+        acted = int(float(last.get("acted_steps") or 0))
+        batch = config.batch_size if config else columns
+        state = (f"was still filling its first batch ({min(columns, batch)} of {batch} rollouts ready, {acted:,} "
+                 "agent steps acted)" if columns < batch else "had its first batch and was still in its first update")
+        said = f"no update finished in {ran:.0f} s of training: the learner {state}"
+    else:
+        said = (f"too few updates to measure: the first finished {first_update:.0f} s into training and none after "
+                f"it in the {ran:.0f} s the run lasted (the window starts at the warm-up's end, {warmup:g} s, or at "
+                "the first update)")
+    return (f"{said}: the window is too short for updates of {shape} here. Give it more time (--warmup, "
+            "--seconds), or a smaller batch (--batch-size, --unroll-length) or a GPU (--device cuda); no agent "
+            "steps/s is reported for a window without updates.")
 
 
 class _BenchProgress:
@@ -465,7 +492,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
                 profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"))
+    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config)
 
 
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:

@@ -90,6 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         config = train_config_from_args(args, check_env=not args.print_config)
         run_dir = None
+        _say_family_defaults(args)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -115,9 +116,12 @@ def run_train(args: argparse.Namespace) -> int:
         return launch_learners(config.learners, argv)
     prepare_run_dir(run_dir, resume=args.resume)
 
+    from fwrl.launch.training.progress import Progress
+    from fwrl.launch.training.slow_start import SlowStartHint
     from fwrl.launch.training.train import train
 
-    result = train(config, run_dir, resume=args.resume, started=args.started)
+    progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None  # a slow first update says what to change
+    result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
     if ranks.is_main:
         per_update = config.batch_size * config.unroll_length * ranks.world_size
         print(f"run {run_dir}: {_result_text(result, config, per_update)}; checkpoint {run_dir / 'checkpoint.pt'}"
@@ -125,6 +129,19 @@ def run_train(args: argparse.Namespace) -> int:
     if result.signal:  # the shell's convention: 128 + the signal (130 after Ctrl-C, 143 after SIGTERM)
         return 128 + result.signal
     return 0 if result.stopped_by != "error" else 1
+
+
+def _say_family_defaults(args: argparse.Namespace) -> None:
+    """Say which settings a new run took from its env family's defaults (the learning suite's), if any."""
+    from fwrl.launch.settings.config import env_and_core, layered_settings
+    from fwrl.launch.settings.family_defaults import describe, family_defaults
+    from fwrl.launch.settings.flags import train_overrides
+
+    settings = layered_settings(args.preset, train_overrides(args), args.config, family=False)
+    env, core = env_and_core(settings)
+    added = family_defaults(settings, env, core)
+    if added:
+        print(f"fwrl train: {describe(added, env, core)}", file=sys.stderr)
 
 
 def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
@@ -210,10 +227,8 @@ def run_info(args: argparse.Namespace) -> int:
         from fwrl.launch.settings.config import check_env_first, layered_settings
 
         check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
-    if args.preset:
+    if args.preset or settings or options:  # checks core, options, stem, env (over the family's defaults)
         config = build_config(args.preset, {**settings, "core_options": options})
-    elif settings or options:  # checks core, options, stem, env
-        config = TrainConfig.from_dict({**settings, "core_options": options}, source="on the command line")
     if args.json_path:
         from fwrl.utils.files import check_writable
 

@@ -3,8 +3,9 @@
 :class:`TrainConfig` defines every training setting once (type, default,
 valid range, help); ``fwrl train`` generates its flags from it
 (``fwrl.launch.settings.flags``). A config is built from layers, later ones winning:
-defaults, a preset (a packaged name or a YAML file), ``--config FILE``, then
-flags. A layer that picks another ``core`` drops the core options gathered
+defaults, the env family's defaults (``family_defaults``: the learning suite's
+settings, per core), a preset (a packaged name or a YAML file), ``--config FILE``,
+then flags. A layer that picks another ``core`` drops the core options gathered
 so far (they belong to the old core).
 
 A run's ``config.yaml`` is this model as a mapping. Core options whose default
@@ -277,20 +278,34 @@ def merge_settings(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
-                     base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The settings of ``base`` < ``preset`` < ``config_file`` < ``overrides``, merged, not validated."""
+                     base: Mapping[str, Any] | None = None, family: bool = True) -> dict[str, Any]:
+    """The settings of ``base`` < ``preset`` < ``config_file`` < ``overrides``, merged, not validated;
+    with ``family``, the env family's defaults fill what none of them sets
+    (:mod:`fwrl.launch.settings.family_defaults`)."""
     layers = [dict(base or {})]
     if preset:
         layers.append(load_preset(preset))
     if config_file is not None:
         layers.append(read_settings_file(config_file))
     layers.append(dict(overrides))
-    return merge_settings(layers)
+    merged = merge_settings(layers)
+    if family:
+        from fwrl.launch.settings.family_defaults import family_defaults
+
+        merged.update(family_defaults(merged, *env_and_core(merged)))
+    return merged
+
+
+def env_and_core(settings: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The env and core of merged settings (the defaults where they set none)."""
+    return (settings.get("env", TrainConfig.model_fields["env"].default),
+            settings.get("core", TrainConfig.model_fields["core"].default))
 
 
 def build_config(preset: str | None, overrides: Mapping[str, Any], config_file: Path | None = None,
                  base: Mapping[str, Any] | None = None) -> TrainConfig:
-    """The config of ``base`` < ``preset`` < ``config_file`` < ``overrides`` (see the module docstring)."""
+    """The config of ``base`` < ``preset`` < ``config_file`` < ``overrides``, over the env family's
+    defaults (see the module docstring)."""
     return TrainConfig.from_dict(layered_settings(preset, overrides, config_file, base))
 
 

@@ -21,7 +21,8 @@ one a common setting; a flag replaces the file's entry of the same setting.
 Cells: one per combination of axis items, named from the items' labels
 (``minatar-breakout__lstm__seed-1``), each a full :class:`TrainConfig` built as
 ``fwrl train`` builds one: defaults < ``--preset`` < ``--config`` < common
-settings < the cell's axis items. Common core options apply to every cell
+settings < the cell's axis items, over the env family's defaults for the cell's core
+(``fwrl.launch.settings.family_defaults``). Common core options apply to every cell
 whose core has them (an option no core of the grid has is an error); a
 preset's core options are dropped where a cell picks another core.
 """
@@ -244,6 +245,7 @@ def expand(grid: Grid) -> list[Cell]:
     Cores and their option names come from the core catalogue, and every cell's core is checked before
     any config is built, so a typo is said before torch is imported."""
     from fwrl.launch.settings.core_catalog import core_names
+    from fwrl.launch.settings.family_defaults import family_defaults
 
     combos = list(itertools.product(*(axis.items for axis in grid.axes)))
     planned: list[tuple[str, dict[str, str], str, dict[str, Any]]] = []  # name, labels, source, settings
@@ -262,6 +264,7 @@ def expand(grid: Grid) -> list[Cell]:
         core = data.get("core", TrainConfig.model_fields["core"].default)
         if core not in core_names():
             raise unknown_choice("core", core, core_names(), f"in {source}")
+        data.update(family_defaults(data, data.get("env", TrainConfig.model_fields["env"].default), core))  # the env family's settings for this core, where the grid sets none
         cores_seen.add(core)
         fields = _core_option_names(core)
         common = {k: v for k, v in grid.common_core_options.items() if k in fields}

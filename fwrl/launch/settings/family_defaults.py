@@ -1,0 +1,70 @@
+"""Defaults per env family: the settings the learning suite found, where nothing else sets them.
+
+``TrainConfig``'s defaults are the papers' Atari settings (REFERENCE §4). On
+MinAtar the learning suite (``benchmarks/learning/README.md``: tuning runs on
+Breakout at 1 M agent steps, then the CPU grid) found other settings, and they
+differ by core: the LSTM (and the eLSTM and feed-forward agents) learn best
+with small batches at a higher rate (B 8, lr 1.2e-3: a training return of 12.5
+where B 32 at lr 6e-4 gives 4.7), the fast-weight cores with the papers' B 32 at
+lr 6e-4 (rdn: 9.9). Every cell ran 2 workers x 8 envs with T 20.
+
+A new run takes them for every setting that no layer gives (a preset, a
+``--config`` file, a flag, a command's own defaults): defaults < family
+defaults < preset < config file < flags. A run's ``config.yaml`` records the
+values, so ``--resume`` keeps them. Other families keep ``TrainConfig``'s
+defaults (Atari's are the papers', which the Pong runs on the CPU also used:
+B 32, lr 6e-4; ``--preset pong-cpu`` is the CPU's whole recipe).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# family -> core group -> settings; "all" applies to every core of the family
+FAMILY_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "minatar": {
+        "all": {"num_workers": 2, "envs_per_worker": 8, "unroll_length": 20},
+        "recurrent": {"batch_size": 8, "learning_rate": 0.0012},  # lstm, elstm, feedforward
+        "fast_weight": {"batch_size": 32, "learning_rate": 0.0006},  # the cores of the fast-weight block
+    },
+}
+SOURCE = "benchmarks/learning/README.md"
+
+
+def core_group(core: str) -> str:
+    """``fast_weight`` for the cores built on the fast-weight block (they have ``output_scale``),
+    ``recurrent`` for the others (lstm, elstm, feedforward); from the catalogue, without torch."""
+    from fwrl.launch.settings.core_catalog import core_names, option_names
+
+    if core in core_names() and "output_scale" in option_names(core):
+        return "fast_weight"
+    return "recurrent"
+
+
+def family_defaults(settings: Mapping[str, Any], env: Any, core: Any) -> dict[str, Any]:
+    """The family defaults that merged ``settings`` leave unset, for their ``env`` and ``core``
+    (the settings' own, or the config's defaults); empty where the env's family has none, or the
+    env or core is not a valid name yet (the config's own checks say so)."""
+    from fwrl.envs.spec import parse_env_spec
+    from fwrl.errors import FwrlError
+
+    if not isinstance(env, str) or not isinstance(core, str):
+        return {}
+    try:
+        family = parse_env_spec(env).family
+    except FwrlError:
+        return {}
+    table = FAMILY_DEFAULTS.get(family)
+    if not table:
+        return {}
+    chosen = {**table.get("all", {}), **table.get(core_group(core), {})}
+    return {key: value for key, value in chosen.items() if key not in settings}
+
+
+def describe(defaults: Mapping[str, Any], env: str, core: str) -> str:
+    """One line saying which family defaults a run of ``env`` and ``core`` took (``fwrl train`` prints it)."""
+    family = env.split(":", 1)[0]
+    values = ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+                       for key, value in defaults.items())
+    return (f"{family} settings of the learning suite for {core} ({SOURCE}): {values}; a flag, --config "
+            "or --preset sets them otherwise")
