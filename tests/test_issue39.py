@@ -504,3 +504,12 @@ def test_a_slow_first_update_says_what_to_change():
     fast.start()
     fast.update({"updates": 1, "agent_steps": 1600})
     assert quiet.getvalue() == ""
+
+
+def test_a_slurm_sweep_dry_run_refuses_a_stem_that_does_not_fit(tmp_path, monkeypatch):
+    pytest.importorskip("minatar")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["sweep", "sw", "--env", "minatar:breakout", "--core", "lstm", "rdn", "--stem", "nature",
+                              "--executor", "slurm", "--dry-run"])
+    assert_refused(code, err, "stem 'nature' does not fit", "Stems that fit: impala, minatar")
+    assert out == "" and list(tmp_path.iterdir()) == []

@@ -64,6 +64,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
         alive = alive_cells(sweep)
         todo = [c for c in todo if c not in alive]
+    check_stems([sweep.cell(c) for c in todo])  # every executor: a stem that does not fit is said here
     if opts.dry_run:
         return _dry_run(sweep, states, todo, opts, sbatch_options)
     if opts.executor == "local" and todo:
@@ -110,6 +111,29 @@ def run_sweep(args: argparse.Namespace) -> int:
 def _time_left(sweep: Sweep):
     """A running cell's seconds left, from its run's metrics.csv (None before its first update)."""
     return lambda cell: run_time_left(sweep.path / "runs" / cell, sweep.cell(cell).config.total_steps)
+
+
+def check_stems(cells: list[Cell]) -> None:
+    """A stem named for a cell fits its env's observations, where the env can be described here (its
+    library installed; a ray or slurm cell's is checked where it runs, as fwrl train checks it)."""
+    from fwrl.agents.stem_shapes import check_stem
+    from fwrl.envs.registry import describe_env
+
+    seen = set()
+    for cell in cells:
+        config = cell.config
+        key = (config.env, config.stem, tuple(config.env_wrappers))
+        if config.stem == "auto" or key in seen:
+            continue
+        seen.add(key)
+        try:
+            info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+        except Exception:  # noqa: BLE001 - not describable here (a missing library, a ROM): the cell's run checks it
+            continue
+        try:
+            check_stem(config.stem, info.obs_shape, config.env)
+        except FwrlError as exc:
+            raise FwrlError(f"cell {cell.name}: {exc}") from None
 
 
 def check_cells(cells: list[Cell]) -> None:
