@@ -120,7 +120,8 @@ def run_train(args: argparse.Namespace) -> int:
     from fwrl.launch.training.slow_start import SlowStartHint
     from fwrl.launch.training.train import train
 
-    progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None  # a slow first update says what to change
+    # the run's progress display; a slow first update says what to change
+    progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
     result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
     if ranks.is_main:
         per_update = config.batch_size * config.unroll_length * ranks.world_size
