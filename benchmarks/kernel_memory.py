@@ -7,7 +7,7 @@ What a fused kernel's call holds in memory does not depend on what its
 kernels compute: the wrappers allocate every output, record, scratch and
 gradient buffer with PyTorch, and the kernels only write into them. So this
 script runs each core's fused path (``fwrl.kernels.triton.<core>``, exactly as
-``fwrl bench kernels`` calls it: inputs from ``fwrl.kernels.benchmark._inputs``,
+``fwrl bench kernels`` calls it: inputs from ``fwrl.launch.bench.kernels._inputs``,
 leaves that require grad, a backward with gradients for every output) on the
 CPU with every Triton launch skipped, and reads the peak of live tensor bytes
 from ``torch.profiler``'s allocator events (``profile_memory=True``: each
@@ -45,7 +45,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from fwrl.errors import FwrlError, run_main  # noqa: E402
-from fwrl.kernels import benchmark as kb  # noqa: E402
+from fwrl.launch.bench import kernels as kb  # noqa: E402
 
 # The issue's goal shapes (B, T, H, D), as the GPU suite times them.
 GOAL_SHAPES = ((32, 51, 4, 32), (256, 101, 8, 64))

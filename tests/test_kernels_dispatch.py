@@ -170,7 +170,7 @@ def test_cores_name_their_layers(core_name, caplog):
 
 def _kernel_and_args(core):
     """The compiled ``<core>_triton`` with flat outputs, and its inputs at a small shape."""
-    from fwrl.kernels import benchmark
+    from fwrl.launch.bench import kernels as benchmark
 
     fn = getattr(load_kernel_module(core, interpret=False), f"{core}_triton")
     if core == "srwm":
