@@ -6,7 +6,7 @@
 What a fused kernel's call holds in memory does not depend on what its
 kernels compute: the wrappers allocate every output, record, scratch and
 gradient buffer with PyTorch, and the kernels only write into them. So this
-script runs each core's fused path (``fwrl.kernels.triton.<core>``, exactly as
+script runs each core's fused path (``fwrl.kernels.<rule>.fused_recurrent``, exactly as
 ``fwrl bench kernels`` calls it: inputs from ``fwrl.launch.bench.kernels._inputs``,
 leaves that require grad, a backward with gradients for every output) on the
 CPU with every Triton launch skipped, and reads the peak of live tensor bytes
@@ -38,8 +38,9 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-# The wrappers accept CPU tensors only under Triton's interpreter (read when the kernel
-# modules are imported, so before fwrl.kernels.triton is): its launches are skipped too.
+# The wrappers accept CPU tensors only under Triton's interpreter (read when
+# fwrl.kernels.triton.common is imported, so before any fused kernel is): its launches are
+# skipped too.
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402

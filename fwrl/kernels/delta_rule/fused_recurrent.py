@@ -1,6 +1,6 @@
 """Fused Triton sum rule / delta rule over a whole rollout (one launch per layer).
 
-The maths is ``fwrl.kernels.reference.delta_rule`` (paper 001, Eq. 20-21 for
+The maths is ``fwrl.kernels.delta_rule.naive`` (paper 001, Eq. 20-21 for
 the sum rule and Eq. 23-25 for the delta rule, read after the update):
 
     vbar_t = W_{t-1} phi(k_t)
@@ -50,15 +50,15 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
-from .common import (
+from ..triton.common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat, aligned,
     launch_options, padded, replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
-GRAD_MODES = ("full", "step")
 # Feature maps computed inside the kernel (KERNEL_FEATURE_MAPS); "dpfp-N" is
 # applied in PyTorch before the kernel (which then runs with the identity map).
 FEATURE_MAPS = ("elu1_sumnorm", "softmax", "identity", "dpfp-1", "dpfp-2", "dpfp-3")

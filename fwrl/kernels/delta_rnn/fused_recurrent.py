@@ -1,6 +1,6 @@
 """Fused Triton Delta RNN over a whole rollout.
 
-The maths is ``fwrl.kernels.reference.delta_rnn`` (paper 000, Eq. 12, version
+The maths is ``fwrl.kernels.delta_rnn.naive`` (paper 000, Eq. 12, version
 B of App. A.2). Per (batch row, head), two fast matrices written by their own
 delta rule (paper 001 Eq. 20-24) and a recurrent read:
 
@@ -40,12 +40,12 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.delta_rnn import GRAD_MODES, RECURRENT_SOFTMAX_EPS
-from fwrl.kernels.reference.feature_maps import (
-    FEATURE_MAPS, SUM_NORM_EPS, apply_feature_map, feature_dim,
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import (
+    FEATURE_MAPS, RECURRENT_SOFTMAX_EPS, SUM_NORM_EPS, apply_feature_map, feature_dim,
 )
 
-from .common import (
+from ..triton.common import (
     FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _recurrent_softmax,
     _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, padded,
     replay_starts, tensor_reasons,

@@ -37,10 +37,10 @@ import torch
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import apply_feature_map
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import apply_feature_map
 
 INPUT_MAPS = ("softmax", "identity")
-GRAD_MODES = ("full", "step")
 NUM_RATES = 4  # one learning rate per sub-matrix y, q, k, b (App. A)
 
 Offsets = tuple[Tensor, Tensor, Tensor, Tensor]

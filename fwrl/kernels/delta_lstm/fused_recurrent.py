@@ -1,6 +1,6 @@
 """Fused Triton Delta LSTM over a whole rollout (forward and backward).
 
-The maths is ``fwrl.kernels.reference.delta_lstm`` (paper 000, App. A.2,
+The maths is ``fwrl.kernels.delta_lstm.naive`` (paper 000, App. A.2,
 version D, Eq. 36-40). Per (batch row, head), six fast matrices
 M = (W_u, W_f, W_o, R_u, R_f, R_o), each written by its own delta rule
 (paper 001 Eq. 20-24) before it is read:
@@ -76,14 +76,15 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.delta_lstm import GRAD_MODES, MATRICES
-from fwrl.kernels.reference.delta_rnn import RECURRENT_SOFTMAX_EPS
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS
 
-from .common import (
+from ..triton.common import (
     _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _softmax,
     _softmax_backward, _sum, _vecmat, aligned, launch_options, padded, replay_starts,
     tensor_reasons,
 )
+from .naive import MATRICES
 
 NUM_MATRICES = len(MATRICES)  # 6
 # Largest head dim the kernels take. Up to 32 the register kernels, with the

@@ -1,6 +1,6 @@
 """Fused Triton Recurrent Delta Net (RDN) over a whole rollout.
 
-The maths is ``fwrl.kernels.reference.rdn`` (paper 000, Eq. 15-18 with the
+The maths is ``fwrl.kernels.rdn.naive`` (paper 000, Eq. 15-18 with the
 delta rule of paper 001 Eq. 20-25). Per (batch row, head), with the recurrent
 slow matrices R_q, R_k, R_v [d, d] and r_b [d] of that head:
 
@@ -52,10 +52,10 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS
-from fwrl.kernels.reference.rdn import GRAD_MODES
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import SUM_NORM_EPS
 
-from .common import (
+from ..triton.common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
     aligned, launch_options, padded, replay_starts, tensor_reasons,
 )
