@@ -22,7 +22,15 @@ Shared by the rules, and importing none of them: this package (``GRAD_MODES``),
 import Triton; its fused kernel does, when a call may use it.
 """
 
+from fwrl.errors import unknown_choice
+
 # The gradient modes every fast-weight rule takes: ``full`` back-propagates through the
 # carried state across the sequence; ``step`` cuts the gradient through it at every step
 # (the original authors' RL code ran one step at a time with a detached state).
 GRAD_MODES = ("full", "step")
+
+
+def check_grad_mode(grad_mode: str) -> None:
+    """Raise the error that lists ``GRAD_MODES`` for any other ``grad_mode``."""
+    if grad_mode not in GRAD_MODES:
+        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)

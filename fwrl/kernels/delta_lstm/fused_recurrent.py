@@ -75,14 +75,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fwrl.errors import unknown_choice
-from fwrl.kernels import GRAD_MODES
+from fwrl.kernels import GRAD_MODES, check_grad_mode
 from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS
 
 from ..triton.common import (
     _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _softmax,
-    _softmax_backward, _sum, _vecmat, aligned, launch_options, padded, replay_starts,
-    tensor_reasons,
+    _softmax_backward, _sum, _vecmat, aligned, launch_options, option_reasons, padded,
+    replay_starts, tensor_reasons,
 )
 from .naive import MATRICES
 
@@ -737,8 +736,8 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+        return reason
     if q.dim() != 4:
         return f"q has shape {tuple(q.shape)}; expected [T, B, H, d]"
     T, B, H, D = q.shape
@@ -765,8 +764,7 @@ def delta_lstm_triton(
 
     Same arguments as ``delta_lstm_reference``; the state is always fp32.
     """
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_grad_mode(grad_mode)
     args = [aligned(x) for x in (q, k, v, beta, W0, c0, y0)]
     if torch.is_grad_enabled() and any(x.requires_grad for x in args):
         return _DeltaLSTMFunction.apply(*args, reset, grad_mode == "full")

@@ -69,19 +69,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fwrl.errors import unknown_choice
 from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import apply_feature_map
 
 from ..triton.common import (
     _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
-    aligned, launch_options, padded, replay_starts, tensor_reasons,
+    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
 )
 from .fused_recurrent_split import (
     SPLIT_ROWS, _core_rates, _core_step_backward, _load_core_offsets, _num_records,
     _store_core_offsets, offset_buffers, split_backward, split_forward,
 )
-from .naive import INPUT_MAPS, NUM_RATES
+from .naive import INPUT_MAPS, NUM_RATES, check_srwm_args
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
@@ -456,10 +455,10 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if input_map not in INPUT_MAPS:
-        return f"input map {input_map!r} is not one of {', '.join(INPUT_MAPS)}"
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    reason = option_reasons(("input map", input_map, INPUT_MAPS),
+                            ("grad_mode", grad_mode, GRAD_MODES))
+    if reason is not None:
+        return reason
     if x.dim() != 4:
         return f"x has shape {tuple(x.shape)}; expected [T, B, H, D]"
     if x.shape[0] == 0:
@@ -503,10 +502,7 @@ def srwm_triton(
     at head dims 33..64); a power of two forces the split path with that many rows per
     program.
     """
-    if input_map not in INPUT_MAPS:
-        raise unknown_choice("SRWM input map", input_map, INPUT_MAPS)
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_srwm_args(input_map, grad_mode)
     slow = (W_y, W_q, W_k, w_b)
     rows = tuple(w.shape[1] for w in slow)
     S = aligned(torch.cat(slow, dim=1))  # [H, R, D]: small, read at resets
