@@ -6,8 +6,8 @@
 What a fused kernel's call holds in memory does not depend on what its
 kernels compute: the wrappers allocate every output, record, scratch and
 gradient buffer with PyTorch, and the kernels only write into them. So this
-script runs each core's fused path (``fwrl.kernels.triton.<core>``, exactly as
-``fwrl bench kernels`` calls it: inputs from ``fwrl.kernels.benchmark._inputs``,
+script runs each core's fused path (``fwrl.kernels.<rule>.fused_recurrent``, exactly as
+``fwrl bench kernels`` calls it: inputs from ``fwrl.launch.bench.kernels._inputs``,
 leaves that require grad, a backward with gradients for every output) on the
 CPU with every Triton launch skipped, and reads the peak of live tensor bytes
 from ``torch.profiler``'s allocator events (``profile_memory=True``: each
@@ -38,14 +38,15 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-# The wrappers accept CPU tensors only under Triton's interpreter (read when the kernel
-# modules are imported, so before fwrl.kernels.triton is): its launches are skipped too.
+# The wrappers accept CPU tensors only under Triton's interpreter (read when
+# fwrl.kernels.triton.common is imported, so before any fused kernel is): its launches are
+# skipped too.
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
 from fwrl.errors import FwrlError, run_main  # noqa: E402
-from fwrl.kernels import benchmark as kb  # noqa: E402
+from fwrl.launch.bench import kernels as kb  # noqa: E402
 
 # The issue's goal shapes (B, T, H, D), as the GPU suite times them.
 GOAL_SHAPES = ((32, 51, 4, 32), (256, 101, 8, 64))

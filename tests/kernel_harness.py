@@ -1,14 +1,14 @@
 """Shared pieces of the fused Triton kernel tests (``tests/test_kernels_*.py``).
 
 The kernels run on CPU through the Triton interpreter. ``load_kernel_module``
-loads the whole ``fwrl/kernels/triton`` package (the shared ``common`` module
-included) a second time, under a private package name, with
-``TRITON_INTERPRET=1`` set only while it loads: the kernel modules import their
-helpers relatively (``from .common import ...``), so the private copy of a
-kernel uses the private copy of the helpers, and one source file serves both.
-The package other code imports (``fwrl.kernels.triton``) is left compiled for
-GPUs. Two private packages exist: ``_fwrl_triton_interpreted`` (built for the
-interpreter) and ``_fwrl_triton_compiled`` (for GPUs: the compile-only sm_90
+loads a rule's fused kernel (``fwrl/kernels/<rule>/fused_recurrent.py``) from a
+second copy of the ``fwrl/kernels`` package, under a private package name, with
+``TRITON_INTERPRET=1`` set only while it loads: the fused modules import the
+Triton helpers relatively (``from ..triton.common import ...``), so the private
+copy of a kernel uses the private copy of the helpers, and one source file
+serves both. The package other code imports (``fwrl.kernels``) is left compiled
+for GPUs. Two private packages exist: ``_fwrl_kernels_interpreted`` (built for
+the interpreter) and ``_fwrl_kernels_compiled`` (for GPUs: the compile-only sm_90
 checks, and GPU runs). Each test module sets the variable per test with the
 autouse ``_interpret`` fixture (imported from here). The compile-only checks
 build kernels for sm_90 without a GPU, with their arguments specialised as Triton's
@@ -35,11 +35,11 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-_KERNEL_DIR = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels", "triton")
+_KERNEL_DIR = os.path.join(os.path.dirname(__file__), "..", "fwrl", "kernels")
 
 
 def _private_package(name: str) -> ModuleType:
-    """The package ``fwrl/kernels/triton`` registered as ``name`` (its submodules load on import)."""
+    """The package ``fwrl/kernels`` registered as ``name`` (its submodules load on import)."""
     if name not in sys.modules:
         init = os.path.join(_KERNEL_DIR, "__init__.py")
         spec = importlib.util.spec_from_file_location(name, init,
@@ -51,25 +51,26 @@ def _private_package(name: str) -> ModuleType:
 
 
 def load_kernel_module(kernel: str, interpret: bool) -> ModuleType:
-    """``fwrl/kernels/triton/<kernel>.py`` from a private copy of the package, built for the
-    interpreter (``interpret=True``) or for GPUs; the caller's ``TRITON_INTERPRET`` is restored.
+    """``fwrl/kernels/<kernel>/fused_recurrent.py`` (``kernel``: a rule) from a private copy of
+    the package, built for the interpreter (``interpret=True``) or for GPUs; the caller's
+    ``TRITON_INTERPRET`` is restored.
 
-    Its ``common`` module is loaded into the same private package (under the same
+    Its ``triton.common`` module is loaded into the same private package (under the same
     setting) the first time a kernel of that package imports it.
     """
-    package = f"_fwrl_triton_{'interpreted' if interpret else 'compiled'}"
+    package = f"_fwrl_kernels_{'interpreted' if interpret else 'compiled'}"
     old = os.environ.pop("TRITON_INTERPRET", None)
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         _private_package(package)
-        module = importlib.import_module(f"{package}.{kernel}")
+        module = importlib.import_module(f"{package}.{kernel}.fused_recurrent")
     finally:
         os.environ.pop("TRITON_INTERPRET", None)
         if old is not None:
             os.environ["TRITON_INTERPRET"] = old
-    common = sys.modules[f"{package}.common"]
-    assert common.INTERPRETED == interpret, f"{package}.common was built for the other mode"
+    common = sys.modules[f"{package}.triton.common"]
+    assert common.INTERPRETED == interpret, f"{package}.triton.common was built for the other mode"
     return module
 
 
@@ -228,14 +229,14 @@ def compile_sm90(
     specialises them (``launch_specialisation``).
 
     The options are those of every launch (``common.launch_options`` of the kernel's
-    own package copy: importing ``fwrl.kernels.triton`` here, under the tests'
-    TRITON_INTERPRET=1, would build the package GPU code imports for the interpreter).
+    own package copy: importing ``fwrl.kernels.triton.common`` here, under the tests'
+    TRITON_INTERPRET=1, would build the module GPU code imports for the interpreter).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    package = kernel.fn.__module__.rpartition(".")[0]
-    launch_options = sys.modules[f"{package}.common"].launch_options
+    package = kernel.fn.__module__.partition(".")[0]  # the private copy of fwrl/kernels
+    launch_options = sys.modules[f"{package}.triton.common"].launch_options
     target = GPUTarget("cuda", 90, 64)
     signature, consts, attrs = launch_specialisation(kernel, target, pointer_types, constexprs,
                                                      ints)

@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from fwrl.errors import FwrlError
-from fwrl.kernels.reference.srwm import srwm_reference
+from fwrl.kernels.srwm.naive import srwm_reference
 from fwrl.memory_modules import build_core
 from fwrl.memory_modules.srwm import FakeSRLayer, SRDeltaNetLayer, SRWMConfig, SRWMLayer
 

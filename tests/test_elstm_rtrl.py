@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels.reference import elstm_rtrl as er
+from fwrl.kernels.elstm_rtrl import naive as er
 from fwrl.memory_modules import build_core
 from fwrl.memory_modules.elstm import ELSTMCore
 

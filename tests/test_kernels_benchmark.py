@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from fwrl.kernels import benchmark
+from fwrl.launch.bench import kernels as benchmark
 
 pytest.importorskip("triton")
 

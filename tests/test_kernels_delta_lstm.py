@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
+from fwrl.kernels.delta_lstm import delta_lstm
+from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
 from kernel_harness import (
     LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
@@ -220,11 +220,11 @@ def test_supports_and_dispatch(monkeypatch):
     assert "CUDA" in K.supports(q, k, v, beta, W0)
     reset = torch.zeros(2, 1, dtype=torch.bool)
     monkeypatch.setenv("FWRL_KERNELS", "auto")
-    y = dispatch.delta_lstm(*inputs, reset)[0]
+    y = delta_lstm(*inputs, reset)[0]
     assert torch.equal(y, delta_lstm_reference(*inputs, reset)[0])
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="no Triton Delta LSTM kernel can run"):
-        dispatch.delta_lstm(*inputs, reset)
+        delta_lstm(*inputs, reset)
 
 
 @needs_compiling_triton

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
+from fwrl.kernels.delta_rnn import delta_rnn
+from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 from kernel_harness import (
     LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
@@ -226,11 +226,11 @@ def test_supports_and_dispatch(monkeypatch):
     assert "CUDA" in K.supports(q, k, v, kr, vr)
     reset = torch.zeros(2, 1, dtype=torch.bool)
     monkeypatch.setenv("FWRL_KERNELS", "auto")
-    y = dispatch.delta_rnn(*inputs, reset)[0]
+    y = delta_rnn(*inputs, reset)[0]
     assert torch.equal(y, delta_rnn_reference(*inputs, reset)[0])
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="no Triton Delta RNN kernel can run"):
-        dispatch.delta_rnn(*inputs, reset)
+        delta_rnn(*inputs, reset)
 
 
 @needs_compiling_triton

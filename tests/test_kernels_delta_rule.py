@@ -1,7 +1,7 @@
 """Fused Triton sum / delta rule against the float64 PyTorch reference.
 
 The kernels run on CPU through the Triton interpreter: a private copy of
-``fwrl.kernels.triton.delta_rule`` is imported with ``TRITON_INTERPRET=1`` set
+``fwrl.kernels.delta_rule.fused_recurrent`` is imported with ``TRITON_INTERPRET=1`` set
 only while it loads (so the module other tests import is left compiled for
 GPUs), and the variable is set per test by the autouse ``_interpret`` fixture
 (both from ``kernel_harness.py``). Shapes are tiny because the interpreter costs
@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fwrl.kernels.reference.delta_rule import delta_rule_reference
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.delta_rule.naive import delta_rule_reference
 from kernel_harness import (
     LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
@@ -32,7 +33,6 @@ from kernel_harness import (
 KERNEL = "delta_rule"
 K = load_kernel_module(KERNEL, interpret=True)
 RULES = ("delta", "sum")
-GRAD_MODES = ("full", "step")
 FEATURE_MAPS = ("elu1_sumnorm", "softmax")
 
 

@@ -1,4 +1,4 @@
-"""Which backend runs each recurrence (``fwrl.kernels.dispatch``), and how it says so.
+"""Which backend runs each rule (``fwrl.kernels.dispatch``), and how it says so.
 
 CUDA inputs that fall back to the reference must warn (once per layer and
 reason) with the reason and what would avoid it; CPU inputs must not warn; the
@@ -9,6 +9,7 @@ handing dispatch the interpreted kernel modules (``kernel_harness``).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import warnings
 
@@ -17,8 +18,10 @@ import torch
 
 from fwrl.errors import FwrlError
 from fwrl.kernels import dispatch
-from fwrl.kernels.reference.delta_rule import delta_rule_reference
-from fwrl.kernels.reference.rdn import rdn_reference
+from fwrl.kernels.delta_rule import delta_rule
+from fwrl.kernels.delta_rule.naive import delta_rule_reference
+from fwrl.kernels.rdn import rdn
+from fwrl.kernels.rdn.naive import rdn_reference
 from fwrl.memory_modules import build_core
 from kernel_harness import load_kernel_module
 
@@ -55,7 +58,7 @@ def test_cpu_runs_the_reference_without_a_warning(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        y, _, _ = dispatch.rdn(*inputs, reset, layer="core.blocks.0.fwp")
+        y, _, _ = rdn(*inputs, reset, layer="core.blocks.0.fwp")
     assert torch.equal(y, rdn_reference(*inputs, reset)[0])
     assert _fallbacks(record) == []
     logs = [r.getMessage() for r in caplog.records if r.name == LOGGER]
@@ -71,12 +74,12 @@ def test_cuda_fallback_warns_once_per_layer_and_reason(monkeypatch, caplog):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         for _ in range(3):
-            dispatch.rdn(*inputs, reset, layer="a")
-        dispatch.rdn(*inputs, reset, layer="b")
+            rdn(*inputs, reset, layer="a")
+        rdn(*inputs, reset, layer="b")
         big, reset_big = _rdn_inputs(d=128)
-        dispatch.rdn(*big, reset_big, layer="a")
+        rdn(*big, reset_big, layer="a")
         wide = inputs[:8] + [torch.zeros(1, 1, 8, 16, dtype=torch.float64), inputs[9]]
-        dispatch.rdn(*wide, reset, feature_map="dpfp-1", layer="a")  # 16 key features
+        rdn(*wide, reset, feature_map="dpfp-1", layer="a")  # 16 key features
     messages = [str(w.message) for w in _fallbacks(record)]
     assert len(messages) == 4, messages  # a: dtype, b: dtype, a: head dim, a: dpfp
     dtype_a, dtype_b, head_a, dpfp_a = messages
@@ -98,7 +101,7 @@ def test_reference_chosen_on_purpose_is_silent(monkeypatch, caplog):
     inputs, reset = _rdn_inputs(dtype=torch.float64)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        dispatch.rdn(*inputs, reset, layer="a")
+        rdn(*inputs, reset, layer="a")
     assert _fallbacks(record) == []
     assert any("FWRL_KERNELS=reference" in r.getMessage() for r in caplog.records)
 
@@ -106,18 +109,22 @@ def test_reference_chosen_on_purpose_is_silent(monkeypatch, caplog):
 def test_triton_not_importable_says_how_to_install(monkeypatch):
     monkeypatch.setattr(dispatch, "_on_cuda", lambda x: True)
 
-    def no_triton(name):
-        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+    real_import = builtins.__import__
 
-    monkeypatch.setattr(dispatch.importlib, "import_module", no_triton)
+    def no_triton(name, *args, **kwargs):  # no fused kernel can be imported
+        if name.rpartition(".")[2] == "fused_recurrent":
+            raise ModuleNotFoundError("No module named 'triton'", name="triton")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_triton)
     q = torch.randn(2, 1, 1, 8)
     W0 = torch.zeros(1, 1, 8, 8)
     with pytest.warns(dispatch.KernelFallbackWarning, match=r"pip install -e '\.\[kernels\]'"):
-        dispatch.delta_rule(q, q, q, q[..., 0], W0, torch.zeros(2, 1, dtype=torch.bool),
+        delta_rule(q, q, q, q[..., 0], W0, torch.zeros(2, 1, dtype=torch.bool),
                             layer="lt")
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="Triton is not importable"):
-        dispatch.delta_rule(q, q, q, q[..., 0], W0, torch.zeros(2, 1, dtype=torch.bool))
+        delta_rule(q, q, q, q[..., 0], W0, torch.zeros(2, 1, dtype=torch.bool))
 
 
 def test_fallback_message_names_layer_reason_and_remedy():
@@ -131,7 +138,8 @@ def test_fallback_message_names_layer_reason_and_remedy():
 def test_triton_path_is_logged_and_does_not_warn(monkeypatch, caplog):
     """The interpreted kernel module handed to dispatch: supported inputs run Triton."""
     interpreted = load_kernel_module("delta_rule", interpret=True)
-    monkeypatch.setattr(dispatch, "_kernel_module", lambda kernel: (interpreted, None))
+    fused = dispatch.Fused(interpreted.delta_rule_triton, interpreted.supports)
+    monkeypatch.setattr(dispatch, "_load_fused", lambda load: (fused, None))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     caplog.set_level(logging.INFO, logger=LOGGER)
     g = torch.Generator().manual_seed(1)
@@ -140,8 +148,8 @@ def test_triton_path_is_logged_and_does_not_warn(monkeypatch, caplog):
     reset = torch.zeros(2, 1, dtype=torch.bool)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        y, _ = dispatch.delta_rule(q, k, v, beta, W0, reset, layer="dn")
-        dispatch.delta_rule(q, k, v, beta, W0, reset, layer="dn")
+        y, _ = delta_rule(q, k, v, beta, W0, reset, layer="dn")
+        delta_rule(q, k, v, beta, W0, reset, layer="dn")
     assert _fallbacks(record) == []
     torch.testing.assert_close(y, delta_rule_reference(q, k, v, beta, W0, reset)[0],
                                atol=1e-6, rtol=1e-5)
@@ -169,8 +177,9 @@ def test_cores_name_their_layers(core_name, caplog):
 
 
 def _kernel_and_args(core):
-    """The compiled ``<core>_triton`` with flat outputs, and its inputs at a small shape."""
-    from fwrl.kernels import benchmark
+    """The compiled ``<core>_triton`` (of ``fwrl/kernels/<core>/fused_recurrent.py``) with flat
+    outputs, and its inputs at a small shape."""
+    from fwrl.launch.bench import kernels as benchmark
 
     fn = getattr(load_kernel_module(core, interpret=False), f"{core}_triton")
     if core == "srwm":

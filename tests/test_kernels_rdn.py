@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.rdn import rdn_reference
+from fwrl.kernels.rdn import rdn
+from fwrl.kernels.rdn.naive import rdn_reference
 from kernel_harness import (
     LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
@@ -226,11 +226,11 @@ def test_supports_and_dispatch(monkeypatch):
     assert "CUDA" in K.supports(xq, xk, xv, xb, Rq, W0)
     reset = torch.zeros(2, 1, dtype=torch.bool)
     monkeypatch.setenv("FWRL_KERNELS", "auto")
-    y, _, _ = dispatch.rdn(*inputs, reset)
+    y, _, _ = rdn(*inputs, reset)
     assert torch.equal(y, rdn_reference(*inputs, reset)[0])
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="no Triton RDN kernel can run"):
-        dispatch.rdn(*inputs, reset)
+        rdn(*inputs, reset)
 
 
 @needs_compiling_triton
@@ -267,7 +267,7 @@ def test_compiles_for_sm90_without_spills():
         bd, fwd_warps, bwd_warps = C._block_sizes(d)
         io = {n: f"*{dtype}" for n in ("XQ", "XK", "XV", "XB", "Y", "DY", "DXQ", "DXK", "DXV", "DXB")}
         io.update(RESET="*i8", START="*i32")
-        keep_s = dtype != "fp32"  # s is recorded where y is rounded (rdn._keeps_s)
+        keep_s = dtype != "fp32"  # s is recorded where y is rounded (fused_recurrent._keeps_s)
         fwd = _compile_sm90(C._forward_kernel, io,
                             dict(D=d, BD=bd, FMAP=2, STORE=True, KEEP_S=keep_s, EPS=1e-5),
                             fwd_warps)

@@ -3,7 +3,7 @@
 Set up as ``test_kernels_delta_rule.py`` is (interpreter copy of the kernel module,
 sm_90 compile-only check; shared pieces in ``kernel_harness.py``). Both paths are
 tested: the whole matrix in one program's registers, and the split path of
-``srwm_split`` (W^y's rows over programs), forced at small head dims with
+``fused_recurrent_split`` (W^y's rows over programs), forced at small head dims with
 ``split_rows`` and taken on its own by SR-DeltaNet at d = 64 (Dy = 193).
 """
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.srwm import srwm_reference
+from fwrl.kernels.srwm import srwm
+from fwrl.kernels.srwm.naive import srwm_reference
 from kernel_harness import (
     LAUNCH_INTS,
     _interpret,  # noqa: F401  (the autouse fixture: TRITON_INTERPRET=1 in every test)
@@ -271,12 +271,12 @@ def test_supports_and_dispatch(monkeypatch):
     offsets = tuple(t.float() for t in slow_off[4:])
     reset = torch.zeros(2, 1, dtype=torch.bool)
     monkeypatch.setenv("FWRL_KERNELS", "auto")
-    y, _ = dispatch.srwm(x, *slow, offsets, reset)
+    y, _ = srwm(x, *slow, offsets, reset)
     y_r, _ = srwm_reference(x, *slow, offsets, reset)
     assert torch.equal(y, y_r)
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="no Triton SRWM kernel can run"):
-        dispatch.srwm(x, *slow, offsets, reset)
+        srwm(x, *slow, offsets, reset)
 
 
 @needs_compiling_triton
@@ -331,7 +331,7 @@ def test_compiles_for_sm90_without_spills():
             )
 
 
-# The split path (srwm_split) as the dispatch takes it: SR-DeltaNet at d = 64
+# The split path (fused_recurrent_split) as the dispatch takes it: SR-DeltaNet at d = 64
 # (Dy = 193) and d = 40 (Dy = 121), and shapes beyond WARPS at head dims 16 and
 # 32 (padded Dy of 256), with the default rows per program.
 SPLIT_COMPILE_CASES = [(64, 193, "fp32"), (64, 193, "bf16"), (40, 121, "bf16"),
@@ -342,7 +342,7 @@ SPLIT_COMPILE_CASES = [(64, 193, "fp32"), (64, 193, "bf16"), (40, 121, "bf16"),
 def test_split_kernels_compile_for_sm90_without_spills():
     skip_without_sm90_toolchain()
     C = load_kernel_module(KERNEL, interpret=False)
-    P = C.split_forward.__globals__  # the srwm_split module of the same package copy
+    P = C.split_forward.__globals__  # the fused_recurrent_split module of the same package copy
     for d, dy, dtype in SPLIT_COMPILE_CASES:
         rows = C._split_rows(d, dy, None)
         assert rows == C.SPLIT_ROWS, f"d={d}, Dy={dy} does not take the split path"

@@ -11,6 +11,13 @@ Inside ``launch``, one folder (or module) per job, in the same one-way order:
 ``settings`` (config models, flags, presets, core catalogue) < ``evaluation`` <
 ``training`` (which runs periodic evaluations) < the other commands (``bench``,
 ``plot``, ``sweep``, ``report``) < ``cli``.
+
+Inside ``kernels`` (which imports nothing of ``memory_modules``, ``agents`` or
+``launch``: it is below them), one folder per rule (``fwrl.kernels.<rule>``: its
+public function, ``naive``, ``fused_recurrent``) beside the shared modules
+(:data:`KERNEL_SHARED`). A rule's folder imports its own modules, the shared
+ones and ``fwrl.errors`` / ``fwrl.utils``, never another rule; the shared
+modules import no rule.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules
 # fwrl.launch.<part>: the folders (and single-module commands) of the launch layer, lowest first
 LAUNCH_RANK = {"": 0, "settings": 0, "evaluation": 1, "training": 2, "bench": 3, "plot": 3, "sweep": 3, "report": 3,
                "cli": 4}
+
+
+# The modules of fwrl.kernels every rule may import (the package itself holds GRAD_MODES)
+KERNEL_SHARED = ("fwrl.kernels", "fwrl.kernels.dispatch", "fwrl.kernels.feature_maps", "fwrl.kernels.triton",
+                 "fwrl.kernels.triton.common")
 
 
 def module_name(path: Path) -> str:
@@ -113,6 +125,49 @@ def test_launch_folders_import_downwards():
     assert not violations, "launch folders out of order:\n" + "\n".join(violations)
 
 
+def kernel_rule(name: str) -> str:
+    """``rdn`` for ``fwrl.kernels.rdn.naive`` (a module of a rule's folder); ``""`` for a shared module."""
+    parts = name.split(".")
+    return parts[2] if layer(name) == "kernels" and name not in KERNEL_SHARED and len(parts) > 2 else ""
+
+
+def kernel_rule_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import inside ``kernels`` out of the rules' order: a rule's
+    module importing another rule or anything above ``utils`` but the shared kernel modules, or a
+    shared module importing a rule."""
+    found = []
+    for name, targets in graph.items():
+        if layer(name) != "kernels":
+            continue
+        rule = kernel_rule(name)
+        for target in targets:
+            if kernel_rule(target):
+                allowed = kernel_rule(target) == rule  # a rule's own folder; never from a shared module
+            else:
+                allowed = target in KERNEL_SHARED or layer_rank(target) == 0
+            if not allowed:
+                found.append(f"{name} -> {target}")
+    return sorted(found)
+
+
+def test_every_kernel_module_is_shared_or_in_a_rule_folder():
+    kernels = [name for name in MODULES if layer(name) == "kernels"]
+    missing = sorted(set(KERNEL_SHARED) - set(kernels))
+    assert not missing, f"shared kernel modules not found: {missing}"
+    rules = {kernel_rule(name) for name in kernels} - {""}
+    assert rules >= {"delta_rule", "rdn", "delta_rnn", "delta_lstm", "srwm", "elstm_rtrl"}, rules
+    loose = sorted(name for name in kernels if not kernel_rule(name) and name not in KERNEL_SHARED)
+    assert not loose, f"kernel modules neither shared nor in a rule's folder: {loose}"
+    for rule in rules:  # a folder (package) with the PyTorch reference that defines its maths
+        assert MODULES[f"fwrl.kernels.{rule}"].name == "__init__.py", rule
+        assert f"fwrl.kernels.{rule}.naive" in MODULES, f"fwrl/kernels/{rule}/ has no naive.py"
+
+
+def test_kernel_rules_import_only_shared_kernel_modules():
+    violations = kernel_rule_violations(GRAPH)
+    assert not violations, "kernel rules out of order:\n" + "\n".join(violations)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -162,3 +217,12 @@ def test_the_checks_catch_cycles_and_upward_imports():
     assert "fwrl.envs.backends" in GRAPH["fwrl.launch.evaluation.episodes"]
     assert upward_imports({"fwrl.launch.settings.config": {"fwrl.launch.plot"}}, launch_rank) == [
         "fwrl.launch.settings.config -> fwrl.launch.plot"]
+    assert kernel_rule_violations({
+        "fwrl.kernels.delta_lstm.naive": {"fwrl.kernels.delta_rnn.naive", "fwrl.kernels.feature_maps", "fwrl.errors"},
+        "fwrl.kernels.srwm.fused_recurrent": {"fwrl.kernels.srwm.fused_recurrent_split", "fwrl.kernels.triton.common",
+                                              "fwrl.envs.spec"},
+        "fwrl.kernels.dispatch": {"fwrl.kernels.rdn"}}) == [
+        "fwrl.kernels.delta_lstm.naive -> fwrl.kernels.delta_rnn.naive", "fwrl.kernels.dispatch -> fwrl.kernels.rdn",
+        "fwrl.kernels.srwm.fused_recurrent -> fwrl.envs.spec"]
+    assert {"fwrl.kernels.srwm.fused_recurrent_split", "fwrl.kernels.triton.common", "fwrl.kernels"} <= GRAPH[
+        "fwrl.kernels.srwm.fused_recurrent"]  # relative imports inside kernels resolve

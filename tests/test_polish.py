@@ -344,16 +344,17 @@ def test_yaml_errors_name_line_and_column(flag, tmp_path, monkeypatch):
 
 
 def test_bench_kernels_json_path_and_its_deprecated_alias(capsys):
-    from fwrl.kernels import benchmark
+    from fwrl.launch.bench import kernels as benchmark
 
     assert benchmark._parser().parse_args(["--json-path", "a.json"]).json_path == "a.json"
     assert benchmark._parser().parse_args(["--json", "b.json"]).json_path == "b.json"
 
 
 def test_missing_triton_names_the_extra(monkeypatch):
-    from fwrl.kernels import benchmark
+    from fwrl.launch.bench import kernels as benchmark
 
-    for name in [m for m in sys.modules if m == "triton" or m.startswith(("triton.", "fwrl.kernels.triton"))]:
+    for name in [m for m in sys.modules if m == "triton" or m.startswith(("triton.", "fwrl.kernels.triton"))
+                 or m.startswith("fwrl.kernels.") and ".fused_recurrent" in m]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "triton", None)
     args = benchmark._parser().parse_args(["--core", "rdn", "--dry-run"])

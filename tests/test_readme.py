@@ -33,13 +33,13 @@ def parser_options(*command: str) -> set[str]:
 
 
 def test_readme_commands_parse():
-    from fwrl.kernels.benchmark import _parser as kernel_bench_parser
+    from fwrl.launch.bench.kernels import _parser as kernel_bench_parser
 
     commands = readme_commands()
     assert len(commands) > 15
     for argv in commands:
         args, unknown = build_parser().parse_known_args(argv)
-        if argv[:2] == ["bench", "kernels"]:  # its options belong to fwrl.kernels.benchmark
+        if argv[:2] == ["bench", "kernels"]:  # its options belong to fwrl.launch.bench.kernels
             kernel_bench_parser().parse_args(unknown)
         else:
             assert not unknown, argv

@@ -382,7 +382,7 @@ def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[s
     FLA's fused recurrent kernel at the RL shape), the register-cap A/B at the large shape, then
     bf16, each core's other preset shapes, FLA's chunked kernel and last ``torch.compile`` of
     the reference (compiles are slow)."""
-    from fwrl.kernels.benchmark import CORE_SHAPES
+    from fwrl.launch.bench.kernels import CORE_SHAPES
 
     def text(shapes) -> list[str]:
         return [",".join(map(str, shape)) for shape in shapes]

@@ -1,8 +1,36 @@
-"""Fast-weight recurrences: PyTorch references (the maths) and fused Triton kernels.
+"""Fast-weight recurrences, one folder per rule (as flash-linear-attention's ``fla/ops``).
 
-Public entry points live in ``fwrl.kernels.dispatch``; each takes per-step
-pre-activations, an initial state and a per-step reset mask, and returns the
-per-step outputs and the final state, so a whole rollout is one call.
+Each rule's folder ``fwrl/kernels/<rule>/`` holds:
+
+- ``__init__.py``: the rule's one public function (``from fwrl.kernels.rdn import rdn``), the
+  entry point the memory modules call. It takes per-step pre-activations, an initial state and
+  a per-step reset mask, and returns the per-step outputs and the final state, so a whole
+  rollout is one call; it runs the fused kernel where it can, otherwise the reference
+  (``dispatch`` chooses);
+- ``naive.py``: the PyTorch reference, a per-step loop that defines the maths (with the
+  paper's equation numbers);
+- ``fused_recurrent.py``: the fused Triton kernel, its autograd wrapper and ``supports(...)``
+  (whether the kernel takes given inputs, and if not why).
+
+The rules: ``delta_rule`` (sum / delta rule, paper 001), ``rdn``, ``delta_rnn`` and
+``delta_lstm`` (paper 000), ``srwm`` (paper 002; its split kernel, W^y's rows over programs,
+is ``srwm/fused_recurrent_split.py``) and ``elstm_rtrl`` (paper 004; PyTorch only).
+
+Shared by the rules, and importing none of them: this package (``GRAD_MODES``),
+``feature_maps`` (phi of queries and keys), ``dispatch`` (the backend choice) and
+``triton.common`` (the Triton helpers of every fused kernel). Importing a rule does not
+import Triton; its fused kernel does, when a call may use it.
 """
 
-from fwrl.kernels.dispatch import delta_rule, kernel_backend  # noqa: F401
+from fwrl.errors import unknown_choice
+
+# The gradient modes every fast-weight rule takes: ``full`` back-propagates through the
+# carried state across the sequence; ``step`` cuts the gradient through it at every step
+# (the original authors' RL code ran one step at a time with a detached state).
+GRAD_MODES = ("full", "step")
+
+
+def check_grad_mode(grad_mode: str) -> None:
+    """Raise the error that lists ``GRAD_MODES`` for any other ``grad_mode``."""
+    if grad_mode not in GRAD_MODES:
+        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)

@@ -1,4 +1,8 @@
-"""Choose the fused Triton kernel or the PyTorch reference for each recurrence.
+"""Choose the fused Triton kernel or the PyTorch reference for each call of a rule.
+
+Every rule's entry point (``fwrl.kernels.<rule>``) calls :func:`dispatch` with its
+reference (``naive``) and a loader of its fused kernel (``fused_recurrent``, imported on
+the first call that may use it: importing a rule does not import Triton).
 
 CUDA tensors with a shape a kernel supports use Triton; everything else uses
 the reference. ``FWRL_KERNELS=reference|triton`` forces one (forcing triton
@@ -16,17 +20,15 @@ the warning). CPU inputs run the reference without a warning.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
 from fwrl.errors import FwrlError, install_command, unknown_choice
-from fwrl.kernels.reference.delta_rule import delta_rule_reference
 
 BACKENDS = ("auto", "reference", "triton")
 
@@ -40,6 +42,14 @@ _warned: set[tuple[str, str, str]] = set()
 
 class KernelFallbackWarning(UserWarning):
     """A CUDA input runs the (much slower) PyTorch reference instead of a fused kernel."""
+
+
+class Fused(NamedTuple):
+    """A rule's fused kernel: ``run`` takes the arguments of the rule's reference;
+    ``supports`` says why it cannot run on given inputs (None when it can)."""
+
+    run: Callable[..., Any]
+    supports: Callable[..., str | None]
 
 
 def kernel_backend() -> str:
@@ -99,175 +109,46 @@ def _warn_fallback(layer: str, kernel: str, reason: str) -> None:
     warnings.warn(fallback_message(kernel, layer, reason), KernelFallbackWarning, stacklevel=4)
 
 
-def _kernel_module(kernel: str) -> tuple[Any, str | None]:
-    """(``fwrl.kernels.triton.<kernel>``, None), or (None, why it cannot be imported)."""
+def _load_fused(load: Callable[[], Fused]) -> tuple[Fused | None, str | None]:
+    """(the rule's fused kernel, None), or (None, why it cannot be imported)."""
     try:
-        return importlib.import_module(f"fwrl.kernels.triton.{kernel}"), None
+        return load(), None
     except ImportError as exc:
         return None, (f"Triton is not importable ({exc}; install it with "
                       f"{install_command('kernels')})")
 
 
-def _dispatch(
+def dispatch(
     kernel: str,
     reference: Callable[..., Any],
+    fused: Callable[[], Fused],
     args: tuple,
     kwargs: dict[str, Any],
     supports_args: tuple,
     cannot_run: str,
     layer: str | None,
 ) -> Any:
-    """``<kernel>_triton(*args, **kwargs)`` from ``fwrl.kernels.triton.<kernel>`` where the
-    backend allows Triton and its ``supports(*supports_args, **kwargs)`` gives no reason
-    against; otherwise ``reference(*args, **kwargs)``, or under ``FWRL_KERNELS=triton`` an
-    error "FWRL_KERNELS=triton but <cannot_run>: <reason>.". Logs the choice once per
-    ``layer``; warns once per layer and reason when a CUDA input falls back."""
+    """The fused kernel ``fused().run(*args, **kwargs)`` where the backend allows Triton and
+    its ``supports(*supports_args, **kwargs)`` gives no reason against; otherwise
+    ``reference(*args, **kwargs)``, or under ``FWRL_KERNELS=triton`` an error
+    "FWRL_KERNELS=triton but <cannot_run>: <reason>.". Logs the choice once per ``layer``;
+    warns once per layer and reason when a CUDA input falls back. ``kernel`` names the rule
+    in these messages."""
     backend = kernel_backend()
     x = supports_args[0]
     layer = layer or f"{kernel} (unnamed)"
     if backend == "reference":
         _announce(layer, kernel, "reference", x, "FWRL_KERNELS=reference")
         return reference(*args, **kwargs)
-    module, reason = _kernel_module(kernel)
-    if module is not None:
-        reason = module.supports(*supports_args, **kwargs)
+    triton_kernel, reason = _load_fused(fused)
+    if triton_kernel is not None:
+        reason = triton_kernel.supports(*supports_args, **kwargs)
         if reason is None:
             _announce(layer, kernel, "triton", x)
-            return getattr(module, f"{kernel}_triton")(*args, **kwargs)
+            return triton_kernel.run(*args, **kwargs)
     if backend == "triton":
         raise FwrlError(f"FWRL_KERNELS=triton but {cannot_run}: {reason}.")
     if _on_cuda(x):
         _warn_fallback(layer, kernel, reason)
     _announce(layer, kernel, "reference", x, reason)
     return reference(*args, **kwargs)
-
-
-def delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    W0: Tensor,
-    reset: Tensor,
-    *,
-    rule: str = "delta",
-    feature_map: str = "elu1_sumnorm",
-    grad_mode: str = "full",
-    layer: str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Sum / delta rule over a whole sequence (paper 001 Eq. 20-25; see ``reference.delta_rule``)."""
-    return _dispatch(
-        "delta_rule", delta_rule_reference, (q, k, v, beta, W0, reset),
-        dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode), (q, k, v),
-        "the delta-rule kernel cannot run", layer,
-    )
-
-
-# --------------------------------------------------------------------------- recurrent FWPs
-# RDN, Delta RNN and Delta LSTM (paper 000), chosen like the delta rule.
-
-
-def rdn(
-    xq: Tensor,
-    xk: Tensor,
-    xv: Tensor,
-    xb: Tensor,
-    Rq: Tensor,
-    Rk: Tensor,
-    Rv: Tensor,
-    rb: Tensor,
-    W0: Tensor,
-    h0: Tensor,
-    reset: Tensor,
-    *,
-    feature_map: str = "softmax",
-    grad_mode: str = "full",
-    layer: str | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Recurrent Delta Net over a whole sequence (paper 000 Eq. 15-18; see ``reference.rdn``)."""
-    from fwrl.kernels.reference.rdn import rdn_reference
-
-    return _dispatch(
-        "rdn", rdn_reference, (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset),
-        dict(feature_map=feature_map, grad_mode=grad_mode), (xq, xk, xv, xb, Rq, W0),
-        "no Triton RDN kernel can run on these inputs (dispatch.rdn)", layer,
-    )
-
-
-def delta_rnn(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    kr: Tensor,
-    vr: Tensor,
-    betar: Tensor,
-    W0: Tensor,
-    R0: Tensor,
-    h0: Tensor,
-    reset: Tensor,
-    *,
-    feature_map: str = "softmax",
-    grad_mode: str = "full",
-    layer: str | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Delta RNN over a whole sequence (paper 000 Eq. 12; see ``reference.delta_rnn``)."""
-    from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
-
-    return _dispatch(
-        "delta_rnn", delta_rnn_reference, (q, k, v, beta, kr, vr, betar, W0, R0, h0, reset),
-        dict(feature_map=feature_map, grad_mode=grad_mode), (q, k, v, kr, vr),
-        "no Triton Delta RNN kernel can run on these inputs (dispatch.delta_rnn)", layer,
-    )
-
-
-def delta_lstm(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    W0: Tensor,
-    c0: Tensor,
-    y0: Tensor,
-    reset: Tensor,
-    *,
-    grad_mode: str = "full",
-    layer: str | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Delta LSTM over a whole sequence (paper 000 App. A.2 Eq. 36-40; see
-    ``reference.delta_lstm``)."""
-    from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
-
-    return _dispatch(
-        "delta_lstm", delta_lstm_reference, (q, k, v, beta, W0, c0, y0, reset),
-        dict(grad_mode=grad_mode), (q, k, v, beta, W0),
-        "no Triton Delta LSTM kernel can run on these inputs (dispatch.delta_lstm)", layer,
-    )
-
-
-# --------------------------------------------------------------------------- SRWM (paper 002)
-# The self-referential weight matrix (SRWM, Fake SR, SR-DeltaNet cores), chosen
-# the same way.
-
-
-def srwm(
-    x: Tensor,
-    W_y: Tensor,
-    W_q: Tensor,
-    W_k: Tensor,
-    w_b: Tensor,
-    offsets: tuple[Tensor, Tensor, Tensor, Tensor],
-    reset: Tensor,
-    *,
-    input_map: str = "softmax",
-    grad_mode: str = "full",
-    layer: str | None = None,
-) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """SRWM recurrence over a whole sequence (paper 002 Eq. 5-8; see ``reference.srwm``)."""
-    from fwrl.kernels.reference.srwm import srwm_reference
-
-    return _dispatch(
-        "srwm", srwm_reference, (x, W_y, W_q, W_k, w_b, offsets, reset),
-        dict(input_map=input_map, grad_mode=grad_mode), (x, W_y, W_q, W_k, w_b),
-        "no Triton SRWM kernel can run on these inputs (dispatch.srwm)", layer,
-    )

@@ -335,7 +335,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(run=run_bench_envs)
     k = bsub.add_parser("kernels", help="fast-weight kernel timings (needs a GPU); --help lists its options",
                         add_help=False)
-    # its options belong to fwrl.kernels.benchmark, which parses them (see main)
+    # its options belong to fwrl.launch.bench.kernels, which parses them (see main)
     k.set_defaults(run=run_bench_kernels, passes_unknown_args=True)
 
 

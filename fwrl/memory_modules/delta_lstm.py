@@ -9,10 +9,10 @@ paper: separate slow weights for each matrix).
 
 Per head the slow net emits ``[q | k_1..k_6 | v_1..v_6 | beta_1..beta_6]``
 (13d + 6), matrices in the order of
-:data:`fwrl.kernels.reference.delta_lstm.MATRICES`. Queries and keys use
+:data:`fwrl.kernels.delta_lstm.naive.MATRICES`. Queries and keys use
 softmax (the only feature map offered: the recurrent query is a softmax, and
 the six matrices share one square shape). The recurrence runs in
-:func:`fwrl.kernels.dispatch.delta_lstm`. The paper reports no Atari run of
+:func:`fwrl.kernels.delta_lstm.delta_lstm`. The paper reports no Atari run of
 this core; with the Atari defaults the agent has about 1.85 M parameters.
 """
 
@@ -23,8 +23,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.delta_lstm import MATRICES
+from fwrl.kernels.delta_lstm import delta_lstm
+from fwrl.kernels.delta_lstm.naive import MATRICES
+from fwrl.kernels.dispatch import kernel_layer_name
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.utils.settings import redefault
@@ -66,9 +67,9 @@ class DeltaLSTMLayer(FastWeightLayer):
         k = p[..., d : d + M * d].reshape(T, B, H, M, d)
         v = p[..., d + M * d : d + 2 * M * d].reshape(T, B, H, M, d)
         beta = p[..., d + 2 * M * d :]
-        y, W, c, y_last = dispatch.delta_lstm(
+        y, W, c, y_last = delta_lstm(
             q, k, v, beta, state["W"], state["c"], state["y"], done, grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "c": c, "y": y_last}
 

@@ -9,7 +9,7 @@ the recurrent fast matrix R_t [d, d] by its own delta rule with (k_r, v_r,
 beta_r). f = softmax (denominator + 1e-6). Per head the slow net emits
 ``[q | k | v | beta | k_r | v_r | beta_r]`` (5d + 2). phi = softmax by
 default (REFERENCE §2). The recurrence runs in
-:func:`fwrl.kernels.dispatch.delta_rnn`. Atari agent: 1.6 M parameters.
+:func:`fwrl.kernels.delta_rnn.delta_rnn`. Atari agent: 1.6 M parameters.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.feature_maps import feature_dim
+from fwrl.kernels.delta_rnn import delta_rnn
+from fwrl.kernels.dispatch import kernel_layer_name
+from fwrl.kernels.feature_maps import feature_dim
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
@@ -63,10 +64,10 @@ class DeltaRNNLayer(FastWeightLayer):
         q, k, v, beta = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d]
         o = 3 * d + 1
         kr, vr, betar = p[..., o : o + d], p[..., o + d : o + 2 * d], p[..., o + 2 * d]
-        y, W, R, h = dispatch.delta_rnn(
+        y, W, R, h = delta_rnn(
             q, k, v, beta, kr, vr, betar, state["W"], state["R"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "R": R, "h": h}
 

@@ -17,7 +17,7 @@ Option ``grad``:
   ``s_wf``, ``s_bz``, ``s_bf``; zeroed with c on episode starts). Inference
   (T = 1, no grad) just advances them with the acting weights; the learner
   recomputes them from the rollout's initial ones with the current weights
-  (see ``fwrl.kernels.reference.elstm_rtrl``). The output gate is trained by
+  (see ``fwrl.kernels.elstm_rtrl.naive``). The output gate is trained by
   ordinary backprop; the input x (the vision stem) gets the one-step Jacobian.
 
 One layer only: with a second recurrent layer RTRL loses its tractability
@@ -40,7 +40,7 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fwrl.kernels.reference.elstm_rtrl import (
+from fwrl.kernels.elstm_rtrl.naive import (
     PARAM_KEYS,
     SENSITIVITY_KEYS,
     elstm_rtrl,
@@ -49,7 +49,7 @@ from fwrl.kernels.reference.elstm_rtrl import (
 )
 from fwrl.memory_modules.base import Core, CoreConfig, State, register_core
 
-GRAD_MODES = ("bptt", "rtrl")
+GRADIENT_METHODS = ("bptt", "rtrl")  # how the eLSTM core learns (not the fwp cores' GRAD_MODES)
 INIT_STD = 0.1
 
 
@@ -57,7 +57,7 @@ class ELSTMConfig(CoreConfig):
     hidden_size: int = Field(256, ge=1, description="eLSTM cells")
     num_layers: int = Field(1, ge=1, le=1, description="recurrent layers; exact RTRL is tractable for one "
                             "element-wise recurrent layer only (Paper 004, Sec. 5)")
-    grad: Literal[GRAD_MODES] = Field("bptt", description="truncated BPTT or exact RTRL, R2AC")
+    grad: Literal[GRADIENT_METHODS] = Field("bptt", description="truncated BPTT or exact RTRL, R2AC")
     forget_bias: float = Field(0.0, description="mean of the forget-gate bias init; its std stays 0.1")
 
 

@@ -19,10 +19,10 @@ from typing import Callable, Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fwrl.kernels.reference.feature_maps import FEATURE_MAPS
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import FEATURE_MAPS
 from fwrl.memory_modules.base import Core, CoreConfig, State
 
-GRAD_MODES = ("full", "step")
 # output_scale under its default (None, "auto"): 0.1 behind a convolutional stem (image frames), 1 (the
 # papers' code) behind the MLP stem. See :func:`auto_output_scale`.
 PIXEL_OUTPUT_SCALE = 0.1

@@ -25,8 +25,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.feature_maps import feature_dim
+from fwrl.kernels.delta_rule import delta_rule
+from fwrl.kernels.dispatch import kernel_layer_name
+from fwrl.kernels.feature_maps import feature_dim
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.utils.settings import redefault
@@ -47,7 +48,7 @@ class SlowNetFastWeightLayer(FastWeightLayer):
     ``rule="sum"``: per-head slice ``[q | k | v]`` (3d), sum rule (paper 001 Eq. 17).
     ``rule="delta"``: per-head slice ``[q | k | v | beta]`` (3d + 1), delta rule
     (paper 001 Eq. 20-25). The recurrence runs through
-    :func:`fwrl.kernels.dispatch.delta_rule` over the whole sequence.
+    :func:`fwrl.kernels.delta_rule.delta_rule` over the whole sequence.
     State: ``W`` [B, H, d, F] with F = feature size of phi.
     """
 
@@ -73,10 +74,10 @@ class SlowNetFastWeightLayer(FastWeightLayer):
         p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
         q, k, v = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d]
         beta = p[..., 3 * d] if self.rule == "delta" else None
-        y, W = dispatch.delta_rule(
+        y, W = delta_rule(
             q, k, v, beta, state["W"], done,
             rule=self.rule, feature_map=self.feature_map, grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W}
 

@@ -12,7 +12,7 @@ of each head get a recurrent term from the previous fast-net output h_{t-1}:
 then the delta rule of the Delta Net (paper 001 Eq. 20-25), h_t = W_t q_t.
 ``W_q, W_k, W_v, W_b`` are the per-head slices of ``slow_net`` (one GEMM over
 the whole sequence); ``R_q, R_k, R_v`` [H, d, d] and ``r_b`` [H, d] are per head
-and enter the recurrence (:func:`fwrl.kernels.dispatch.rdn`).
+and enter the recurrence (:func:`fwrl.kernels.rdn.rdn`).
 
 Initialisation (REFERENCE §2): R_q, R_k, R_v, r_b ~ N(0, 1/sqrt(d)), read as
 mean 0 and *standard deviation* 1/sqrt(d) (variance 1/d): with s in (-1, 1)^d
@@ -34,8 +34,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.feature_maps import feature_dim
+from fwrl.kernels.dispatch import kernel_layer_name
+from fwrl.kernels.feature_maps import feature_dim
+from fwrl.kernels.rdn import rdn
 from fwrl.memory_modules.base import Core, State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
@@ -79,11 +80,11 @@ class RDNLayer(FastWeightLayer):
         T, B, _ = x.shape
         d = self.head_dim
         p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
-        y, W, h = dispatch.rdn(
+        y, W, h = rdn(
             p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d],
             self.R_q, self.R_k, self.R_v, self.r_b, state["W"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         return y.reshape(T, B, self.out_size), {"W": W, "h": h}
 

@@ -44,9 +44,11 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fwrl.errors import FwrlError
-from fwrl.kernels import dispatch
-from fwrl.kernels.reference.srwm import INPUT_MAPS, NUM_RATES
-from fwrl.kernels.reference.feature_maps import apply_feature_map
+from fwrl.kernels.delta_rule import delta_rule
+from fwrl.kernels.dispatch import kernel_layer_name
+from fwrl.kernels.feature_maps import apply_feature_map
+from fwrl.kernels.srwm import srwm
+from fwrl.kernels.srwm.naive import INPUT_MAPS, NUM_RATES
 from fwrl.memory_modules.base import State, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.utils.settings import redefault
@@ -114,7 +116,7 @@ class _SelfReferentialLayer(FastWeightLayer):
     def _run_srwm(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         T, B, _ = x.shape
         heads = x.reshape(T, B, self.num_heads, self.head_dim)
-        y, offsets = dispatch.srwm(
+        y, offsets = srwm(
             heads,
             self.W_y,
             self.W_q,
@@ -124,7 +126,7 @@ class _SelfReferentialLayer(FastWeightLayer):
             done,
             input_map=self.input_map,
             grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         return y, dict(zip(OFFSET_KEYS, offsets))
 
@@ -168,7 +170,7 @@ class SRDeltaNetLayer(_SelfReferentialLayer):
         y, new_state = self._run_srwm(x, state, done)
         d = self.head_dim
         q, k, v, beta = torch.split(y, (d, d, d, 1), dim=-1)
-        out, W = dispatch.delta_rule(
+        out, W = delta_rule(
             q,
             k,
             v,
@@ -178,7 +180,7 @@ class SRDeltaNetLayer(_SelfReferentialLayer):
             rule="delta",
             feature_map=self.feature_map,
             grad_mode=self.grad_mode,
-            layer=dispatch.kernel_layer_name(self),
+            layer=kernel_layer_name(self),
         )
         new_state["W"] = W
         return out.flatten(2), new_state

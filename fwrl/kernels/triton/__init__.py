@@ -1,13 +1,10 @@
-"""Fused Triton kernels for the fast-weight recurrences (one launch per rollout).
+"""Triton helpers shared by every rule's fused kernel (``fwrl/kernels/<rule>/fused_recurrent.py``).
 
-Each kernel module (``delta_rule``, ``srwm``, ``rdn``, ``delta_rnn``,
-``delta_lstm``) exposes ``<name>_triton(...)`` with the signature of the
-matching reference in ``fwrl.kernels.reference`` and ``supports(...) -> str |
-None`` (``None`` when the kernel can run on those inputs, otherwise the reason
-and what would avoid it), which ``fwrl.kernels.dispatch`` uses to fall back
-to the reference. ``common`` holds the Triton helpers and Python utilities
-they share; the kernel modules import it relatively, so a copy of this package
-loaded under another name (the interpreter tests do) is self-consistent.
+``common`` holds the ``@triton.jit`` helpers and the Python utilities the kernels share
+(the interpreter check, the device / dtype reasons of ``supports``, the replay starts of
+the backward, the launch options). The kernel modules import it relatively
+(``from ..triton.common import ...``), so a copy of the ``fwrl/kernels`` package loaded under
+another name (the interpreter tests do, ``tests/kernel_harness.py``) is self-consistent.
 
-Importing this package does not import Triton; the kernel modules do.
+Importing this package does not import Triton; ``common`` does.
 """

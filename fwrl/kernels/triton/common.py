@@ -223,6 +223,15 @@ def interpreting() -> bool:
     return INTERPRETED and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def option_reasons(*options: tuple[str, str, tuple[str, ...]]) -> str | None:
+    """The first of the ``(name, value, choices)`` whose value is not one of its choices, as
+    a reason of ``supports`` ("<name> <value> is not one of <choices>"); None if none."""
+    for name, value, choices in options:
+        if value not in choices:
+            return f"{name} {value!r} is not one of {', '.join(choices)}"
+    return None
+
+
 def tensor_reasons(named: tuple[tuple[str, Tensor], ...]) -> str | None:
     """The first dtype or device problem of the named inputs, with what would fix it.
 

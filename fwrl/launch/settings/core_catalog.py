@@ -25,9 +25,10 @@ from typing import Any, Literal, Mapping
 
 PACKAGE = Path(__file__).resolve().parents[2]  # fwrl/
 CATALOGUE = Path(__file__).with_name("core_catalog.json")
-# what the cores' names, summaries and option models are built from (relative to fwrl/)
-SOURCES = ("memory_modules", "kernels/reference", "kernels/__init__.py", "kernels/dispatch.py",
-           "utils/settings.py")
+# what the cores' names, summaries and option models are built from (relative to fwrl/; a
+# folder stands for its .py files, a pattern with * for the files it matches)
+SOURCES = ("memory_modules", "kernels/__init__.py", "kernels/dispatch.py", "kernels/feature_maps.py",
+           "kernels/*/naive.py", "utils/settings.py")
 
 
 def fingerprint() -> str:
@@ -35,7 +36,8 @@ def fingerprint() -> str:
     digest = hashlib.sha256()
     for source in SOURCES:
         path = PACKAGE / source
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        files = (sorted(PACKAGE.glob(source)) if "*" in source
+                 else sorted(path.rglob("*.py")) if path.is_dir() else [path])
         for file in files:
             digest.update(file.relative_to(PACKAGE).as_posix().encode() + b"\0")
             digest.update(file.read_bytes() + b"\0")

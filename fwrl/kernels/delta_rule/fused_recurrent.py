@@ -1,6 +1,6 @@
 """Fused Triton sum rule / delta rule over a whole rollout (one launch per layer).
 
-The maths is ``fwrl.kernels.reference.delta_rule`` (paper 001, Eq. 20-21 for
+The maths is ``fwrl.kernels.delta_rule.naive`` (paper 001, Eq. 20-21 for
 the sum rule and Eq. 23-25 for the delta rule, read after the update):
 
     vbar_t = W_{t-1} phi(k_t)
@@ -50,15 +50,15 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
-from .common import (
+from ..triton.common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat, aligned,
-    launch_options, padded, replay_starts, tensor_reasons, warps_for,
+    launch_options, option_reasons, padded, replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
-GRAD_MODES = ("full", "step")
 # Feature maps computed inside the kernel (KERNEL_FEATURE_MAPS); "dpfp-N" is
 # applied in PyTorch before the kernel (which then runs with the identity map).
 FEATURE_MAPS = ("elu1_sumnorm", "softmax", "identity", "dpfp-1", "dpfp-2", "dpfp-3")
@@ -341,12 +341,10 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if rule not in RULES:
-        return f"rule {rule!r} is not one of {', '.join(RULES)}"
-    if feature_map not in FEATURE_MAPS:
-        return f"feature map {feature_map!r} is not one of {', '.join(FEATURE_MAPS)}"
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    reason = option_reasons(("rule", rule, RULES), ("feature map", feature_map, FEATURE_MAPS),
+                            ("grad_mode", grad_mode, GRAD_MODES))
+    if reason is not None:
+        return reason
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, D]"

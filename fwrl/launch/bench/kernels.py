@@ -6,16 +6,17 @@
 core's preset shapes, ``CORE_SHAPES``) and input dtype (``--dtype fp32 bf16``)
 it times:
 
-- ``reference``: the eager per-step PyTorch loop (``fwrl.kernels.reference``);
+- ``reference``: the eager per-step PyTorch loop (each rule's ``naive``, e.g.
+  ``fwrl.kernels.rdn.naive``);
 - ``compiled``: the same loop through ``torch.compile`` (compile time reported
   separately, as the first call, not in the timings);
-- ``triton``: the fused kernel (``fwrl.kernels.triton.<core>``), called
+- ``triton``: the fused kernel (``fwrl.kernels.<core>.fused_recurrent``), called
   directly (never through dispatch, so it cannot fall back unnoticed); for
   the delta rule once per ``--split`` (programs per (batch, head): 1, 2, 4, 8
   or auto); with ``--maxnreg N [N ...]``, once per register cap too (every
   launch of the row, forward and backward, at most N registers per thread:
-  ``triton.common.register_cap``; 255: the default), labelled ``triton[maxnreg=N]``
-  or ``triton[split=S,maxnreg=N]``, the row's ``maxnreg`` field N;
+  ``fwrl.kernels.triton.common.register_cap``; 255: the default), labelled
+  ``triton[maxnreg=N]`` or ``triton[split=S,maxnreg=N]``, the row's ``maxnreg`` field N;
 - ``fla_recurrent`` and ``fla_chunk`` (delta rule only, when ``fla`` is
   importable): fla-core's ``fused_recurrent_delta_rule`` and
   ``chunk_delta_rule`` (scale 1; chunk takes bf16 only). Episode ends become
@@ -48,30 +49,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
 from fwrl.errors import FwrlError, install_command
-from fwrl.kernels.reference.delta_lstm import delta_lstm_reference
-from fwrl.kernels.reference.delta_rnn import delta_rnn_reference
-from fwrl.kernels.reference.delta_rule import delta_rule_reference
-from fwrl.kernels.reference.feature_maps import apply_feature_map
-from fwrl.kernels.reference.rdn import rdn_reference
-from fwrl.kernels.reference.srwm import srwm_reference
+from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
+from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
+from fwrl.kernels.delta_rule.naive import delta_rule_reference
+from fwrl.kernels.feature_maps import apply_feature_map
+from fwrl.kernels.rdn.naive import rdn_reference
+from fwrl.kernels.srwm.naive import srwm_reference
 
 CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
-# The Triton module of each core where it is not the core's own name: SR-DeltaNet's
+# The rule of each core where it is not the core's own name: SR-DeltaNet's
 # self-referential matrix is the SRWM recurrence with Dy = 3d + 1 output rows (its
 # Delta Net layer's q, k, v, beta), which above d = 32 takes the split path.
-KERNEL_MODULES = {"sr_delta_net": "srwm"}
+RULES = {"sr_delta_net": "srwm"}
 # Preset shapes (B, T, H, D) per core: rollouts of T = unroll + 1 for a learner
 # batch B. Delta rule: Linear Transformer / Delta Net (Atari 4 x 32, ProcGen
 # 8 x 16, and a large 8 x 64); SRWM: ProcGen, 8 heads of 16; RDN / Delta RNN:
@@ -280,12 +281,36 @@ def _register_cap(cap: int | None):
     return register_cap(cap)
 
 
+def _fused(kernel: str) -> tuple[ModuleType, Runner]:
+    """The fused module of rule ``kernel`` (``fwrl.kernels.<kernel>.fused_recurrent``) and its
+    kernel, with flat outputs; importing it imports Triton (ImportError without it)."""
+    if kernel == "delta_rule":
+        import fwrl.kernels.delta_rule.fused_recurrent as fused
+
+        return fused, fused.delta_rule_triton
+    if kernel == "srwm":
+        import fwrl.kernels.srwm.fused_recurrent as fused
+
+        return fused, _flat_srwm(fused.srwm_triton)
+    if kernel == "rdn":
+        import fwrl.kernels.rdn.fused_recurrent as fused
+
+        return fused, fused.rdn_triton
+    if kernel == "delta_rnn":
+        import fwrl.kernels.delta_rnn.fused_recurrent as fused
+
+        return fused, fused.delta_rnn_triton
+    import fwrl.kernels.delta_lstm.fused_recurrent as fused
+
+    return fused, fused.delta_lstm_triton
+
+
 def _uncapped_triton_runners(core: str, args,
                              inputs) -> dict[str, tuple[Runner | None, str, dict]]:
     kwargs = _core_kwargs(core, args)
-    kernel = KERNEL_MODULES.get(core, core)
+    kernel = RULES.get(core, core)
     try:
-        module = importlib.import_module(f"fwrl.kernels.triton.{kernel}")
+        module, fn = _fused(kernel)
     except ImportError as exc:
         return {"triton": (None, f"Triton kernel unavailable ({exc}); install Triton with: "
                                  f"{install_command('kernels')}", {})}
@@ -300,9 +325,6 @@ def _uncapped_triton_runners(core: str, args,
     reason = module.supports(*supports_args, **kwargs)
     if reason is not None:
         return {"triton": (None, f"the kernel cannot run here: {reason}", {})}
-    fn = getattr(module, f"{kernel}_triton")
-    if kernel == "srwm":
-        fn = _flat_srwm(fn)
     if core != "delta_rule":
         return {"triton": (lambda *a: tuple(fn(*a, **kwargs)), "", {})}
     runners = {}

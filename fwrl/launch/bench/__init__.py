@@ -2,7 +2,9 @@
 
 Each ``bench_<name>`` is the body of ``fwrl bench <name>`` (see
 ``fwrl.launch.cli``) and returns the exit status; ``bench_throughput`` takes
-the TrainConfig the CLI resolved exactly as for ``fwrl train``.
+the TrainConfig the CLI resolved exactly as for ``fwrl train``. The kernel
+benchmark (``fwrl bench kernels``, which parses its own options) is the
+module ``kernels`` of this package.
 """
 
 from __future__ import annotations
@@ -654,7 +656,7 @@ def _throughput_paths_table(config: TrainConfig, measured: dict[str, list[tuple[
 # ----------------------------------------------------------------------------- bench kernels
 
 def bench_kernels(args: argparse.Namespace) -> int:
-    """``fwrl bench kernels ...``: the options are those of ``fwrl.kernels.benchmark``."""
-    from fwrl.kernels.benchmark import main
+    """``fwrl bench kernels ...``: the options are those of ``fwrl.launch.bench.kernels``."""
+    from fwrl.launch.bench.kernels import main
 
     return main(args.rest)

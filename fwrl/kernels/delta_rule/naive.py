@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fwrl.kernels.reference.feature_maps import apply_feature_map
+from fwrl.kernels.feature_maps import apply_feature_map
 
 
 def delta_rule_reference(

@@ -37,10 +37,10 @@ import torch
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import apply_feature_map
+from fwrl.kernels import check_grad_mode
+from fwrl.kernels.feature_maps import apply_feature_map
 
 INPUT_MAPS = ("softmax", "identity")
-GRAD_MODES = ("full", "step")
 NUM_RATES = 4  # one learning rate per sub-matrix y, q, k, b (App. A)
 
 Offsets = tuple[Tensor, Tensor, Tensor, Tensor]
@@ -49,8 +49,7 @@ Offsets = tuple[Tensor, Tensor, Tensor, Tensor]
 def check_srwm_args(input_map: str, grad_mode: str) -> None:
     if input_map not in INPUT_MAPS:
         raise unknown_choice("SRWM input map", input_map, INPUT_MAPS)
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_grad_mode(grad_mode)
 
 
 def rate_index(rows: tuple[int, int, int, int], device=None) -> Tensor:

@@ -1,6 +1,6 @@
 """Fused Triton Delta LSTM over a whole rollout (forward and backward).
 
-The maths is ``fwrl.kernels.reference.delta_lstm`` (paper 000, App. A.2,
+The maths is ``fwrl.kernels.delta_lstm.naive`` (paper 000, App. A.2,
 version D, Eq. 36-40). Per (batch row, head), six fast matrices
 M = (W_u, W_f, W_o, R_u, R_f, R_o), each written by its own delta rule
 (paper 001 Eq. 20-24) before it is read:
@@ -75,15 +75,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.delta_lstm import GRAD_MODES, MATRICES
-from fwrl.kernels.reference.delta_rnn import RECURRENT_SOFTMAX_EPS
+from fwrl.kernels import GRAD_MODES, check_grad_mode
+from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS
 
-from .common import (
+from ..triton.common import (
     _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _softmax,
-    _softmax_backward, _sum, _vecmat, aligned, launch_options, padded, replay_starts,
-    tensor_reasons,
+    _softmax_backward, _sum, _vecmat, aligned, launch_options, option_reasons, padded,
+    replay_starts, tensor_reasons,
 )
+from .naive import MATRICES
 
 NUM_MATRICES = len(MATRICES)  # 6
 # Largest head dim the kernels take. Up to 32 the register kernels, with the
@@ -736,8 +736,8 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+        return reason
     if q.dim() != 4:
         return f"q has shape {tuple(q.shape)}; expected [T, B, H, d]"
     T, B, H, D = q.shape
@@ -764,8 +764,7 @@ def delta_lstm_triton(
 
     Same arguments as ``delta_lstm_reference``; the state is always fp32.
     """
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_grad_mode(grad_mode)
     args = [aligned(x) for x in (q, k, v, beta, W0, c0, y0)]
     if torch.is_grad_enabled() and any(x.requires_grad for x in args):
         return _DeltaLSTMFunction.apply(*args, reset, grad_mode == "full")

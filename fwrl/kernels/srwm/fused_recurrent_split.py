@@ -1,8 +1,8 @@
 """Fused SRWM with W^y split over programs by rows (SR-DeltaNet at head dims 33..64).
 
-Same maths as ``srwm.py`` (paper 002, Eq. 5-8 with the four learning rates of
-App. A, Eq. 9-11); per (batch row, head), with A = W_{t-1} after the step's
-reset (a reset puts W back to the slow weights S):
+Same maths as ``fused_recurrent.py`` (paper 002, Eq. 5-8 with the four learning
+rates of App. A, Eq. 9-11); per (batch row, head), with A = W_{t-1} after the
+step's reset (a reset puts W back to the slow weights S):
 
     x          = phi(x_t)                                      (softmax or identity)
     [q~; k~; b~] = [A^q; A^k; A^b] x                           (Eq. 5)
@@ -18,16 +18,16 @@ its rows is independent of the others given them. So:
 
 * forward: ``_core_forward_kernel`` (one program per (batch, head), C in
   registers) records per step, in fp32, r^q, r^k, r^b, q, k and beta (the
-  record layout of ``srwm.py``); then ``_y_forward_kernel`` (grid (batch x
-  head, Dy / BC)) carries BC rows of W^y per program, reads x, q, k, beta_y,
-  writes y and records r^y for its rows.
+  record layout of ``fused_recurrent.py``); then ``_y_forward_kernel`` (grid
+  (batch x head, Dy / BC)) carries BC rows of W^y per program, reads x, q, k,
+  beta_y, writes y and records r^y for its rows.
 
 * backward, in reverse order, without stored matrices (each kernel undoes its
   own rows' updates, A = W_t - u k^T with u = beta r, loads S at a reset and
   replays the segment before a reset at t >= 1 from S (+ O_0) with
-  ``common.replay_starts``, as ``srwm.py`` does). ``_y_backward_kernel``
-  carries G^y = dL/dW^y_t for its rows; with dy the output gradient,
-  u = beta_y r^y and g = beta_y (G^y k):
+  ``common.replay_starts``, as ``fused_recurrent.py`` does).
+  ``_y_backward_kernel`` carries G^y = dL/dW^y_t for its rows; with dy the
+  output gradient, u = beta_y r^y and g = beta_y (G^y k):
 
       d beta_y = sum over the rows of (G^y k) * r^y
       d q      = (A^y)^T g,   d k = (G^y)^T u - (A^y)^T g,   d x = (A^y)^T dy
@@ -37,22 +37,24 @@ its rows is independent of the others given them. So:
   backward) and d beta_y per step; the wrapper launches the chunks one after
   the other and adds each one's partials into one sum as it ends
   (deterministic, no atomics, and one partial buffer alive, not one per
-  chunk). ``_core_backward_kernel`` then runs the backward of ``srwm.py`` on C, adding those sums to its own d q,
-  d k, d beta and d x before the softmax / sigmoid / phi backward.
+  chunk). ``_core_backward_kernel`` then runs the backward of
+  ``fused_recurrent.py`` on C, adding those sums to its own d q, d k, d beta
+  and d x before the softmax / sigmoid / phi backward.
 
 One step of C's backward (undo or load S, the gradients, W^y's terms added,
 the writes of d x, g and dz, and G's update) is ``_core_step_backward``, which
-both ``_core_backward_kernel`` and ``srwm._backward_kernel`` call: W^y's terms
-of d q, d k, d x and d beta_y are its inputs, here the sums over the chunks,
-there computed from W^y's rows in registers. Both replays read C's rates
+both ``_core_backward_kernel`` and ``fused_recurrent._backward_kernel`` call:
+W^y's terms of d q, d k, d x and d beta_y are its inputs, here the sums over
+the chunks, there computed from W^y's rows in registers. Both replays read C's rates
 u = beta r of a record with ``_core_rates``.
 
-dS is formed as in ``srwm.py``: by telescoping in grad_mode full (each kernel adds
-G + dA of its rows at reset steps into one [R, D] matrix per (batch row, head)),
-by GEMMs over per-step g and dz in grad_mode step (``srwm._slow_grads``).
+dS is formed as in ``fused_recurrent.py``: by telescoping in grad_mode full
+(each kernel adds G + dA of its rows at reset steps into one [R, D] matrix per
+(batch row, head)), by GEMMs over per-step g and dz in grad_mode step
+(``fused_recurrent._slow_grads``).
 
-``srwm.py`` imports ``_num_records``, ``_core_step_backward`` and ``_core_rates``
-from here (this module is the lower of the two).
+``fused_recurrent.py`` imports ``_num_records``, ``_core_step_backward`` and
+``_core_rates`` from here (this module is the lower of the two).
 """
 
 from __future__ import annotations
@@ -62,12 +64,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fwrl.kernels.reference.srwm import NUM_RATES
-
-from .common import (
+from ..triton.common import (
     _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax,
     _softmax_backward, _sum, _vecmat, aligned, launch_options, padded, warps_for,
 )
+from .naive import NUM_RATES
 
 # Rows of W^y per program of the split kernels (a power of two). 64 rows at
 # d = 64 compile for sm_90 without spilling (tests/test_kernels_srwm.py checks
@@ -309,7 +310,7 @@ def _core_step_backward(
     FULL: tl.constexpr,
 ):
     """One step of the backward of the core rows C = [W^q; W^k; W^b] (both backward kernels:
-    ``srwm._backward_kernel`` and ``_core_backward_kernel``).
+    ``fused_recurrent._backward_kernel`` and ``_core_backward_kernel``).
 
     Undoes the step's update (A = W - u k^T; the slow weights S at ``s_base``, loaded
     exactly, at a reset), forms the gradients of the module docstrings from G, adds W^y's
@@ -317,7 +318,7 @@ def _core_step_backward(
     sum (G^y k) * r^y) before the softmax / sigmoid / phi backward, writes d x of step
     ``row`` and returns (A^q, A^k, A^b) and G_{t-1} = keep_t (G + dA) (0 for grad_mode step).
     For dS: grad_mode full adds G + dA of a reset step into the core rows of the program's
-    [R, D] matrix at ``acc`` (``srwm._backward``: dS by telescoping); grad_mode step
+    [R, D] matrix at ``acc`` (``fused_recurrent._backward``: dS by telescoping); grad_mode step
     writes the core rows of g and dz = [d q~; d k~; d b~] of the step (dS by GEMMs).
     """
     R: tl.constexpr = DY + 2 * D + 4
@@ -512,7 +513,7 @@ def split_backward(x, S, O0, reset8, starts, rec, OT, dy, dOT, dg, dz, acc, *, f
                    full: bool, rows: int, rebuild: bool):
     """dx, dO_0 (``offset_buffers``; O0, OT and dOT are four tensors too) and (only with
     ``rebuild``) the rebuilt S + O_0 [B,H,R,D], from the W^y chunk kernel, a sum over its
-    chunks and the core kernel; for dS (``srwm._backward``), full:
+    chunks and the core kernel; for dS (``fused_recurrent._backward``), full:
     G + dA of every reset step added into ``acc`` [B,H,R,D], step: g into ``dg`` [T,B,H,R]
     and dz = [d q~; d k~; d b~] into ``dz`` [T,B,H,2D+4] (the others: any tensor, unused)."""
     T, B, H, D = x.shape

@@ -7,6 +7,10 @@
   (paper 001 Eq. 37): r = relu([x, -x]), phi_{i*2d+j} = r_j * r_{(j+i) mod 2d}
   for i = 1..nu; output size 2 * nu * d; followed by sum normalisation.
 - ``identity``: no map (for tests).
+
+And f of paper 000 Eq. 12 (``recurrent_softmax``), the softmax with 1e-6 added to its
+denominator that maps the previous output to the recurrent query of the Delta RNN and the
+Delta LSTM (REFERENCE §2).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import Tensor
 from fwrl.errors import unknown_choice
 
 SUM_NORM_EPS = 1e-5
+RECURRENT_SOFTMAX_EPS = 1e-6
 FEATURE_MAPS = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3", "identity")
 
 
@@ -54,3 +59,9 @@ def apply_feature_map(name: str, x: Tensor) -> Tensor:
     if name.startswith("dpfp-"):
         return sum_normalise(dpfp(x, int(name.split("-")[1])))
     return x
+
+
+def recurrent_softmax(h: Tensor) -> Tensor:
+    """f of paper 000 Eq. 12: softmax over the last axis with 1e-6 added to the denominator."""
+    e = torch.exp(h - h.amax(dim=-1, keepdim=True))
+    return e / (e.sum(dim=-1, keepdim=True) + RECURRENT_SOFTMAX_EPS)

@@ -36,9 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fwrl.kernels.reference.feature_maps import apply_feature_map
-
-GRAD_MODES = ("full", "step")
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import apply_feature_map
 
 
 def rdn_reference(

@@ -1,6 +1,6 @@
 """Fused Triton Recurrent Delta Net (RDN) over a whole rollout.
 
-The maths is ``fwrl.kernels.reference.rdn`` (paper 000, Eq. 15-18 with the
+The maths is ``fwrl.kernels.rdn.naive`` (paper 000, Eq. 15-18 with the
 delta rule of paper 001 Eq. 20-25). Per (batch row, head), with the recurrent
 slow matrices R_q, R_k, R_v [d, d] and r_b [d] of that head:
 
@@ -52,12 +52,12 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import SUM_NORM_EPS
-from fwrl.kernels.reference.rdn import GRAD_MODES
+from fwrl.kernels import GRAD_MODES, check_grad_mode
+from fwrl.kernels.feature_maps import SUM_NORM_EPS
 
-from .common import (
+from ..triton.common import (
     KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
-    aligned, launch_options, padded, replay_starts, tensor_reasons,
+    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
@@ -358,8 +358,8 @@ def supports(
     if feature_map not in KERNEL_FEATURE_MAPS:
         return (f"feature map {feature_map!r} is not one the RDN kernel computes "
                 f"(use feature_map {', '.join(KERNEL_FEATURE_MAPS)})")
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+        return reason
     if xq.dim() != 4 or xq.shape != xk.shape or xq.shape != xv.shape or xb.shape != xq.shape[:3]:
         return (f"shapes xq {tuple(xq.shape)}, xk {tuple(xk.shape)}, xv {tuple(xv.shape)}, "
                 f"xb {tuple(xb.shape)} do not match [T, B, H, d] / [T, B, H]")
@@ -387,8 +387,7 @@ def rdn_triton(
     if feature_map not in KERNEL_FEATURE_MAPS:
         raise unknown_choice("feature map for the Triton RDN kernel", feature_map,
                              KERNEL_FEATURE_MAPS)
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_grad_mode(grad_mode)
     args = [aligned(x) for x in (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0)]
     fmap = KERNEL_FEATURE_MAPS[feature_map]
     if torch.is_grad_enabled() and any(x.requires_grad for x in args):

@@ -1,6 +1,6 @@
 """Fused Triton Delta RNN over a whole rollout.
 
-The maths is ``fwrl.kernels.reference.delta_rnn`` (paper 000, Eq. 12, version
+The maths is ``fwrl.kernels.delta_rnn.naive`` (paper 000, Eq. 12, version
 B of App. A.2). Per (batch row, head), two fast matrices written by their own
 delta rule (paper 001 Eq. 20-24) and a recurrent read:
 
@@ -40,15 +40,15 @@ import triton.language as tl
 from torch import Tensor
 
 from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.delta_rnn import GRAD_MODES, RECURRENT_SOFTMAX_EPS
-from fwrl.kernels.reference.feature_maps import (
-    FEATURE_MAPS, SUM_NORM_EPS, apply_feature_map, feature_dim,
+from fwrl.kernels import GRAD_MODES, check_grad_mode
+from fwrl.kernels.feature_maps import (
+    FEATURE_MAPS, RECURRENT_SOFTMAX_EPS, SUM_NORM_EPS, apply_feature_map, feature_dim,
 )
 
-from .common import (
+from ..triton.common import (
     FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _recurrent_softmax,
-    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, padded,
-    replay_starts, tensor_reasons,
+    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, option_reasons,
+    padded, replay_starts, tensor_reasons,
 )
 
 # Largest head dim (and key feature size) the kernels run without spilling
@@ -293,10 +293,10 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if feature_map not in FEATURE_MAPS:
-        return f"feature map {feature_map!r} is not one of {', '.join(FEATURE_MAPS)}"
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    reason = option_reasons(("feature map", feature_map, FEATURE_MAPS),
+                            ("grad_mode", grad_mode, GRAD_MODES))
+    if reason is not None:
+        return reason
     for name, x in (("q", q), ("k", k), ("v", v), ("kr", kr), ("vr", vr)):
         if x.dim() != 4:
             return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, d]"
@@ -328,8 +328,7 @@ def delta_rnn_triton(
     if feature_map not in FEATURE_MAPS:
         raise unknown_choice("feature map for the Triton Delta RNN kernel", feature_map,
                              FEATURE_MAPS)
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_grad_mode(grad_mode)
     if feature_map not in KERNEL_FEATURE_MAPS:  # dpfp-N: outside the kernel
         q, k = apply_feature_map(feature_map, q), apply_feature_map(feature_map, k)
         feature_map = "identity"

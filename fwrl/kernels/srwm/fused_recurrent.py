@@ -1,6 +1,6 @@
 """Fused Triton self-referential weight matrix (SRWM) over a whole rollout.
 
-The maths is ``fwrl.kernels.reference.srwm`` (paper 002, Eq. 5-8 with the four
+The maths is ``fwrl.kernels.srwm.naive`` (paper 002, Eq. 5-8 with the four
 learning rates of App. A, Eq. 9-11). Per (batch row, head), with the stacked
 matrix ``W = [W^y; W^q; W^k; W^b]`` (rows Dy, D, D, 4) and A = W_{t-1} after
 the step's reset (a reset puts W back to the slow weights S):
@@ -21,8 +21,9 @@ read from memory (where it stays in cache) only at resets, so it takes no
 registers. W^q, W^k and W^b cannot be split over programs: each feeds q and
 k, which every row's update reads. W^y only reads them, so where the whole
 matrix does not fit in registers (SR-DeltaNet, Dy = 3d + 1, at d = 33..64: up
-to 325 x 64) ``srwm_split`` runs [W^q; W^k; W^b] in one program and W^y's rows
-split over several (``srwm_triton`` picks the path; ``split_rows`` forces it).
+to 325 x 64) ``fused_recurrent_split`` runs [W^q; W^k; W^b] in one program and
+W^y's rows split over several (``srwm_triton`` picks the path; ``split_rows``
+forces it).
 
 Backward without storing the T matrices: the forward records, per step and in
 fp32, r, q, k and beta, so ``u`` is recomputed bit for bit and the update is
@@ -39,11 +40,12 @@ state, dy the output gradient, and g = rate * (G k):
     dS       = sum over steps of dA   (the slow weights enter every step)
     G_{t-1}  = keep_t (G + dA)   (grad_mode full; 0 for step)
 
-The rows [W^q; W^k; W^b] of each step go through ``srwm_split._core_step_backward``,
-shared with the split path's core kernel: W^y's terms of d q, d k, d x and
-d beta_y ((A^y)^T g^y, (G^y)^T u^y - (A^y)^T g^y, (A^y)^T dy, sum (G^y k) * r^y)
-are formed from W^y's rows here and passed to it (the replay reads those rows'
-rates u = beta r with ``srwm_split._core_rates``).
+The rows [W^q; W^k; W^b] of each step go through
+``fused_recurrent_split._core_step_backward``, shared with the split path's core
+kernel: W^y's terms of d q, d k, d x and d beta_y ((A^y)^T g^y, (G^y)^T u^y -
+(A^y)^T g^y, (A^y)^T dy, sum (G^y k) * r^y) are formed from W^y's rows here and
+passed to it (the replay reads those rows' rates u = beta r with
+``fused_recurrent_split._core_rates``).
 
 dS needs no [R, D] accumulator in registers (which is what lets d = 64 and
 SR-DeltaNet's Dy = 3d + 1 = 97 at d = 32 run without spilling; ``WARPS`` lists
@@ -67,18 +69,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fwrl.errors import unknown_choice
-from fwrl.kernels.reference.feature_maps import apply_feature_map
-from fwrl.kernels.reference.srwm import GRAD_MODES, INPUT_MAPS, NUM_RATES
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import apply_feature_map
 
-from .common import (
+from ..triton.common import (
     _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
-    aligned, launch_options, padded, replay_starts, tensor_reasons,
+    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
 )
-from .srwm_split import (
+from .fused_recurrent_split import (
     SPLIT_ROWS, _core_rates, _core_step_backward, _load_core_offsets, _num_records,
     _store_core_offsets, offset_buffers, split_backward, split_forward,
 )
+from .naive import INPUT_MAPS, NUM_RATES, check_srwm_args
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
@@ -88,8 +90,9 @@ MAX_HEAD_DIM = 64
 # are checked by tests/test_kernels_srwm.py). It covers the
 # SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
 # shapes (SR-DeltaNet at d = 64: Dy = 193, a 325 x 64 matrix) take the split
-# path of ``srwm_split``. The backward takes few warps: its per-row vectors are
-# replicated across warps, so more warps cost registers rather than save them.
+# path of ``fused_recurrent_split``. The backward takes few warps: its per-row
+# vectors are replicated across warps, so more warps cost registers rather than
+# save them.
 WARPS = {(16, 16): (1, 4), (16, 32): (1, 4), (16, 64): (1, 4), (32, 16): (4, 4),
          (32, 32): (4, 4), (32, 64): (2, 4), (32, 128): (4, 8), (64, 16): (4, 8),
          (64, 32): (4, 8), (64, 64): (8, 8)}
@@ -313,9 +316,10 @@ def _block_sizes(d: int, dy: int) -> tuple[int, int, int, int]:
 
 def _forward(x: Tensor, S: Tensor, O0: tuple[Tensor, ...], reset: Tensor, *, fmap: int,
              store: bool, split_rows: int | None = None):
-    """y, O_T (four tensors, as O0: ``srwm_split.offset_buffers``) and (reset bytes, replay
-    starts, records); ``split_rows``: the split path (``srwm_split``) with that many rows of
-    W^y per program, None: the register path."""
+    """y, O_T (four tensors, as O0: ``fused_recurrent_split.offset_buffers``) and (reset
+    bytes, replay starts, records); ``split_rows``: the split path
+    (``fused_recurrent_split``) with that many rows of W^y per program, None: the register
+    path."""
     T, B, H, D = x.shape
     R = S.shape[1]
     DY = R - 2 * D - NUM_RATES
@@ -451,10 +455,10 @@ def supports(
 ) -> str | None:
     """None if the fused kernel can run on these inputs, otherwise the reason (with
     what would avoid it)."""
-    if input_map not in INPUT_MAPS:
-        return f"input map {input_map!r} is not one of {', '.join(INPUT_MAPS)}"
-    if grad_mode not in GRAD_MODES:
-        return f"grad_mode {grad_mode!r} is not one of {', '.join(GRAD_MODES)}"
+    reason = option_reasons(("input map", input_map, INPUT_MAPS),
+                            ("grad_mode", grad_mode, GRAD_MODES))
+    if reason is not None:
+        return reason
     if x.dim() != 4:
         return f"x has shape {tuple(x.shape)}; expected [T, B, H, D]"
     if x.shape[0] == 0:
@@ -493,14 +497,12 @@ def srwm_triton(
     final ones come back as four tensors (no [B, H, R, D] copy either way); the kernel
     state is fp32.
     ``split_rows``: None runs the whole matrix in one program's registers where
-    ``WARPS`` has its block shape and otherwise the split path of ``srwm_split``
-    (W^y over programs, ``SPLIT_ROWS`` rows each: SR-DeltaNet at head dims
-    33..64); a power of two forces the split path with that many rows per program.
+    ``WARPS`` has its block shape and otherwise the split path of
+    ``fused_recurrent_split`` (W^y over programs, ``SPLIT_ROWS`` rows each: SR-DeltaNet
+    at head dims 33..64); a power of two forces the split path with that many rows per
+    program.
     """
-    if input_map not in INPUT_MAPS:
-        raise unknown_choice("SRWM input map", input_map, INPUT_MAPS)
-    if grad_mode not in GRAD_MODES:
-        raise unknown_choice("gradient mode", grad_mode, GRAD_MODES)
+    check_srwm_args(input_map, grad_mode)
     slow = (W_y, W_q, W_k, w_b)
     rows = tuple(w.shape[1] for w in slow)
     S = aligned(torch.cat(slow, dim=1))  # [H, R, D]: small, read at resets

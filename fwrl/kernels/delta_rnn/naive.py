@@ -12,8 +12,9 @@ with keys, values and learning rates from the slow net:
     y_t = W_t phi(q_t) + R_t f(y_{t-1})
 
 s is the softmax and f the softmax with 1e-6 added to its denominator
-(``recurrent_softmax``, REFERENCE §2), so the recurrent query and keys are positive and sum to (about)
-one, as the delta rule needs. With y_0 = 0 the first recurrent query is
+(``fwrl.kernels.feature_maps.recurrent_softmax``, REFERENCE §2), so the
+recurrent query and keys are positive and sum to (about) one, as the delta rule
+needs. With y_0 = 0 the first recurrent query is
 uniform. phi (the feature map of q and k) is softmax in the authors' runs.
 
 Shapes: q, k, v, kr, vr [T, B, H, d]; beta, betar [T, B, H] (pre-sigmoid);
@@ -30,16 +31,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fwrl.kernels.reference.feature_maps import apply_feature_map
-
-GRAD_MODES = ("full", "step")
-RECURRENT_SOFTMAX_EPS = 1e-6
-
-
-def recurrent_softmax(h: Tensor) -> Tensor:
-    """f of Eq. 12: softmax over the last axis with 1e-6 added to the denominator."""
-    e = torch.exp(h - h.amax(dim=-1, keepdim=True))
-    return e / (e.sum(dim=-1, keepdim=True) + RECURRENT_SOFTMAX_EPS)
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import apply_feature_map, recurrent_softmax
 
 
 def delta_rnn_reference(

@@ -35,9 +35,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fwrl.kernels.reference.delta_rnn import recurrent_softmax
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.feature_maps import recurrent_softmax
 
-GRAD_MODES = ("full", "step")
 MATRICES = ("W_u", "W_f", "W_o", "R_u", "R_f", "R_o")
 
 

@@ -1,1 +1,0 @@
-"""Plain PyTorch per-step loops that define the maths of every recurrence."""
