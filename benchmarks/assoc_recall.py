@@ -31,7 +31,7 @@ Supervised, 2000 updates: on 8:4:4:r (n = 8 > d_key = 4, keys re-bound)
 Delta Net reaches 1.000 on every seed, the Linear Transformer 0.632 / 0.576 /
 0.617, held at the 0.630 any memory blind to the order of the pairs is capped
 at (``order_blind_ceiling``; a one-layer sum-rule state is such a memory,
-``tests/test_assoc_recall_capacity.py``); on 4:4:4 (n = d_key) both reach
+``tests/learning/test_assoc_recall_capacity.py``); on 4:4:4 (n = d_key) both reach
 1.000. RL learns the same task slowly (~12k agent steps/s per run) and
 unevenly: after 1M steps Delta Net 0.50 / 0.57 / 0.50 against the Linear
 Transformer's 0.44 / 0.46 / 0.44 on 8:4:4:r, and both bimodal on 4:4:4 (0.25

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install fwrl (and torch) into the current Python environment: the ONE install
-# path of every image under docker/ and of CI (tests/test_docker_recipes.py runs
+# path of every image under docker/ and of CI (tests/e2e/test_docker_recipes.py runs
 # it in a fresh virtualenv), so the recipes cannot drift from the package.
 #
 # Usage: docker/install.sh [--torch cpu|cu118|cu121|cu124|cu126|cu128|X.Y.Z|existing]

@@ -1,15 +1,85 @@
-"""Shared test settings.
+"""Shared test settings, and the tiers.
 
 Tiny per-step loops are ~100x slower with two torch threads on a busy 2-core
 machine (thread hand-offs dominate), so tests run torch single-threaded.
+
+Tiers: each test is marked by the folder it lives in (:data:`TIERS`), never by
+hand. ``python -m pytest`` (README's test command, what CI runs) runs every tier
+but ``learning``; ``python -m pytest -m slow`` (or naming ``tests/learning``)
+runs the learning claims. A test that uses the two-node Ray cluster (the
+``ray_cluster`` fixture, or the ``ray`` value of the ``backend`` fixture) is
+marked ``ray`` as well, wherever it lives; those and the tests that start a Ray
+of their own run in one xdist group, so that one worker starts the cluster once
+and no two Rays compete for this machine. Each tier has its own time
+limit per test (pytest-timeout): a hung test fails alone.
 """
 
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+# folder -> (what its tests prove, seconds one test may take)
+TIERS = {
+    "unit": ("one module or part, in this process", 120),
+    "interpreter": ("the fused Triton kernels in Triton's CPU interpreter, and their sm_90 builds", 600),
+    "e2e": ("whole commands and runs: subprocesses, worker processes, signals, files on disk", 900),
+    "ray": ("the ray worker backend on a two-node Ray cluster on this machine", 900),
+    "learning": ("learning claims: agents reach a score (slow; python -m pytest -m slow)", 3600),
+}
+SLOW_TIER = "learning"
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the folder under ``tests/`` that holds it."""
+    folder = Path(path).resolve().relative_to(TESTS).parts[0]
+    if folder not in TIERS:
+        raise pytest.UsageError(f"test file {path} is outside the tier folders {', '.join(TIERS)} of tests/")
+    return folder
+
+
+def _uses_ray_cluster(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "ray_cluster" in item.fixturenames or params.get("backend") == "ray"
+
+
+def _starts_ray(item: pytest.Item) -> bool:
+    """Uses the cluster, or starts a Ray of its own (``ray`` is a word of its name)."""
+    return "ray" in item.keywords or "ray" in item.originalname.split("_")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        item.add_marker(tier)
+        if tier == SLOW_TIER:
+            item.add_marker("slow")
+        if _uses_ray_cluster(item):
+            item.add_marker("ray")
+        if _starts_ray(item):  # one Ray at a time on this machine, the cluster started once
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIERS[tier][1]))
+    if config.option.markexpr or _names_the_slow_tier(config):
+        return
+    deselected = [item for item in items if "slow" in item.keywords]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+def _names_the_slow_tier(config: pytest.Config) -> bool:
+    """The command line names the learning folder or a file in it (then its tests run without -m)."""
+    slow = TESTS / SLOW_TIER
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == slow or slow in path.parents:
+            return True
+    return False
 
 torch.set_num_threads(1)
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")

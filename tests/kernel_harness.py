@@ -1,4 +1,4 @@
-"""Shared pieces of the fused Triton kernel tests (``tests/test_kernels_*.py``).
+"""Shared pieces of the fused Triton kernel tests (``tests/*/test_kernels_*.py``).
 
 The kernels run on CPU through the Triton interpreter. ``load_kernel_module``
 loads a rule's fused kernel (``fwrl/kernels/<rule>/fused_recurrent.py``) from a
@@ -21,17 +21,22 @@ does not start with ``test_``, so it is not collected itself.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from result_cache import cache_folder
 
 triton = pytest.importorskip("triton")
 
@@ -215,13 +220,38 @@ def launch_specialisation(kernel, target, pointer_types: Mapping[str, str],
     return signature, consts, attrs
 
 
+class Sm90Build:
+    """What the checks read of one sm_90 build: the cubin's resource usage (``cuobjdump
+    -res-usage``: REG, STACK, LOCAL, ...) and the TTGIR (``asm["ttgir"]``, as a compiled kernel
+    has it)."""
+
+    def __init__(self, resources: Mapping[str, str], ttgir: str):
+        self.resources = dict(resources)
+        self.asm = {"ttgir": ttgir}
+
+
+# Builds are kept (result_cache.py), keyed by everything that decides them (compile_sm90), so an
+# sm_90 check compiles again only when the kernels, this harness or Triton changed.
+SM90_CACHE = cache_folder("sm90")
+_HARNESS = Path(__file__).resolve()
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """The kernel package's sources and this harness: a change to any of them is a new build."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(_KERNEL_DIR).resolve().rglob("*.py")) + [_HARNESS]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def compile_sm90(
     kernel,
     pointer_types: Mapping[str, str],
     constexprs: Mapping[str, object],
     num_warps: int,
     ints: Mapping[str, int],
-):
+) -> Sm90Build:
     """Compile a ``@triton.jit`` kernel for sm_90 as a launch would: arguments named in
     ``constexprs`` are constants, those in ``ints`` take the value a launch passes
     (name -> value: ``LAUNCH_INTS`` and the kernel's own sizes), the rest are tensors of
@@ -231,17 +261,49 @@ def compile_sm90(
     The options are those of every launch (``common.launch_options`` of the kernel's
     own package copy: importing ``fwrl.kernels.triton.common`` here, under the tests'
     TRITON_INTERPRET=1, would build the module GPU code imports for the interpreter).
+
+    The build's resource usage and TTGIR are cached in :data:`SM90_CACHE` (where caching is on)
+    under a key of the
+    kernel sources, this harness, Triton's version, the kernel and every argument here, and
+    the launch options (a register cap included): the same key is the same build.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     package = kernel.fn.__module__.partition(".")[0]  # the private copy of fwrl/kernels
     launch_options = sys.modules[f"{package}.triton.common"].launch_options
+    options = launch_options(num_warps)
+    what = repr((kernel.fn.__module__.partition(".")[2], kernel.fn.__name__, sorted(pointer_types.items()),
+                 sorted((k, repr(v)) for k, v in constexprs.items()), num_warps, sorted(ints.items()),
+                 sorted((k, repr(v)) for k, v in options.items()), triton.__version__, _sources_digest()))
+    path = SM90_CACHE / f"{hashlib.sha256(what.encode()).hexdigest()}.json" if SM90_CACHE is not None else None
+    try:
+        saved = json.loads(path.read_text())
+        return Sm90Build(saved["resources"], saved["ttgir"])
+    except (AttributeError, OSError, ValueError, KeyError):
+        pass
     target = GPUTarget("cuda", 90, 64)
     signature, consts, attrs = launch_specialisation(kernel, target, pointer_types, constexprs,
                                                      ints)
     source = ASTSource(kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=target, options=launch_options(num_warps))
+    compiled = triton.compile(source, target=target, options=options)
+    build = Sm90Build(_resource_usage(compiled), compiled.asm["ttgir"])
+    if path is not None:
+        _save(path, {"key": what, "resources": build.resources, "ttgir": build.asm["ttgir"]})
+    return build
+
+
+def _save(path: Path, data: dict) -> None:
+    """Write ``path`` atomically (xdist workers may build the same key at once); a cache that
+    cannot be written is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _resource_usage(compiled) -> dict[str, str]:
@@ -255,12 +317,11 @@ def _resource_usage(compiled) -> dict[str, str]:
     return dict(item.split(":", 1) for item in out.split() if ":" in item)
 
 
-def stack_and_local_bytes(compiled) -> tuple[int, int]:
-    """Spill space of a compiled kernel, read from its cubin with cuobjdump."""
-    usage = _resource_usage(compiled)
-    return int(usage["STACK"]), int(usage["LOCAL"])
+def stack_and_local_bytes(build: Sm90Build) -> tuple[int, int]:
+    """Spill space of an sm_90 build, read from its cubin with cuobjdump."""
+    return int(build.resources["STACK"]), int(build.resources["LOCAL"])
 
 
-def registers(compiled) -> int:
-    """Registers per thread of a compiled kernel, read from its cubin with cuobjdump."""
-    return int(_resource_usage(compiled)["REG"])
+def registers(build: Sm90Build) -> int:
+    """Registers per thread of an sm_90 build, read from its cubin with cuobjdump."""
+    return int(build.resources["REG"])

@@ -99,7 +99,13 @@ def cluster_session():
         os.environ.update({k: c.env[k] for k in saved})
         import ray
 
-        ray.init(address=c.address, logging_level="warning", log_to_driver=False)
+        # ray.init puts its own SIGTERM handler (exit at once) in place of the test process's; put
+        # pytest's back, so a SIGTERM to the run (a CI limit) stops pytest, not one test
+        c.sigterm_before = signal.getsignal(signal.SIGTERM)
+        try:
+            ray.init(address=c.address, logging_level="warning", log_to_driver=False)
+        finally:
+            signal.signal(signal.SIGTERM, c.sigterm_before)
         nodes = env_nodes(ray)
         assert len(nodes) == 1, ray.nodes()
         c.env_node = nodes[0]

@@ -6,7 +6,7 @@ carried wheels first). Each part stays well inside 10 minutes on an H100 with
 and the raw JSON, each headed by the commit, GPU, torch and triton versions:
 
 - ``kernels``: the CUDA tests (the CUDA and sm_90 tests of every
-  ``tests/test_kernels_*.py``, and ``tests/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
+  ``tests/*/test_kernels_*.py``, and ``tests/unit/test_gpu_data_path.py``), then ``fwrl bench kernels`` for every
   recurrence at its preset shapes and at the issue's two goal shapes, fp32 and
   bf16, against the eager reference and FLA's ``fused_recurrent_delta_rule``
   and ``chunk_delta_rule`` for the delta rule, then ``torch.compile`` of the
@@ -100,8 +100,8 @@ PONG_EVAL_EPISODES = 4
 # streamed backward needs 248 registers: left out.
 REGISTER_CAPS = (255, 128)
 REGISTER_CAP_CORES = ("delta_rule", "rdn", "srwm")
-# pytest -k expression of the GPU tests in tests/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
-# and every test of tests/test_gpu_data_path.py (its module name matches "gpu").
+# pytest -k expression of the GPU tests in tests/*/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
+# and every test of tests/unit/test_gpu_data_path.py (its module name matches "gpu").
 GPU_TEST_SELECTION = "cuda or sm90 or gpu"
 # The most one ``fwrl bench kernels`` call of the kernels part may take on the GPU: the first
 # run's single call (delta_rule, three shapes, two dtypes, Triton and both FLA kernels) had not
@@ -260,8 +260,8 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     # On the GPU: the kernel files' CUDA tests and sm_90 compile checks (their interpreter tests are
     # CI's; Triton 3.6's interpreter also fails under numpy 2.5, which the box has), and every test
     # of the GPU data path. The dry run takes the data-path file alone.
-    tests = (["tests/test_gpu_data_path.py"] if part.dry
-             else sorted(glob.glob("tests/test_kernels_*.py", root_dir=ROOT)) + ["tests/test_gpu_data_path.py"])
+    tests = (["tests/unit/test_gpu_data_path.py"] if part.dry
+             else sorted(glob.glob("tests/*/test_kernels_*.py", root_dir=ROOT)) + ["tests/unit/test_gpu_data_path.py"])
     select = [] if part.dry else ["-k", GPU_TEST_SELECTION]
     if part.skip_tests:
         summary = "not run here (--skip-tests: they ran in an earlier command of the same session)"
@@ -647,6 +647,9 @@ def _plot_learner(path: Path, rows: list[dict[str, Any]], ceilings: dict[int, fl
 
 # ----------------------------------------------------------------------------- pong
 
+PONG_DRY_RUN_FRAMES = 8000  # the dry run's greedy game: at most 2,000 agent steps
+
+
 def part_pong(part: Part, meta: dict[str, Any]) -> None:
     workers = 1 if part.dry else max(1, (os.cpu_count() or 2) // len(PONG_AGENTS))
     # The dry run stops by steps, not time, so that each of its envs ends a game (a Pong game of a
@@ -671,7 +674,9 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                       + ["--json-path", Path(tmp) / f"probe-{name}.json"] for name, agent in PONG_AGENTS.items()}
         _side_by_side(part, {name: fwrl(*args) for name, args in probe_args.items()}, 120 if part.dry else 60)
         episodes = 1 if part.dry else PONG_EVAL_EPISODES
-        evaluate = {name: fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1,
+        # the dry run's game is capped (8,000 frames): an untrained greedy agent can rally for minutes on a CPU
+        capped = ["--env", f"atari:Pong?max_frames={PONG_DRY_RUN_FRAMES}"] if part.dry else []
+        evaluate = {name: fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1, *capped,
                                "--num-workers", min(episodes, workers), "--device", "cpu" if part.dry else "cuda",
                                "--out", Path(tmp) / f"evaluation-{name}.json")
                     for name, run in runs.items() if name in histories}
@@ -818,7 +823,7 @@ def rebuild_report(part: str, folder: Path) -> int:
         return 2
     data = json.loads(source.read_text())
     tests = data.get("test_command") or " ".join(
-        sorted(glob.glob("tests/test_kernels_*.py", root_dir=ROOT)) + ["tests/test_gpu_data_path.py",
+        sorted(glob.glob("tests/*/test_kernels_*.py", root_dir=ROOT)) + ["tests/unit/test_gpu_data_path.py",
                                                                         "-k", GPU_TEST_SELECTION])
     write_kernel_report(folder, data["meta"], data["tests"], tests, data["rows"])
     print(f"rebuilt {folder}/kernels.{{md,csv,json,png}} from {len(data['rows'])} rows")

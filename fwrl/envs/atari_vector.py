@@ -24,7 +24,7 @@ life losses are read here from ``lives``, as
   here instead, so the new game's first frame is in the same result.
 
 Where they differ from the Python chain (random play statistics agree, see
-``tests/test_envs_atari_vector.py`` and ``benchmarks/results/atari_vector.md``):
+``tests/e2e/test_envs_atari_vector.py`` and ``benchmarks/results/atari_vector.md``):
 
 =====================  ========================  =========================  =========================
                        Python chain (``none``)   ``ale``                    ``envpool``

@@ -114,7 +114,7 @@ def run_train(args: argparse.Namespace) -> int:
         argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
-    prepare_run_dir(run_dir, resume=args.resume)
+    prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
 
     from fwrl.launch.training.progress import Progress
     from fwrl.launch.training.slow_start import SlowStartHint

@@ -2,5 +2,5 @@
 
 Layers, lowest first: ``fwrl.errors`` and ``fwrl.utils`` < ``envs`` < ``kernels``
 < ``memory_modules`` < ``agents`` < ``launch``; a module imports only from its
-own layer or lower ones (``tests/test_layers.py``).
+own layer or lower ones (``tests/unit/test_layers.py``).
 """

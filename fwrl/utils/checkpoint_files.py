@@ -48,8 +48,9 @@ def check_checkpoint_file(path: Path) -> None:
         raise FwrlError(f"{path} is {what}, not an fwrl checkpoint (torch.save writes a zip archive); pass a run "
                         "folder or its checkpoint.pt.")
     if not zipfile.is_zipfile(path):
-        raise FwrlError(f"{path} is a damaged or truncated checkpoint (its zip archive has no end); use another "
-                        "checkpoint of the run (checkpoint-<steps>.pt), or train it again.")
+        raise FwrlError(f"{path} is not a readable fwrl checkpoint: a damaged or truncated checkpoint (its zip "
+                        "archive has no end); use another checkpoint of the run (checkpoint-<steps>.pt), or train "
+                        "it again.")
 
 
 def load_error(path: Path, exc: BaseException) -> FwrlError:

@@ -37,6 +37,25 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
         raise
 
 
+def temporary_files(folder: Path) -> list[Path]:
+    """The temporary files :func:`atomic_write` left in ``folder`` (``.<name>.<random>.tmp``): a
+    process killed during a write (SIGKILL, power loss) cannot remove its own."""
+    return sorted(p for p in Path(folder).glob(".*.tmp") if p.is_file())
+
+
+def remove_temporary_files(folder: Path) -> list[Path]:
+    """Remove what :func:`temporary_files` finds; returns the removed paths. Call it only where no
+    other process writes into ``folder``."""
+    removed = []
+    for path in temporary_files(folder):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
 def _read_umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it; done once, at import
     os.umask(mask)

@@ -488,7 +488,7 @@ def _require_gpu() -> None:
             "the kernel benchmark needs a CUDA GPU (it times GPU kernels), and PyTorch sees "
             "none here. Run it on a machine with an NVIDIA GPU, or check that it runs with "
             "--dry-run (tiny shapes on the CPU); the kernels' correctness tests run on CPU "
-            "with: pytest tests/test_kernels_<core>.py"
+            "with: pytest tests/interpreter/test_kernels_<core>.py"
         )
 
 

@@ -16,7 +16,7 @@ them: row t + 1 holds the action taken at obs t and its behaviour logits):
 
 A stable agent moves a little per update and keeps its entropy; an unstable
 one swings its value by several units and collapses its policy within a few
-updates on one batch (``tests/test_learning_stability.py`` holds every core to
+updates on one batch (``tests/learning/test_learning_stability.py`` holds every core to
 stated bounds).
 """
 

@@ -7,11 +7,12 @@ crash never leaves a half-written file behind.
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 from typing import Any
 
 from fwrl.errors import FwrlError
-from fwrl.utils.files import atomic_write, check_writable_folder
+from fwrl.utils.files import atomic_write, check_writable_folder, remove_temporary_files
 
 
 def check_run_dir(path: Path, resume: bool) -> Path:
@@ -29,13 +30,21 @@ def check_run_dir(path: Path, resume: bool) -> Path:
     return path
 
 
-def prepare_run_dir(path: Path, resume: bool) -> Path:
-    """Create (or, on resume, check) the run folder and that it is writable."""
+def prepare_run_dir(path: Path, resume: bool, clean: bool = True) -> Path:
+    """Create (or, on resume, check) the run folder and that it is writable. ``clean``: remove the
+    temporary files of writes a killed run left behind (the process that writes the folder does
+    this, before it writes anything; other learner ranks must not)."""
     path = check_run_dir(path, resume)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FwrlError(f"run folder {path} is not writable ({exc.strerror}). Choose another --runs-dir.") from None
+    if clean:
+        removed = remove_temporary_files(path)
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            print(f"fwrl train: removed {len(removed)} half-written file(s) an earlier run left in {path} when it "
+                  f"was killed: {names}", file=sys.stderr)
     return path
 
 

@@ -3,24 +3,52 @@ cannot rot between GPU runs. Each part must leave its report, CSV, PNG and JSON,
 run's metadata, in at most 8 files (what the device tool brings back)."""
 
 import csv
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
+from result_cache import cache_folder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("ale_py", reason="the learner and pong parts step Atari Pong (pip install 'fwrl[atari]')")
 
 
-def _dry_run(part: str, out: Path) -> Path:
-    env = {**os.environ, "PYTHON": sys.executable, "FWRL_COMMIT": "test", "FWRL_SITE": str(out / "site")}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", part, str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+# A part's dry run is kept (result_cache.py) once its checks passed, keyed by everything it runs
+# (the suite, the fwrl package, this file, the Python and its torch): it runs again only when one
+# of them changed.
+DRY_RUN_CACHE = cache_folder("gpu-suite")
+KEYED = ("benchmarks/gpu", "fwrl")
+
+
+def _dry_run_key(part: str) -> str:
+    import torch
+
+    digest = hashlib.sha256(f"{part} {sys.version} {torch.__version__}".encode())
+    files = [Path(__file__).resolve()] + sorted(p for folder in KEYED for p in (ROOT / folder).rglob("*")
+                                                 if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _dry_run(part: str, out: Path, check: Callable[[Path], None]) -> None:
+    """Run ``part`` of the suite in its dry run into ``out`` (or take the files of an earlier run
+    with the same key, whose checks passed), check what every part leaves, then ``check`` it."""
+    cached = DRY_RUN_CACHE / _dry_run_key(part) if DRY_RUN_CACHE is not None else None
     folder = out / part
+    if cached is not None and (cached / "passed").is_file():
+        shutil.copytree(cached / part, folder)
+    else:
+        env = {**os.environ, "PYTHON": sys.executable, "FWRL_COMMIT": "test", "FWRL_SITE": str(out / "site")}
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", part, str(out)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in folder.iterdir())
     assert len(files) <= 8, files  # nothing stray
     expected = [f"{part}{suffix}" for suffix in (".md", ".png", ".json", ".log")]
@@ -32,12 +60,28 @@ def _dry_run(part: str, out: Path) -> Path:
     report = (folder / f"{part}.md").read_text()
     assert "commit `test`" in report and "Dry run" in report
     assert (folder / f"{part}.png").stat().st_size > 1000
-    return folder
+    check(folder)
+    if cached is not None and not (cached / "passed").is_file():
+        _keep(folder, cached, part)
 
 
-@pytest.mark.slow
+def _keep(folder: Path, cached: Path, part: str) -> None:
+    """Copy a checked dry run into the cache, whole or not at all (a cache that cannot be written
+    is no error)."""
+    staging = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copytree(folder, staging / part)
+        (staging / "passed").write_text("")
+        os.replace(staging, cached)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def test_learner_part_dry_run(tmp_path):
-    folder = _dry_run("learner", tmp_path)
+    _dry_run("learner", tmp_path, _check_learner_part)
+
+
+def _check_learner_part(folder: Path) -> None:
     with (folder / "learner.csv").open() as f:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
@@ -57,9 +101,11 @@ def test_learner_part_dry_run(tmp_path):
     assert two["two_ranks"]["allreduce_ms"] > 0 and two["one_rank"]["update_ms"] > 0
 
 
-@pytest.mark.slow
 def test_pong_part_dry_run(tmp_path):
-    folder = _dry_run("pong", tmp_path)
+    _dry_run("pong", tmp_path, _check_pong_part)
+
+
+def _check_pong_part(folder: Path) -> None:
     summary = json.loads((folder / "pong.json").read_text())
     assert sorted(summary["agents"]) == ["lstm", "rdn"]  # the rdn agent and its control, side by side
     assert summary["goals"][0]["goal"].startswith("rdn: mean return")
@@ -78,7 +124,10 @@ def test_pong_part_dry_run(tmp_path):
 
 
 def test_kernels_part_dry_run(tmp_path):
-    folder = _dry_run("kernels", tmp_path)
+    _dry_run("kernels", tmp_path, _check_kernels_part)
+
+
+def _check_kernels_part(folder: Path) -> None:
     data = json.loads((folder / "kernels.json").read_text())
     assert "passed" in data["tests"]
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}

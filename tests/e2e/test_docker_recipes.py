@@ -8,7 +8,7 @@
 - every file a Dockerfile copies exists, and every Dockerfile installs through
   docker/install.sh, with the base image, torch's source and the extras as build args.
 
-docker/smoke.sh builds and runs them for real (tests/test_container_smoke.py, opt-in).
+docker/smoke.sh builds and runs them for real (tests/e2e/test_container_smoke.py, opt-in).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import yaml
 
 from fwrl.launch.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 MANIFESTS = [DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml", DOCKER / "kuberay-rayjob-multi-learner.yaml"]
@@ -157,9 +157,18 @@ def test_install_script_installs_fwrl_into_a_fresh_virtualenv(tmp_path):
     interpreter even when the tests themselves run in a virtualenv; torch is installed the
     way README.md's commands do, ``pip install torch==<this torch's version>`` from pip's
     configured indexes (a local wheel on the CPU machines).
+
+    Installing torch and the extras' dependencies again is what ``.ci/run`` has just done in
+    its own fresh virtualenv (README's command), so by default the new venv shares them: a
+    ``.pth`` file puts this run's site-packages after the venv's own, install.sh finds torch and
+    the dependencies satisfied there and installs fwrl itself into the new venv, which imports
+    it from there. ``FWRL_FRESH_INSTALL_TEST=1`` shares nothing (every package from the indexes).
     """
+    import sysconfig
+
     import torch
 
+    shared = os.environ.get("FWRL_FRESH_INSTALL_TEST") != "1"
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
     shutil.copytree(ROOT / "fwrl", src / "fwrl", ignore=ignore)
@@ -175,6 +184,14 @@ def test_install_script_installs_fwrl_into_a_fresh_virtualenv(tmp_path):
     assert isolated == "True"
     assert subprocess.run([str(python), "-c", "import torch"], capture_output=True, env=env).returncode != 0, \
         "the fresh virtualenv sees a torch it did not install"
+    if shared:
+        own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, env=env).stdout.strip()
+        ours = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+        (Path(own) / "fwrl-test-shared.pth").write_text("".join(f"{path}\n" for path in ours))
+        seen = subprocess.run([str(python), "-c", "import torch; print(torch.__file__)"], capture_output=True,
+                              text=True, check=True, env=env).stdout.strip()
+        assert any(seen.startswith(path) for path in ours), f"torch came from {seen}, not the shared packages"
     version = torch.__version__.split("+")[0]
     extras = "ray" if shutil.which("ray") or _importable("ray") else ""
     done = subprocess.run([str(src / "docker" / "install.sh"), "--python", str(python), "--torch", version,

@@ -339,7 +339,7 @@ def test_workers_carry_truncation_through_both_backends(backend):
 def test_a_killed_vector_worker_drops_exactly_its_partial_rollouts():
     """SIGKILL a worker stepping Atari in C++ threads: its next result is a fresh life (every slot
     done, step 0), no rollout mixes two lives or two workers, and the store drops exactly the
-    steps of the killed life's partial rollout (as ``tests/test_worker_faults.py`` checks for the
+    steps of the killed life's partial rollout (as ``tests/e2e/test_worker_faults.py`` checks for the
     Python chain)."""
     import torch
 

@@ -137,7 +137,7 @@ def test_image_resize_option():
 def test_unsupported_spaces_are_refused():
     with pytest.raises(FwrlError, match=r"action space Box.*supported: Discrete\(n\) and MultiDiscrete"):
         make_env("gym:FwrlTest/BadAction-v0")
-    # a Dict's Text entry is left out (one warning naming it, tests/test_envs_gym_packages.py); the rest is used
+    # a Dict's Text entry is left out (one warning naming it, tests/e2e/test_envs_gym_packages.py); the rest is used
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ObservationEntriesDropped)
         assert describe_env("gym:FwrlTest/Text-v0").obs_layout["dropped"] == ["t (Text)"]

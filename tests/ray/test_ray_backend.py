@@ -40,6 +40,13 @@ def cluster(ray_cluster):
     return ray_cluster
 
 
+@needs_ray
+def test_the_cluster_leaves_sigterm_to_the_test_run(cluster):
+    """Connecting this process to the cluster (ray.init) does not take SIGTERM from pytest: a SIGTERM
+    to a test run (a CI limit) stops the run, not the one test in progress with a SystemExit."""
+    assert signal.getsignal(signal.SIGTERM) is cluster.sigterm_before
+
+
 def _drive(pool, rounds: int, seed: int = 0) -> dict[int, list]:
     """Step every worker ``rounds`` times with a fixed action schedule; per-worker results."""
     rng = np.random.default_rng(seed)

@@ -4,13 +4,11 @@
 later; chance success is 0.5. Runs the quickstart preset's settings.
 """
 
-import pytest
 from learning_attempts import reaches
 
 from fwrl.launch.settings.config import build_config
 from fwrl.launch.training.train import train
 
-pytestmark = pytest.mark.slow
 
 
 def _train(tmp_path, core: str, total_steps: int, seed: int = 1):

@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("minatar", reason="needs MinAtar (pip install 'fwrl[minatar]')")
 pytest.importorskip("rliable", reason="needs rliable (pip install 'fwrl[report]')")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "learning"
 TINY = ["--total-steps", "120", "--num-workers", "1", "--envs-per-worker", "2", "--batch-size", "2",
         "--unroll-length", "5", "--num-threads", "1", "--device", "cpu"]
@@ -45,7 +45,6 @@ def test_the_grids_name_the_suites_games_and_cores():
     assert same == {k: v for k, v in full.items() if k not in ("env", "seed", "total_steps")}
 
 
-@pytest.mark.slow
 def test_dry_run_trains_evaluates_and_reports_every_cell(tmp_path):
     sweep = tmp_path / "suite"
     run = _fwrl("sweep", str(sweep), "--grid", str(SUITE / "minatar-cpu.yaml"), *TINY, "--evaluate",

@@ -26,7 +26,7 @@ import torch
 
 from fwrl.launch.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1", "--envs-per-worker", "4",
         "--batch-size", "4", "--unroll-length", "5", "--log-interval", "1"]
 

@@ -21,7 +21,7 @@ from fwrl.launch.bench import kernels as benchmark
 
 pytest.importorskip("triton")
 
-REPO = os.path.join(os.path.dirname(__file__), "..")
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 # |output - float64 reference| allowed at the dry-run shape: fp32 kernels agree to
 # rounding; bf16 inputs (and the bf16 reference, computed in bf16) to bf16 rounding.
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}

@@ -1,6 +1,6 @@
 """The container and cluster recipes, run for real (docker/smoke.sh), and what they rely on.
 
-- ``FWRL_CONTAINER_SMOKE=1 python -m pytest tests/test_container_smoke.py`` runs
+- ``FWRL_CONTAINER_SMOKE=1 python -m pytest tests/e2e/test_container_smoke.py`` runs
   docker/smoke.sh (root on Debian; about 30 minutes on 2 cores): the CPU image built from
   a local base, the quickstart in it, a Ray cluster of containers losing a node, a
   one-node SLURM cluster running and cancelling docker/slurm-train.sh, the CUDA image.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "docker" / "smoke.sh"
 
 

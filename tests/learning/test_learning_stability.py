@@ -37,7 +37,6 @@ from fwrl.launch.training.probe import collect_batch, probe
 
 pytest.importorskip("ale_py", reason="needs the Atari envs (pip install 'fwrl[atari]')")
 
-pytestmark = pytest.mark.slow
 
 LOGIT_STEP = 0.4
 VALUE_STEP = 1.0

@@ -74,7 +74,8 @@ def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
     assert not [p for p in workers if alive(p)], "env workers outlived the learner"
     payload = torch.load(ckpt, weights_only=True)
     assert payload["format"] == "fwrl-checkpoint-v1"
-    assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")], "half-written files left"
+    if sig == signal.SIGTERM:  # a clean stop finishes its writes; SIGKILL may cut one (cleaned on resume)
+        assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")], "half-written files left"
     if sig == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM  # 143, the shell's convention
         assert torch.load(ckpt, weights_only=True)["agent_steps"] == steps_column(ckpt.parent)[-1]
@@ -82,6 +83,7 @@ def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
                    "--total-steps", str(payload["agent_steps"] + 32))
     assert "stopped by budget" in resumed.stdout
     assert torch.load(ckpt, weights_only=True)["agent_steps"] > payload["agent_steps"]
+    assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")], "half-written files left"
 
 
 # ------------------------------------------------------------------------ bad input

@@ -1,30 +1,19 @@
 """Several learner ranks as a user runs them (``fwrl train --learners N``, gloo on the CPU): one run
-folder, global agent steps, resume across rank counts, a killed rank, and learning."""
+folder, global agent steps, resume across rank counts, a killed rank; learning with two ranks is
+``tests/learning/test_multi_learner_learning.py``."""
 
-import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 
-import pytest
 import torch
+from cli_runs import CLI, metrics_rows, train_cli
 from processes import alive, children, descendants
 
-CLI = [sys.executable, "-m", "fwrl.launch.cli"]
 QUICK = ["--env", "memory:cue_delay?delay=2", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
          "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "10", "--device", "cpu",
          "--num-threads", "1", "--log-interval", "1"]
-
-
-def _train(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "train", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _rows(run) -> list[dict]:
-    with (run / "metrics.csv").open() as f:
-        return list(csv.DictReader(f))
 
 
 def _rank_of(pid: int) -> int | None:
@@ -38,7 +27,7 @@ def _rank_of(pid: int) -> int | None:
 
 def test_two_ranks_write_one_run_and_resume_on_one_and_back_on_two(tmp_path):
     run = tmp_path / "r"
-    first = _train(*QUICK, "--learners", "2", "--total-steps", "2000", "--runs-dir", str(tmp_path), "--name", "r")
+    first = train_cli(*QUICK, "--learners", "2", "--total-steps", "2000", "--runs-dir", str(tmp_path), "--name", "r")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert "2 learner ranks" in first.stdout
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml", "metrics.csv", "tensorboard"]
@@ -46,16 +35,16 @@ def test_two_ranks_write_one_run_and_resume_on_one_and_back_on_two(tmp_path):
     per_update = 4 * 10 * 2  # B x T x ranks: agent steps count every rank's columns
     assert payload["agent_steps"] == payload["updates"] * per_update >= 2000
     assert payload["scheduler"]["steps_per_update"] == per_update
-    one = _train("--resume", "--learners", "1", "--total-steps", "4000", "--runs-dir", str(tmp_path), "--name", "r")
+    one = train_cli("--resume", "--learners", "1", "--total-steps", "4000", "--runs-dir", str(tmp_path), "--name", "r")
     assert one.returncode == 0, one.stderr[-3000:]
     middle = torch.load(run / "checkpoint.pt", weights_only=True)
     assert middle["agent_steps"] >= 4000 and middle["scheduler"]["steps_per_update"] == 4 * 10
     assert middle["updates"] - payload["updates"] == (middle["agent_steps"] - payload["agent_steps"]) // 40
-    two = _train("--resume", "--learners", "2", "--total-steps", "6000", "--runs-dir", str(tmp_path), "--name", "r")
+    two = train_cli("--resume", "--learners", "2", "--total-steps", "6000", "--runs-dir", str(tmp_path), "--name", "r")
     assert two.returncode == 0, two.stderr[-3000:]
     last = torch.load(run / "checkpoint.pt", weights_only=True)
     assert last["agent_steps"] >= 6000 and last["scheduler"]["steps_per_update"] == per_update
-    steps = [int(r["agent_steps"]) for r in _rows(run)]
+    steps = [int(r["agent_steps"]) for r in metrics_rows(run)]
     assert steps == sorted(steps) and steps[-1] == last["agent_steps"]  # one metrics.csv, global steps
 
 
@@ -88,26 +77,8 @@ def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_leaves_no_process(tmp
     while time.monotonic() < deadline and any(alive(p) for p in everything):
         time.sleep(0.2)
     assert not [p for p in everything if alive(p)], "processes outlived the run"
-    resumed = _train("--resume", "--learners", "1", "--total-steps", str(payload["agent_steps"] + 200),
+    resumed = train_cli("--resume", "--learners", "1", "--total-steps", str(payload["agent_steps"] + 200),
                      "--runs-dir", str(tmp_path), "--name", "k")
     assert resumed.returncode == 0 and "stopped by budget" in resumed.stdout, resumed.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_two_ranks_learn_the_cue_like_one(tmp_path):
-    """The quickstart task (memory:cue_delay?delay=10) with two learner ranks, each with one worker of
-    the preset's two and the preset's batch: success >= 0.9 within 300k global agent steps, like the
-    single-learner test (first of seeds 1-3)."""
-    from learning_attempts import reaches
-
-    def success(seed: int) -> float:
-        name = f"s{seed}"
-        result = _train("--preset", "quickstart", "--learners", "2", "--num-threads", "1", "--seed", str(seed),
-                        "--runs-dir", str(tmp_path), "--name", name, "--log-interval", "10", timeout=900)
-        assert result.returncode == 0, result.stderr[-3000:]
-        rows = [r for r in _rows(tmp_path / name) if r["mean_success"] not in ("", "nan")]
-        assert int(rows[-1]["agent_steps"]) >= 300_000
-        return float(rows[-1]["mean_success"])
-
-    passed, scores = reaches(success, 0.9)
-    assert passed, f"two-rank success {scores} after 300k steps"

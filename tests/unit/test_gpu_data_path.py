@@ -72,7 +72,7 @@ def test_graphed_acting_equals_the_eager_forward(core):
 @pytest.mark.parametrize("core", ["lstm", "elstm"])
 @pytest.mark.parametrize("graph", [False, True])
 def test_replay_on_cuda_with_streams(core, graph):
-    """The replay test of tests/test_rollouts.py with the store, the state and the forward on a
+    """The replay test of tests/unit/test_rollouts.py with the store, the state and the forward on a
     CUDA device, acting on its own stream while another stream publishes weights."""
     from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights

@@ -18,7 +18,7 @@ import pytest
 
 from fwrl.launch.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(argv: list) -> tuple[int, str, str]:

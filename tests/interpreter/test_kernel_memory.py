@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 H100 = os.path.join(REPO, "benchmarks", "results", "gpu", "kernels-h100", "kernels.json")
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fwrl"
+PACKAGE = Path(__file__).resolve().parents[2] / "fwrl"
 LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch", "__main__")
 RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5,
         "__main__": 6}

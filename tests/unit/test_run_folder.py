@@ -1,0 +1,55 @@
+"""Run folders: what a killed run leaves behind is cleaned when the folder is used again.
+
+SIGKILL (or a power cut) during an atomic write leaves its temporary file (``.<name>.<random>.tmp``);
+the process cannot remove it. ``prepare_run_dir``, which ``fwrl train`` calls on a new run and on
+``--resume`` before anything is written, removes such files, and only those.
+"""
+
+from __future__ import annotations
+
+from fwrl.launch.training.rundir import prepare_run_dir
+from fwrl.utils.files import atomic_write_text, temporary_files
+
+
+def _killed_write(folder, name: str) -> str:
+    """A temporary file as ``atomic_write`` names it, left as if its writer was killed mid-write."""
+    stale = folder / f".{name}.k1lled_.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    return stale.name
+
+
+def test_resume_removes_the_temporary_files_a_killed_write_left(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    atomic_write_text(run / "config.yaml", "core: lstm\n")
+    (run / "checkpoint.pt").write_bytes(b"the last complete checkpoint")
+    (run / "notes.tmp").write_text("not fwrl's: no leading dot")
+    stale = [_killed_write(run, "checkpoint.pt"), _killed_write(run, "metrics.csv")]
+    assert sorted(p.name for p in temporary_files(run)) == sorted(stale)
+
+    prepare_run_dir(run, resume=True)
+
+    assert temporary_files(run) == []
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml", "notes.tmp"]
+    assert (run / "checkpoint.pt").read_bytes() == b"the last complete checkpoint"
+    err = capsys.readouterr().err
+    assert "removed 2 half-written file(s)" in err and all(name in err for name in stale)
+
+
+def test_a_new_run_in_a_folder_a_killed_run_left_starts_clean(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _killed_write(run, "config.yaml")  # killed before its first checkpoint
+
+    prepare_run_dir(run, resume=False)
+    assert temporary_files(run) == []
+    assert "removed 1 half-written file(s)" in capsys.readouterr().err
+
+
+def test_other_learner_ranks_leave_the_folder_alone(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = _killed_write(run, "checkpoint.pt")  # rank 0 may be writing it right now
+    prepare_run_dir(run, resume=False, clean=False)
+    assert [p.name for p in temporary_files(run)] == [stale]
+    assert capsys.readouterr().err == ""
