@@ -36,7 +36,7 @@ from fwrl.agents.policy_weights import PolicyWeights  # noqa: E402
 from fwrl.agents.rollouts import Batch  # noqa: E402
 from fwrl.agents.stage_timer import StageTimer  # noqa: E402
 from fwrl.errors import run_main  # noqa: E402
-from fwrl.launch.settings.config import TrainConfig  # noqa: E402
+from fwrl.settings.config import TrainConfig  # noqa: E402
 
 OBS, ACTIONS, B, T = (4, 84, 84), 6, 8, 80
 

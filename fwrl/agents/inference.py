@@ -105,7 +105,7 @@ class InferenceLoop:
     ):
         """``model`` acts; pass ``weights`` (whose ``model`` it is) when a learner publishes into it,
         else ``lock`` guards it. ``streams.inference`` is made current by the caller's thread
-        (see ``fwrl.launch.training.train``); the loop itself only uses the current stream. ``graph``:
+        (see ``fwrl.runner.train``); the loop itself only uses the current stream. ``graph``:
         replay the forward as CUDA graphs (``fwrl.agents.inference_graph``)."""
         self.weights = weights if weights is not None else PolicyWeights(model, streams, lock)
         self.model = self.weights.model

@@ -388,8 +388,8 @@ def test_rollouts_never_mix_worker_lives(backend):
 # ----------------------------------------------------------------------------- end to end
 
 def test_train_survives_faults(tmp_path, backend):
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     log = tmp_path / "faults.txt"
     config = TrainConfig(

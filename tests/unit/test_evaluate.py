@@ -18,13 +18,13 @@ from fwrl.envs.registry import make_env
 from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
 from fwrl.errors import FwrlError
 from fwrl.launch.cli import main
-from fwrl.launch.evaluation import evaluate as ev
-from fwrl.launch.evaluation import scores
-from fwrl.launch.evaluation.episodes import collect_episodes, slots_per_task
-from fwrl.launch.evaluation.protocols import default_protocol, select_splits
-from fwrl.launch.evaluation.results import aggregate
-from fwrl.launch.settings.config import TrainConfig
-from fwrl.launch.training.agent import load_agent
+from fwrl.evaluation import evaluate as ev
+from fwrl.evaluation import scores
+from fwrl.evaluation.episodes import collect_episodes, slots_per_task
+from fwrl.evaluation.protocols import default_protocol, select_splits
+from fwrl.evaluation.results import aggregate
+from fwrl.settings.config import TrainConfig
+from fwrl.runner.agent import load_agent
 from fwrl.memory_modules import core_names
 
 CUES = 4

@@ -131,8 +131,8 @@ def test_replay_on_cuda_with_streams(core, graph):
 def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
     import csv
 
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     config = TrainConfig(env="memory:cue_delay?delay=3", core="lstm", core_options={"hidden_size": 32},
                          num_workers=2, envs_per_worker=4, batch_size=8, unroll_length=10, total_steps=6000,

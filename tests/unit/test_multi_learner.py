@@ -14,7 +14,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import PolicyWeights
 from fwrl.agents.rollouts import Batch
-from fwrl.launch.settings.config import TrainConfig
+from fwrl.settings.config import TrainConfig
 
 T, B = 5, 2  # per rank
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig
+from fwrl.settings.config import TrainConfig
 
 
 # ----------------------------------------------------------------------------- bench envs
@@ -334,7 +334,7 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- bench throughput
 
-# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.training.train): each thread's rows are
+# Stage shares of metrics rows shown by the bench, per thread (fwrl.runner.train): each thread's rows are
 # fractions of that thread's wall time and sum to 100% (the last row of each is the rest).
 ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
 LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
@@ -414,7 +414,7 @@ class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
     def __init__(self, console, warmup: float, seconds: float):
-        from fwrl.launch.training.progress import SmoothedRate
+        from fwrl.runner.progress import SmoothedRate
 
         self.console, self.warmup, self.seconds = console, warmup, seconds
         self.status = None
@@ -465,7 +465,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     import csv
     import tempfile
 
-    from fwrl.launch.training.train import train
+    from fwrl.runner.train import train
 
     _check_window(seconds, warmup)
     config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
@@ -473,7 +473,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
         if progress is None:
-            from fwrl.launch.training.progress import Progress
+            from fwrl.runner.progress import Progress
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table
@@ -562,7 +562,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     profiler = None
     if profile_path:
         from fwrl.agents.stage_profile import WindowProfiler
-        from fwrl.launch.training.agent import pick_device
+        from fwrl.runner.agent import pick_device
 
         profiler = WindowProfiler(warmup + seconds, warmup + seconds + profile_seconds, pick_device(config.device))
     console = Console(stderr=True)

@@ -2,7 +2,7 @@
 
 :class:`TrainConfig` defines every training setting once (type, default,
 valid range, help); ``fwrl train`` generates its flags from it
-(``fwrl.launch.settings.flags``). A config is built from layers, later ones winning:
+(``fwrl.launch.flags``). A config is built from layers, later ones winning:
 defaults, the env family's defaults (``family_defaults``: the learning suite's
 settings, per core), a preset (a packaged name or a YAML file), ``--config FILE``,
 then flags. A layer that picks another ``core`` drops the core options gathered
@@ -117,9 +117,9 @@ class TrainConfig(Settings):
     def _check_core(self) -> None:
         """The core exists; its options are valid for it (kept as given, typed). An unknown core, an
         unknown option and a value of the wrong type or range are refused from the catalogue, before
-        torch is imported (``fwrl.launch.settings.core_catalog``); the registry's config class then
+        torch is imported (``fwrl.settings.core_catalog``); the registry's config class then
         checks the options together and types them."""
-        from fwrl.launch.settings.core_catalog import check_core_options, core_names
+        from fwrl.settings.core_catalog import check_core_options, core_names
 
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
@@ -228,7 +228,7 @@ RESUMABLE_CHANGES = {
 # ----------------------------------------------------------------------- presets and YAML files
 
 def preset_names() -> list[str]:
-    folder = resources.files("fwrl.launch.settings") / "presets"
+    folder = resources.files("fwrl.settings") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -253,7 +253,7 @@ def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
 def load_preset(name: str) -> dict[str, Any]:
     """A packaged preset by name, or a YAML file of one's own by path."""
     if name in preset_names():
-        text = (resources.files("fwrl.launch.settings") / "presets" / f"{name}.yaml").read_text()
+        text = (resources.files("fwrl.settings") / "presets" / f"{name}.yaml").read_text()
         return _settings_mapping(yaml.safe_load(text), f"preset {name}")
     if name.endswith((".yaml", ".yml")) or "/" in name or Path(name).is_file():
         return read_settings_file(Path(name), "preset file")
@@ -281,7 +281,7 @@ def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_fi
                      base: Mapping[str, Any] | None = None, family: bool = True) -> dict[str, Any]:
     """The settings of ``base`` < ``preset`` < ``config_file`` < ``overrides``, merged, not validated;
     with ``family``, the env family's defaults fill what none of them sets
-    (:mod:`fwrl.launch.settings.family_defaults`)."""
+    (:mod:`fwrl.settings.family_defaults`)."""
     layers = [dict(base or {})]
     if preset:
         layers.append(load_preset(preset))
@@ -290,7 +290,7 @@ def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_fi
     layers.append(dict(overrides))
     merged = merge_settings(layers)
     if family:
-        from fwrl.launch.settings.family_defaults import family_defaults
+        from fwrl.settings.family_defaults import family_defaults
 
         merged.update(family_defaults(merged, *env_and_core(merged)))
     return merged

@@ -22,7 +22,7 @@ from fwrl.agents.inference import INFERENCE_STAGES
 from fwrl.agents.learner import LEARNER_STAGES
 from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
-from fwrl.launch.training.rundir import MetricsCSV
+from fwrl.runner.rundir import MetricsCSV
 
 # Stage shares of the two threads in metrics rows (fractions of each thread's own wall time over
 # the interval; each thread's shares sum to 1): the acting thread's rest is bookkeeping outside
@@ -83,7 +83,7 @@ class Episodes:
 def normaliser(env: str) -> Callable[[str, float], float | None] | None:
     """Per-task score normalisation for ``env``'s family (None where it has none)."""
     from fwrl.envs.spec import parse_env_spec
-    from fwrl.launch.evaluation.scores import normalisation_kind, normalise
+    from fwrl.evaluation.scores import normalisation_kind, normalise
 
     spec = parse_env_spec(env)
     if not normalisation_kind(spec.family):

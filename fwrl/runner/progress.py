@@ -6,7 +6,7 @@ until the first update what the learner waits for ("filling the first batch:
 R of B rollouts of T steps ready", then "first update running"), episode
 statistics and losses, and where each thread's time went. A run past its step
 budget (the learner takes whole batches) says by how much. It is fed the
-metrics rows of ``fwrl.launch.training.run_metrics``.
+metrics rows of ``fwrl.runner.run_metrics``.
 """
 
 from __future__ import annotations

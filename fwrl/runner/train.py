@@ -6,7 +6,7 @@ Threads of the learner process:
   (SIGINT, SIGTERM and SIGHUP stop the run cleanly with a final checkpoint);
 - learner thread: B rollout columns gathered on the device -> loss ->
   optimiser step -> publish weights (and their version) to the acting copy;
-- checkpoint thread: writes the snapshots (``fwrl.launch.training.checkpointing``).
+- checkpoint thread: writes the snapshots (``fwrl.runner.checkpointing``).
 
 On CUDA each thread issues its work on its own stream
 (``fwrl.agents.policy_weights``). Every metrics row says where the time went
@@ -42,11 +42,11 @@ from fwrl.envs.backends import make_pool
 from fwrl.envs.registry import describe_env
 from fwrl.envs.worker_pool import WorkersLost
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig, save_config
-from fwrl.launch.training.agent import build_model, pick_device, resolve_core_options
-from fwrl.launch.training.checkpointing import CheckpointWriter
-from fwrl.launch.training.progress import Progress
-from fwrl.launch.training.run_metrics import Episodes, Mean, MetricsSink, normaliser, pipeline_row
+from fwrl.settings.config import TrainConfig, save_config
+from fwrl.runner.agent import build_model, pick_device, resolve_core_options
+from fwrl.runner.checkpointing import CheckpointWriter
+from fwrl.runner.progress import Progress
+from fwrl.runner.run_metrics import Episodes, Mean, MetricsSink, normaliser, pipeline_row
 
 
 @dataclass
@@ -295,7 +295,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         wrote_first = False
         next_milestone = _next_multiple(learner.stats.agent_steps, config.milestone_interval)
         if config.eval_every > 0 and main:
-            from fwrl.launch.evaluation.evaluate import PeriodicEvaluator
+            from fwrl.evaluation.evaluate import PeriodicEvaluator
 
             evaluator = PeriodicEvaluator(config, device, learner.stats.agent_steps, time.monotonic())
 
