@@ -71,7 +71,8 @@ def _measure(rank: int, world: int, port: int, device_name: str, updates: int, o
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate)
     timer = StageTimer(device)
     learner = Learner(model, PolicyWeights(_model(device)), optimizer,
-                      linear_decay_scheduler(optimizer, 10**9, B * T * world), config, None, timer=timer, group=group)
+                      linear_decay_scheduler(optimizer, 10**9, B * T * world), config.learner_settings(), None,
+                      timer=timer, group=group)
     batch = _batch(device, seed=rank)
     for _ in range(3):  # warm-up
         learner.update_batch(batch)

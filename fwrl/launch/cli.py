@@ -143,6 +143,11 @@ def _say_family_defaults(args: argparse.Namespace) -> None:
     added = family_defaults(settings, env, core)
     if added:
         print(f"fwrl train: {describe(added, env, core)}", file=sys.stderr)
+    if float(settings.get("max_seconds") or 0) > 0 and "total_steps" not in {**settings, **added}:
+        default = TrainConfig.model_fields["total_steps"].default
+        print(f"fwrl train: the learning rate decays to 0 over --total-steps ({default:,} agent steps, the "
+              "default), not over the --max-seconds limit; to anneal within the limit, set --total-steps to the "
+              "steps it allows (fwrl bench throughput measures the rate).", file=sys.stderr)
 
 
 def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:

@@ -16,6 +16,11 @@ without one predates the change and is read back with the old value
 only the keys in ``RESUMABLE_CHANGES`` may differ on the command line (more
 steps, other worker counts, logging), everything that shapes the model or the
 learning problem must stay the same.
+
+The config is flat for the user (one flag and one YAML key per setting), but no
+part of the runtime reads it field by field: each takes its own typed section,
+made here (:meth:`TrainConfig.pool_settings` for the env workers,
+:meth:`TrainConfig.learner_settings` for the learner), and the runner the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -34,6 +39,10 @@ from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.settings import Settings, parse_value, redefault, show
 from fwrl.utils.yaml_files import read_yaml
+
+if TYPE_CHECKING:
+    from fwrl.agents.learner import LearnerSettings
+    from fwrl.envs.worker_pool import PoolSettings
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
 INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
@@ -113,6 +122,38 @@ class TrainConfig(Settings):
             raise FwrlError(f"setting eval_episodes={self.eval_episodes} is not valid with eval_every="
                             f"{self.eval_every}: each evaluation needs at least 1 episode (or eval_every 0: none).")
         return self
+
+    # ------------------------------------------------------------- the sections each part takes
+
+    def bootstraps_truncation(self) -> bool:
+        """Whether V-trace bootstraps where a time limit cut an episode (``truncation``): ``auto``
+        keeps the torchbeast protocol on Atari (the 108k-frame cap ends the episode) and
+        bootstraps everywhere else."""
+        if self.truncation == "auto":
+            return parse_env_spec(self.env).family != "atari"
+        return self.truncation == "bootstrap"
+
+    def learner_settings(self) -> "LearnerSettings":
+        """The learner's section: the loss, the clips, the truncation protocol."""
+        from fwrl.agents.learner import LearnerSettings
+
+        return LearnerSettings(discount=self.discount, baseline_cost=self.baseline_cost,
+                               entropy_cost=self.entropy_cost, reward_clip=self.reward_clip,
+                               grad_norm_clip=self.grad_norm_clip, bootstrap_truncation=self.bootstraps_truncation())
+
+    def pool_settings(self, num_workers: int | None = None, seed: int | None = None,
+                      mode: str = "train") -> "PoolSettings":
+        """The env workers' section (``num_workers`` and ``seed``: a learner rank's own, where they
+        differ from the run's)."""
+        from fwrl.envs.worker_pool import PoolSettings
+
+        return PoolSettings(self.env, self.num_workers if num_workers is None else num_workers,
+                            self.envs_per_worker, self.seed if seed is None else seed, mode,
+                            self.step_timeout, tuple(self.env_wrappers))
+
+    def backend_options(self) -> dict[str, Any]:
+        """The options of the worker backend (``make_pool``'s keywords)."""
+        return {"address": self.ray_address} if self.backend == "ray" else {}
 
     def _check_core(self) -> None:
         """The core exists; its options are valid for it (kept as given, typed). An unknown core, an

@@ -111,7 +111,7 @@ def test_stem_choices_are_the_models_stems():
 
 
 def test_num_threads_help_says_what_learner_threads_does():
-    from fwrl.runner.train import allowed_cores, learner_threads
+    from fwrl.runner.build import allowed_cores, learner_threads
 
     help_text = TrainConfig.model_fields["num_threads"].description
     assert "minus one per local env worker" in help_text and "at most half" in help_text

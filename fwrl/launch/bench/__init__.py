@@ -122,13 +122,14 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     from fwrl.envs.backends import make_pool
     from fwrl.envs.groups import env_path
     from fwrl.envs.registry import describe_env
+    from fwrl.envs.worker_pool import PoolSettings
 
     _check_window(seconds, warmup)
     info = describe_env(env)
     path = env_path(env)
     rng = np.random.default_rng(seed)
     k = envs_per_worker
-    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, **(backend_options or {}))
+    pool = make_pool(backend, PoolSettings(env, num_workers, envs_per_worker, seed), info, **(backend_options or {}))
     acted = [False] * num_workers  # actions sent since the worker's last (re)start
     counting = False
     steps = round_trips = episodes = restarts0 = 0
@@ -445,6 +446,9 @@ class _BenchProgress:
         elif time.monotonic() - self.last_print >= 5.0:
             self.console.print(text, highlight=False)
             self.last_print = time.monotonic()
+
+    def finish(self, row: dict) -> None:
+        """The run's last row (its figures are in the bench's own table)."""
 
     def stop(self) -> None:
         if self.status is not None:
