@@ -24,7 +24,7 @@ setup(
     version="0.1.0",
     description="IMPALA / V-trace agents whose memory is a fast-weight programmer",
     packages=find_packages(include=["fwrl", "fwrl.*"]),
-    package_data={"fwrl.launch.settings": ["presets/*.yaml", "core_catalog.json"]},
+    package_data={"fwrl.settings": ["presets/*.yaml", "core_catalog.json"]},
     python_requires=">=3.10",
     # torch: install torch first (2.13.0 on the CPU machines); any torch >= 2.4 works.
     install_requires=[

@@ -63,10 +63,10 @@ from fwrl.agents.model import AgentNet
 from fwrl.envs.memory_tasks import AssocRecallEnv
 from fwrl.envs.registry import describe_env
 from fwrl.errors import FwrlError, run_main
-from fwrl.launch.settings.config import TrainConfig, build_config
-from fwrl.launch.training.agent import build_model
-from fwrl.launch.training.progress import Progress
-from fwrl.launch.training.train import train
+from fwrl.settings.config import TrainConfig, build_config
+from fwrl.runner.agent import build_model
+from fwrl.runner.progress import Progress
+from fwrl.runner.train import train
 
 CORES = ("linear_transformer", "delta_net")
 MODES = ("supervised", "rl")

@@ -36,7 +36,7 @@ from fwrl.agents.policy_weights import PolicyWeights  # noqa: E402
 from fwrl.agents.rollouts import Batch  # noqa: E402
 from fwrl.agents.stage_timer import StageTimer  # noqa: E402
 from fwrl.errors import run_main  # noqa: E402
-from fwrl.launch.settings.config import TrainConfig  # noqa: E402
+from fwrl.settings.config import TrainConfig  # noqa: E402
 
 OBS, ACTIONS, B, T = (4, 84, 84), 6, 8, 80
 
@@ -71,7 +71,8 @@ def _measure(rank: int, world: int, port: int, device_name: str, updates: int, o
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate)
     timer = StageTimer(device)
     learner = Learner(model, PolicyWeights(_model(device)), optimizer,
-                      linear_decay_scheduler(optimizer, 10**9, B * T * world), config, None, timer=timer, group=group)
+                      linear_decay_scheduler(optimizer, 10**9, B * T * world), config.learner_settings(), None,
+                      timer=timer, group=group)
     batch = _batch(device, seed=rank)
     for _ in range(3):  # warm-up
         learner.update_batch(batch)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 from fwrl.errors import FwrlError, run_main
 from fwrl.launch.plot import read_metrics, series
-from fwrl.launch.settings.config import build_config
-from fwrl.launch.training.train import train
+from fwrl.settings.config import build_config
+from fwrl.runner.train import train
 
 MODES = ("rtrl", "bptt")
 COLOURS = {"rtrl": "tab:blue", "bptt": "tab:red"}

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         raise FwrlError(f"--unrolls must be comma-separated integers, got {args.unrolls!r}.") from None
     if not unrolls or min(unrolls) < 1:
         raise FwrlError(f"--unrolls needs positive integers, got {args.unrolls!r}.")
-    from fwrl.launch.training.agent import pick_device
+    from fwrl.runner.agent import pick_device
 
     device = pick_device(args.device)
     rows = [measure(args.env, mode, T, args.batch, args.hidden, device) for mode in MODES for T in unrolls]

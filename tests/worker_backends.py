@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from fwrl.envs.backends import make_pool
-from fwrl.envs.worker_pool import WorkerPool
+from fwrl.envs.worker_pool import PoolSettings, WorkerPool
 
 
 @dataclasses.dataclass
@@ -18,9 +18,10 @@ class Backend:
     name: str
     ray_address: str | None = None
 
-    def pool(self, spec: str, num_workers: int, envs_per_worker: int, **kwargs) -> WorkerPool:
+    def pool(self, spec: str, num_workers: int, envs_per_worker: int, **settings) -> WorkerPool:
+        """A pool of this backend (``settings``: the other fields of ``PoolSettings``)."""
         extra = {"address": self.ray_address, "verbose": False} if self.name == "ray" else {}
-        return make_pool(self.name, spec, num_workers, envs_per_worker, **kwargs, **extra)
+        return make_pool(self.name, PoolSettings(spec, num_workers, envs_per_worker, **settings), **extra)
 
     def died(self, exit_code: int) -> str:
         """What ``pool.errors`` says of a worker process that died with ``exit_code``."""

@@ -36,8 +36,8 @@ import torch
 from fwrl.agents.checkpoint import load_checkpoint
 from fwrl.envs.registry import EnvInfo, make_env
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig, saved_settings
-from fwrl.launch.training.agent import build_model, load_agent
+from fwrl.settings.config import TrainConfig, saved_settings
+from fwrl.runner.agent import build_model, load_agent
 
 SATURATED = 5.0  # |pre-activation| beyond which sigmoid' < 0.007 and tanh' < 0.0002
 FIELDS = ("agent_steps", "value_std", "value_corr", "logit_std", "entropy", "entropy_std", "stem_rel_var",

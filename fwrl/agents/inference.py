@@ -11,7 +11,11 @@ stays on the learner's device:
 - observations and the other env arrays go host -> device once per step, on
   CUDA from pinned memory without blocking, and the same device tensors feed
   the forward and the store;
-- only the actions come back to the host (the workers need them).
+- only the actions come back to the host (the workers need them);
+- where a time limit cut an episode, its final observation rides the same
+  forward as an extra row (the slot's state, not reset; ``done`` false): its
+  value is the ``bootstrap_value`` the learner bootstraps the cut from, and
+  its action and state are dropped (no second forward).
 
 The acting weights are a :class:`~fwrl.agents.policy_weights.PolicyWeights`
 the learner publishes into; each stored row carries their version.
@@ -28,9 +32,10 @@ import torch
 from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
-from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, ENV_KEYS, EXTRA_KEY, Rollout, RolloutStore
+from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, Rollout, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
-from fwrl.envs.worker_pool import EpisodeRecord, StepResult, WorkerPool
+from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED
+from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 
 # Stages of the inference thread (fwrl.agents.stage_timer): waiting for env
 # workers and sending them actions, the forward (and the actions' trip back
@@ -39,7 +44,8 @@ INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
 
 
 class _Staging:
-    """The env arrays of the ready workers as ``[N*K, ...]`` tensors on the device, uploaded once.
+    """The stored columns of the ready workers' step records as ``[N*K, ...]`` tensors on the
+    device, uploaded once.
 
     On CUDA they are concatenated into pinned host buffers (allocated on first
     use for all slots) and copied without blocking on the current stream; the
@@ -56,8 +62,7 @@ class _Staging:
         self.host: dict[str, np.ndarray] = {}
 
     def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
-        keys = ENV_KEYS + ((EXTRA_KEY,) if results[0].obs_extra is not None else ())
-        arrays = {key: [_field(r, key) for r in results] for key in keys}
+        arrays = {key: [r.arrays[key] for r in results] for key in results[0].arrays if key not in CUT_ONLY}
         if self.device.type != "cuda":
             self.host = {key: np.concatenate(parts) for key, parts in arrays.items()}
             return {key: torch.from_numpy(value) for key, value in self.host.items()}
@@ -69,7 +74,7 @@ class _Staging:
             }
         if self.copied is not None:
             self.copied.synchronize()
-        n = sum(len(p) for p in arrays["reward"])
+        n = sum(len(p) for p in arrays[REWARD])
         out = {}
         for key, parts in arrays.items():
             host = self.pinned[key][:n]
@@ -80,18 +85,14 @@ class _Staging:
         return out
 
 
-def _field(result: StepResult, key: str) -> np.ndarray:
-    value = getattr(result, key)
-    if value is None and key == "truncated":  # a pool that does not report truncation
-        return np.zeros(len(result.reward), dtype=bool)
-    return value
+CUT_ONLY = frozenset(FINAL_OF.values())
 
 
 class InferenceLoop:
     def __init__(
         self,
         model: nn.Module,
-        pool: WorkerPool,
+        pool: StepSource,
         store: RolloutStore | None,
         device: torch.device,
         lock: threading.Lock | None = None,
@@ -105,7 +106,7 @@ class InferenceLoop:
     ):
         """``model`` acts; pass ``weights`` (whose ``model`` it is) when a learner publishes into it,
         else ``lock`` guards it. ``streams.inference`` is made current by the caller's thread
-        (see ``fwrl.launch.training.train``); the loop itself only uses the current stream. ``graph``:
+        (see ``fwrl.runner.train``); the loop itself only uses the current stream. ``graph``:
         replay the forward as CUDA graphs (``fwrl.agents.inference_graph``)."""
         self.weights = weights if weights is not None else PolicyWeights(model, streams, lock)
         self.model = self.weights.model
@@ -140,26 +141,30 @@ class InferenceLoop:
                 results += self.pool.wait(left)
         return results
 
-    def _bootstrap_values(self, results: list[StepResult], env: dict[str, torch.Tensor],
-                          state_in: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per slot: where the episode was cut by a time limit, the acting weights' value of its
-        final observation (the state carries on from the cut episode: no reset); 0 elsewhere."""
-        n = len(env["reward"])
-        cut = np.flatnonzero(self._staging.host["truncated"])  # the step's flags, as uploaded
+    def _riders(self, results: list[StepResult], cut: np.ndarray, env: dict[str, torch.Tensor],
+                state_in: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The inputs and states of the forward: the step's slots, then one row per slot in ``cut``
+        (a time limit cut its episode) with that episode's final observation, the step's reward,
+        ``done`` false and the slot's state (the cut episode's, not reset)."""
+        inputs = {key: env[key] for key in (OBS, REWARD, DONE, OBS_EXTRA) if key in env}
+        if len(cut) == 0:
+            return inputs, state_in
+        index = torch.from_numpy(cut).to(self.device, non_blocking=True)
+        extra = {key: torch.from_numpy(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut]).to(
+                     self.device) for key in (OBS, OBS_EXTRA) if key in inputs}
+        extra[REWARD] = env[REWARD].index_select(0, index)
+        extra[DONE] = torch.zeros(len(cut), dtype=torch.bool, device=self.device)
+        inputs = {key: torch.cat([value, extra[key]]) for key, value in inputs.items()}
+        state = {name: torch.cat([value, value.index_select(0, index)]) for name, value in state_in.items()}
+        return inputs, state
+
+    def _bootstrap_values(self, baseline: torch.Tensor, n: int, cut: np.ndarray) -> torch.Tensor:
+        """Per slot: the value of the rider of its cut episode (rows ``n:`` of the forward), 0 where
+        no time limit cut one."""
         if len(cut) == 0:
             return self._no_values[:n]  # never written: the store copies it
         values = torch.zeros(n, device=self.device)
-        index = torch.from_numpy(cut).to(self.device)
-        inputs = {"obs": torch.from_numpy(np.concatenate([r.final_obs for r in results])[cut]),
-                  "reward": env["reward"].index_select(0, index),
-                  "done": torch.zeros(len(cut), dtype=torch.bool)}
-        if results[0].final_obs_extra is not None:
-            inputs[EXTRA_KEY] = torch.from_numpy(np.concatenate([r.final_obs_extra for r in results])[cut])
-        inputs = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
-        state = {name: value.index_select(0, index) for name, value in state_in.items()}
-        with self.weights.acting():
-            out, _ = self.model(inputs, state, greedy=True)
-        values.index_copy_(0, index, out["baseline"][0].float())
+        values.index_copy_(0, torch.from_numpy(cut).to(self.device), baseline[n:].float())
         return values
 
     @torch.no_grad()
@@ -181,23 +186,26 @@ class InferenceLoop:
             slots = torch.from_numpy((np.asarray(workers)[:, None] * k + self._offsets).ravel()).to(
                 self.device, non_blocking=True)
             env = self._staging.upload(results)
+            n = len(env[REWARD])
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
-            if self.store is not None:
-                env[BOOTSTRAP_KEY] = self._bootstrap_values(results, env, state_in)
-                self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
+            cut = (np.flatnonzero(self._staging.host[TRUNCATED]) if self.store is not None
+                   else np.empty(0, np.int64))  # evaluation bootstraps nothing
+            inputs, state = self._riders(results, cut, env, state_in)
         with timer.stage("inference_forward", device_work=True):
-            inputs = {key: env[key].unsqueeze(0) for key in ("obs", "reward", "done", EXTRA_KEY) if key in env}
+            inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
             with self.weights.acting() as version:
                 if self._graphed is not None:
-                    out, state_out = self._graphed(inputs, state_in)
+                    out, state_out = self._graphed(inputs, state)
                 else:
-                    out, state_out = self.model(inputs, state_in, greedy=self.greedy)
+                    out, state_out = self.model(inputs, state, greedy=self.greedy)
             for name, value in state_out.items():
-                self.state[name].index_copy_(0, slots, value)
-            actions = out["action"][0].cpu().numpy()
+                self.state[name].index_copy_(0, slots, value[:n])
+            actions = out["action"][0, :n].cpu().numpy()
         if self.store is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
-                self.store.record_agent(workers, {key: out[key][0] for key in AGENT_KEYS}, version)
+                env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
+                self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
+                self.store.record_agent(workers, {key: out[key][0, :n] for key in AGENT_KEYS}, version)
         with timer.stage("env_wait"):
             for i, r in enumerate(results):
                 self.pool.act(r.worker, actions[i * k:(i + 1) * k])
@@ -206,6 +214,5 @@ class InferenceLoop:
                 for record in r.episodes:
                     on_episode(record)
         self.restarts_seen += sum(r.restarted for r in results)
-        n = len(results) * k
         self.agent_steps += n
         return n

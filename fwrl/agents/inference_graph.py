@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from fwrl.envs.step_record import REWARD
+
 WARMUP_CALLS = 3
 
 
@@ -51,7 +53,7 @@ class GraphedActing:
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every batch size
 
     def __call__(self, inputs: dict[str, Tensor], state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        n = inputs["reward"].shape[1]
+        n = inputs[REWARD].shape[1]
         captured = self.graphs.get(n)
         if captured is None:
             captured = self.graphs[n] = self._capture(inputs, state)

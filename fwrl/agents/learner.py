@@ -24,9 +24,24 @@ from fwrl.agents.optim import clip_grad_norm
 from fwrl.agents.policy_weights import PolicyWeights
 from fwrl.agents.rollouts import Batch, RolloutPiece, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
+from fwrl.envs.step_record import REWARD
 
 LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
                   "learner_optimiser", "learner_publish")
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner takes of a run's settings (REFERENCE §4): the IMPALA loss's weights, the
+    reward clip, the gradient-norm clip, and whether V-trace bootstraps where a time limit cut an
+    episode (``bootstrap_truncation``; else the cut ends the return there)."""
+
+    discount: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    reward_clip: float = 1.0
+    grad_norm_clip: float = 40.0
+    bootstrap_truncation: bool = True
 
 
 @dataclass
@@ -43,21 +58,19 @@ class Learner:
     before the optimiser step (``learner_allreduce``), so every rank steps alike; agent steps
     count all ranks' columns."""
 
-    def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, config,
-                 store: RolloutStore | None, timer: StageTimer | None = None, bootstrap_truncation: bool = True,
-                 group: LearnerGroup | None = None):
+    def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, settings: LearnerSettings,
+                 store: RolloutStore | None, timer: StageTimer | None = None, group: LearnerGroup | None = None):
         self.model = model
         self.weights = weights
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.config = config
+        self.settings = settings
         self.store = store
         self.device = next(model.parameters()).device
         self.timer = timer if timer is not None else StageTimer(self.device)
         self.stats = LearnerStats()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.action_dims = getattr(model, "action_dims", None)
-        self.bootstrap_truncation = bootstrap_truncation
         self.group = group
         self.world_size = group.ranks.world_size if group is not None else 1
 
@@ -70,14 +83,14 @@ class Learner:
     def update_batch(self, batch: Batch) -> dict[str, float] | None:
         """One optimiser step on a gathered batch (None: a rank voted to stop, no step)."""
         start = time.perf_counter()
-        timer, c = self.timer, self.config
+        timer, c = self.timer, self.settings
         lag_mean, lag_max = batch.policy_lag(self.weights.version)
         with timer.stage("learner_forward", device_work=True):
             outputs, _ = self.model(batch.tensors, batch.initial_state)
             loss, stats = impala_loss(
                 outputs, batch.tensors, discount=c.discount, baseline_cost=c.baseline_cost,
                 entropy_cost=c.entropy_cost, reward_clip=c.reward_clip, action_dims=self.action_dims,
-                bootstrap_truncation=self.bootstrap_truncation,
+                bootstrap_truncation=c.bootstrap_truncation,
             )
         with timer.stage("learner_backward", device_work=True):
             self.optimizer.zero_grad(set_to_none=True)
@@ -97,9 +110,9 @@ class Learner:
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
         stats["policy_lag_mean"] = round(lag_mean, 3)
         stats["policy_lag_max"] = lag_max
-        T, B = batch.tensors["reward"].shape[0] - 1, batch.tensors["reward"].shape[1]
+        rows, columns = batch.tensors[REWARD].shape[:2]  # T + 1 rows of B columns
         self.stats.updates += 1
-        self.stats.agent_steps += T * B * self.world_size
+        self.stats.agent_steps += (rows - 1) * columns * self.world_size
         self.stats.last = stats
         self.stats.update_seconds = time.perf_counter() - start
         return stats

@@ -40,9 +40,11 @@ import torch
 from torch import Tensor
 
 from fwrl.agents import policy, vtrace
+from fwrl.agents.rollouts import BOOTSTRAP_KEY
+from fwrl.envs.step_record import DONE, REWARD, TRUNCATED
 
 LEARNER_KEYS = ("policy_logits", "baseline")
-BATCH_KEYS = ("reward", "done", "action", "policy_logits")
+BATCH_KEYS = (REWARD, DONE, "action", "policy_logits")
 
 
 def _require(mapping: Mapping[str, Tensor], keys: tuple[str, ...], what: str) -> None:
@@ -85,14 +87,14 @@ def vtrace_returns(
     _require(learner_outputs, LEARNER_KEYS, "learner_outputs")
     _require(batch, BATCH_KEYS, "batch")
     baseline = learner_outputs["baseline"][:-1]
-    rewards = batch["reward"][1:].to(baseline.dtype)
-    done = batch["done"][1:].bool()
+    rewards = batch[REWARD][1:].to(baseline.dtype)
+    done = batch[DONE][1:].bool()
     if reward_clip is not None:
         rewards = rewards.clamp(-reward_clip, reward_clip)
     discounts = (~done).to(baseline.dtype) * discount
-    if bootstrap_truncation and "truncated" in batch:
-        cut = batch["truncated"][1:].to(baseline.dtype)
-        rewards = rewards + discount * cut * batch["bootstrap_value"][1:].to(baseline.dtype)
+    if bootstrap_truncation and TRUNCATED in batch:
+        cut = batch[TRUNCATED][1:].to(baseline.dtype)
+        rewards = rewards + discount * cut * batch[BOOTSTRAP_KEY][1:].to(baseline.dtype)
     return vtrace.from_logits(
         behaviour_logits=batch["policy_logits"][1:],
         target_logits=learner_outputs["policy_logits"][:-1],

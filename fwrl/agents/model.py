@@ -41,10 +41,11 @@ from torch import Tensor, nn
 
 from fwrl.agents import policy
 from fwrl.agents.stem_shapes import SMALL_FRAME, STEMS, check_stem, default_stem  # noqa: F401  (re-exported)
+from fwrl.envs.step_record import DONE, OBS, OBS_EXTRA, REWARD
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.memory_modules import build_core, core_config_class
-from fwrl.memory_modules.fwp_block import auto_output_scale
 from fwrl.memory_modules.base import State
+from fwrl.memory_modules.fwp_block import auto_output_scale
 
 INITS = ("torch", "orthogonal")
 
@@ -224,7 +225,7 @@ class AgentNet(nn.Module):
         or with ``sampler="gumbel"`` the argmax of logits plus Gumbel noise (the same
         distribution from ``torch.rand`` alone, so it can be captured in a CUDA graph).
         """
-        obs = inputs["obs"]
+        obs = inputs[OBS]
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *obs.shape[2:])
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
@@ -232,9 +233,9 @@ class AgentNet(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         parts = [self.stem(x).view(T, B, -1)]
         if self.extra_size:
-            parts.append(inputs["obs_extra"].float())
-        parts.append(inputs["reward"].float().clamp(-1.0, 1.0).unsqueeze(-1))
-        core_out, state = self.core(torch.cat(parts, dim=-1), state, inputs["done"].bool())
+            parts.append(inputs[OBS_EXTRA].float())
+        parts.append(inputs[REWARD].float().clamp(-1.0, 1.0).unsqueeze(-1))
+        core_out, state = self.core(torch.cat(parts, dim=-1), state, inputs[DONE].bool())
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
         action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler)

@@ -4,10 +4,11 @@
 Row layout (torchbeast's, unchanged): a rollout holds ``[T+1, K, ...]`` columns
 for the K slots of one worker plus the core state before row 0;
 
-- row t holds the env output of obs t (``obs`` and ``obs_extra`` where the env
+- row t holds the env output of obs t (the stored columns of the env's step
+  record, ``fwrl.envs.step_record``: ``obs`` and ``obs_extra`` where the env
   has extras, ``reward``, ``done`` and ``truncated`` of the transition into obs
-  t, ``bootstrap_value``: the acting weights' value of the cut episode's final
-  obs where ``truncated``, ``episode_return``, ``episode_step``, ``task``) and
+  t, ``episode_return``, ``episode_step``, ``task``; and ``bootstrap_value``:
+  the acting weights' value of the cut episode's final obs where ``truncated``) and
   the agent output computed from obs t-1 (``action``, ``policy_logits``,
   ``baseline``, and ``policy_version``: the version of the weights that acted),
   i.e. the action that led to obs t;
@@ -43,49 +44,41 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-# What the env workers hand over per slot (StepResult fields); obs_extra only where the env has extras.
-ENV_KEYS = ("obs", "reward", "done", "episode_return", "episode_step", "task", "truncated")
-EXTRA_KEY = "obs_extra"
-BOOTSTRAP_KEY = "bootstrap_value"  # computed by the inference loop where truncated
+from fwrl.envs.step_record import StepRecord
+
+BOOTSTRAP_KEY = "bootstrap_value"  # the acting weights' value of a cut episode's final obs (truncated rows)
 AGENT_KEYS = ("action", "policy_logits", "baseline")
 VERSION_KEY = "policy_version"
+TORCH_DTYPES = {"uint8": torch.uint8, "float32": torch.float32, "bool": torch.bool, "int32": torch.int32,
+                "int64": torch.int64}
 
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """Shapes of one rollout: ``unroll_length`` T, ``envs_per_worker`` K columns."""
+    """Shapes of one rollout: ``unroll_length`` T, ``envs_per_worker`` K columns, the env's step
+    record (its stored columns are the env columns), and the agent's actions."""
 
     unroll_length: int
     envs_per_worker: int
-    obs_shape: tuple[int, ...]
-    obs_dtype: torch.dtype
+    record: StepRecord
     num_actions: int
-    extra_size: int = 0
     action_dims: tuple[int, ...] = ()  # () -> one categorical of num_actions
 
     @property
     def env_keys(self) -> tuple[str, ...]:
         """The columns written at env time (what ``record_env`` takes)."""
-        return ENV_KEYS + ((EXTRA_KEY,) if self.extra_size else ()) + (BOOTSTRAP_KEY,)
+        return tuple(c.name for c in self.record.stored) + (BOOTSTRAP_KEY,)
 
     def columns(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-slot (shape, dtype) of every column."""
-        columns = {
-            "obs": (tuple(self.obs_shape), self.obs_dtype),
-            "reward": ((), torch.float32),
-            "done": ((), torch.bool),
-            "episode_return": ((), torch.float32),
-            "episode_step": ((), torch.int32),
-            "task": ((), torch.int32),
-            "truncated": ((), torch.bool),
+        columns = {c.name: (c.shape, TORCH_DTYPES[c.dtype]) for c in self.record.stored}
+        columns.update({
             BOOTSTRAP_KEY: ((), torch.float32),
             "action": ((len(self.action_dims),) if len(self.action_dims) > 1 else (), torch.int64),
             "policy_logits": ((self.num_actions,), torch.float32),
             "baseline": ((), torch.float32),
             VERSION_KEY: ((), torch.int64),
-        }
-        if self.extra_size:
-            columns[EXTRA_KEY] = ((self.extra_size,), torch.float32)
+        })
         return columns
 
 

@@ -3,21 +3,22 @@
 This is the ``vector=none`` group; :mod:`fwrl.envs.vector_group` is its twin for
 envs stepped in C++ threads, and :func:`fwrl.envs.groups.make_group` picks one.
 Tracks per-game returns and lengths, resets envs whose episode ended, and
-writes results into caller-provided arrays (shared memory for the local
-backend, plain numpy for Ray), laid out as :func:`~fwrl.envs.worker_pool.result_fields`
-says: ``done`` for both kinds of episode end, ``truncated`` (and the cut
-episode's last observation in ``final_obs`` / ``final_obs_extra``) only for
-an episode that was cut, not terminated.
+writes the step record (:mod:`fwrl.envs.step_record`) into caller-provided
+arrays (shared memory for the local backend, plain numpy for Ray): ``done``
+for both kinds of episode end, ``truncated`` (and the cut episode's last
+observation in the cut-only columns) only for an episode that was cut, not
+terminated.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from fwrl.envs import step_record as R
 from fwrl.envs.registry import build_env
-from fwrl.envs.worker_pool import FINAL_FIELDS, EpisodeRecord
+from fwrl.envs.worker_pool import EpisodeRecord, PoolSettings
 
 
 def worker_seed(seed: int, worker: int, life: int, env_index: int) -> int:
@@ -29,15 +30,16 @@ class EnvGroup:
     """K envs of the Python chain (``vector=none``), made with :func:`~fwrl.envs.registry.build_env`
     and stepped one after the other."""
 
-    def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int = 0,
-                 wrappers: Sequence[str] = ()):
+    def __init__(self, settings: PoolSettings, worker: int, life: int = 0):
         self.worker = worker
-        self.task = spec_task_index(spec, worker)
+        self.task = spec_task_index(settings.env, worker)
         self.envs = []
+        k = settings.envs_per_worker
         try:
             for j in range(k):
                 env, obs_layout, action_layout = build_env(
-                    spec, worker_index=worker, seed=worker_seed(seed, worker, life, j), mode=mode, wrappers=wrappers)
+                    settings.env, worker_index=worker, seed=worker_seed(settings.seed, worker, life, j),
+                    mode=settings.mode, wrappers=settings.env_wrappers)
                 self.envs.append(env)
         except BaseException:
             self.close()
@@ -47,27 +49,25 @@ class EnvGroup:
         self.k = k
         self.returns = np.zeros(k, np.float64)
         self.steps = np.zeros(k, np.int64)
-        self._final_set = np.zeros(k, bool)  # rows whose final_obs fields hold a value to clear
+        self._final_set = np.zeros(k, bool)  # rows whose cut-only columns hold a value to clear
 
-    def _write_obs(self, out: dict[str, np.ndarray], j: int, obs: Any, prefix: str = "") -> None:
-        if self.extras:
-            out[prefix + "obs"][j] = obs["obs"]
-            out[prefix + "obs_extra"][j] = obs["obs_extra"]
-        else:
-            out[prefix + "obs"][j] = obs
+    def _write_obs(self, out: dict[str, np.ndarray], j: int, obs: Any, final: bool = False) -> None:
+        """Env ``j``'s observation (``{"obs": ..., "obs_extra": ...}`` with extras) into its row of
+        the observation columns, or of their cut-only copies (``final``)."""
+        parts = obs if self.extras else {R.OBS: obs}
+        for name, value in parts.items():
+            out[R.FINAL_OF[name] if final else name][j] = value
 
     def _clear_final(self, out: dict[str, np.ndarray], j: int) -> None:
         if self._final_set[j]:
-            for name in FINAL_FIELDS:
-                if name in out:
-                    out[name][j] = 0
+            R.clear_cut(out, j)
             self._final_set[j] = False
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
         for j, env in enumerate(self.envs):
             obs, _ = env.reset()
             self._write_obs(out, j, obs)
-        write_start(out, self.task)
+        R.write_start(out, self.task)
         self._final_set[:] = False
         self.returns[:] = 0.0
         self.steps[:] = 0
@@ -82,14 +82,14 @@ class EnvGroup:
             self.steps[j] += 1
             done = bool(terminated or truncated)
             cut = bool(truncated and not terminated)  # terminated wins: nothing to bootstrap from
-            out["reward"][j] = reward
-            out["done"][j] = done
-            out["truncated"][j] = cut
-            out["episode_return"][j] = self.returns[j]
-            out["episode_step"][j] = self.steps[j]
+            out[R.REWARD][j] = reward
+            out[R.DONE][j] = done
+            out[R.TRUNCATED][j] = cut
+            out[R.EPISODE_RETURN][j] = self.returns[j]
+            out[R.EPISODE_STEP][j] = self.steps[j]
             self._clear_final(out, j)
             if cut:
-                self._write_obs(out, j, obs, prefix="final_")
+                self._write_obs(out, j, obs, final=True)
                 self._final_set[j] = True
             if done:
                 if info.get("game_over", True):
@@ -109,20 +109,6 @@ class EnvGroup:
                 env.close()
             except Exception:  # closing a broken env must not hide the original error
                 pass
-
-
-def write_start(out: dict[str, np.ndarray], task: int) -> None:
-    """The fields of a worker's first result beside ``obs``: every slot starts an episode (``done``),
-    nothing was cut, no reward or return yet, ``final_obs`` fields zero."""
-    for name in FINAL_FIELDS:
-        if name in out:
-            out[name][:] = 0
-    out["reward"][:] = 0.0
-    out["done"][:] = True
-    out["truncated"][:] = False
-    out["episode_return"][:] = 0.0
-    out["episode_step"][:] = 0
-    out["task"][:] = task
 
 
 def spec_task_index(spec: str, worker: int) -> int:

@@ -12,31 +12,30 @@ worker backends use whichever this returns. :func:`env_paths`,
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from fwrl.envs.env_group import EnvGroup, spec_task_index, worker_seed
 from fwrl.envs.registry import FAMILY_MODULES, get_family, resolve
 from fwrl.envs.vector_group import VectorEnvGroup
 from fwrl.envs.vector_paths import AUTO, NONE, check_vector_wrappers
+from fwrl.envs.worker_pool import PoolSettings
 from fwrl.errors import FwrlError
 
 Group = EnvGroup | VectorEnvGroup
 
 
-def make_group(spec: str, worker: int, k: int, seed: int, mode: str, life: int = 0,
-               wrappers: Sequence[str] = ()) -> Group:
-    """The K envs of ``worker``'s life ``life``, seeded as :func:`worker_seed` says for both
-    kinds of group. User ``wrappers`` wrap one Python env each: with them, ``vector=auto``
-    takes the Python chain and an explicit library is an error."""
-    parsed, family = resolve(spec)
-    check_vector_wrappers(parsed, wrappers)
-    if wrappers:
-        return EnvGroup(spec, worker, k, seed, mode, life, wrappers)
-    seeds = [worker_seed(seed, worker, life, j) for j in range(k)]
-    envs = family.make_vector(parsed, worker_index=worker, seeds=seeds, mode=mode)
+def make_group(settings: PoolSettings, worker: int, life: int = 0) -> Group:
+    """The K envs of ``worker``'s life ``life`` in a pool of ``settings``, seeded as
+    :func:`worker_seed` says for both kinds of group. User wrappers (``env_wrappers``) wrap one
+    Python env each: with them, ``vector=auto`` takes the Python chain and an explicit library
+    is an error."""
+    parsed, family = resolve(settings.env)
+    check_vector_wrappers(parsed, settings.env_wrappers)
+    if settings.env_wrappers:
+        return EnvGroup(settings, worker, life)
+    seeds = [worker_seed(settings.seed, worker, life, j) for j in range(settings.envs_per_worker)]
+    envs = family.make_vector(parsed, worker_index=worker, seeds=seeds, mode=settings.mode)
     if envs is None:
-        return EnvGroup(spec, worker, k, seed, mode, life, wrappers)
-    return VectorEnvGroup(envs, worker, spec_task_index(spec, worker))
+        return EnvGroup(settings, worker, life)
+    return VectorEnvGroup(envs, worker, spec_task_index(settings.env, worker))
 
 
 # ----------------------------------------------------------------------------- env paths (fwrl bench)

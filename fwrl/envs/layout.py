@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
+from fwrl.envs.step_record import OBS, OBS_EXTRA
 from fwrl.envs.wrappers import resize_frame
 from fwrl.errors import FwrlError
 
@@ -265,7 +266,7 @@ class ObsLayout:
         image = self.image.encode(_get(observation, self.image.path))
         if not self.flat:
             return image
-        return {"obs": image, "obs_extra": flat}
+        return {OBS: image, OBS_EXTRA: flat}
 
     def spaces(self) -> gym.Space:
         """The adapted observation space (a Box, or a Dict of ``obs`` and ``obs_extra``)."""
@@ -275,7 +276,7 @@ class ObsLayout:
             obs = gym.spaces.Box(-np.inf, np.inf, (self._flat_size,), np.float32)
         if self.extra_size == 0:
             return obs
-        return gym.spaces.Dict({"obs": obs, "obs_extra": gym.spaces.Box(-np.inf, np.inf, (self.extra_size,),
+        return gym.spaces.Dict({OBS: obs, OBS_EXTRA: gym.spaces.Box(-np.inf, np.inf, (self.extra_size,),
                                                                           np.float32)})
 
     def describe(self) -> dict[str, Any]:

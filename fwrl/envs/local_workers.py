@@ -21,13 +21,17 @@ import signal
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection, wait as wait_connections
-from typing import Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fwrl.envs.groups import make_group
-from fwrl.envs.worker_pool import StepResult, WorkerPool
+from fwrl.envs.worker_pool import PoolSettings, StepResult, WorkerPool
+
+if TYPE_CHECKING:
+    from fwrl.envs.registry import EnvInfo
 
 _CTYPES = {"uint8": ctypes.c_uint8, "float32": ctypes.c_float, "bool": ctypes.c_bool, "int32": ctypes.c_int32,
            "int64": ctypes.c_int64}
@@ -50,8 +54,7 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn: Connection, parent_pid,
-                 wrappers=()):
+def _worker_main(settings: PoolSettings, worker: int, life: int, raw, specs, conn: Connection, parent_pid: int):
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(0)
@@ -59,12 +62,13 @@ def _worker_main(spec, worker, k, seed, mode, life, raw, specs, num_slots, conn:
     from fwrl.envs.quiet import silence_env_noise
 
     silence_env_noise()
-    views = _views(raw, specs, num_slots)
+    views = _views(raw, specs, settings.num_slots)
+    k = settings.envs_per_worker
     lo, hi = worker * k, (worker + 1) * k
     out = {name: v[lo:hi] for name, v in views.items()}
     group = None
     try:
-        group = make_group(spec, worker, k, seed, mode, life, wrappers)
+        group = make_group(settings, worker, life)
         group.reset(out)
         conn.send(("ok", []))
         while True:
@@ -97,30 +101,18 @@ class _Worker:
 
 
 class LocalWorkerPool(WorkerPool):
-    def __init__(
-        self,
-        env: str,
-        num_workers: int,
-        envs_per_worker: int,
-        seed: int = 0,
-        mode: str = "train",
-        step_timeout: float = 60.0,
-        start_timeout: float = 300.0,
-        max_start_failures: int = 5,
-        env_wrappers: Sequence[str] = (),
-    ):
-        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
-                         max_start_failures, env_wrappers)
+    def __init__(self, settings: PoolSettings, info: "EnvInfo | None" = None):
+        super().__init__(settings, info)
         self._ctx = mp.get_context("spawn")
-        # the step results plus the actions the learner writes for each worker
-        self._specs = {**self.result_specs, "action": (self.info.action_shape, "int64")}
+        # the step record plus the actions the learner writes for each worker
+        self._specs = {**self.record.specs(), "action": (self.info.action_shape, "int64")}
         n = self.num_slots
         self._raw = {
             name: self._ctx.RawArray(_CTYPES[dtype], int(np.prod((n, *shape))))
             for name, (shape, dtype) in self._specs.items()
         }
         self.arrays = _views(self._raw, self._specs, n)
-        self._workers: list[_Worker | None] = [None] * num_workers
+        self._workers: list[_Worker | None] = [None] * self.num_workers
         self._closed = False
 
     # ------------------------------------------------------------------ processes
@@ -129,8 +121,7 @@ class LocalWorkerPool(WorkerPool):
         process = self._ctx.Process(
             target=_worker_main,
             name=f"fwrl-env-worker-{worker}",
-            args=(self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker],
-                  self._raw, self._specs, self.num_slots, child_conn, os.getpid(), self.env_wrappers),
+            args=(self.settings, worker, self._lives[worker], self._raw, self._specs, child_conn, os.getpid()),
             daemon=True,
         )
         process.start()
@@ -200,7 +191,7 @@ class LocalWorkerPool(WorkerPool):
         return f"process died (exit code {process.exitcode})"
 
     def _deadline(self, w: _Worker) -> float:
-        return w.sent_at + (self.step_timeout if w.answered else self.start_timeout)
+        return w.sent_at + (self.settings.step_timeout if w.answered else self.settings.start_timeout)
 
     def _check_hangs(self) -> None:
         now = time.monotonic()
@@ -210,7 +201,7 @@ class LocalWorkerPool(WorkerPool):
             # An answer that arrived after wait_connections returned is not a hang
             # (the learner may have been away longer than the timeout).
             if now > self._deadline(w) and not w.conn.poll():
-                limit = self.step_timeout if w.answered else self.start_timeout
+                limit = self.settings.step_timeout if w.answered else self.settings.start_timeout
                 self._restart(i, f"no answer within {limit:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:

@@ -11,10 +11,10 @@ resource ``envs`` when the cluster advertises it (CPU nodes started with
 ``ray start --resources '{"envs": N}'``), else for plain CPUs only. Where each
 actor ran (node id, IP, pid) is recorded: :meth:`RayWorkerPool.placement`.
 
-Results: the arrays of :func:`~fwrl.envs.worker_pool.result_fields`, except
-that ``final_obs`` / ``final_obs_extra`` travel only for the truncated rows
-(they are rarely needed, and an image per slot per step would double the
-traffic); the pool puts them back into full arrays (zeros elsewhere).
+Results: the arrays of the step record (:class:`~fwrl.envs.step_record.StepRecord`),
+packed for the trip (``pack``: the cut-only columns travel for the truncated rows
+only; an image per slot per step would double the traffic); the pool unpacks
+them into full arrays (zeros elsewhere).
 
 Imports: a ``gym:<module>:<id>`` module or an ``--env-wrapper`` module must be
 importable in the actors. Ray starts actors with the node's own environment,
@@ -42,14 +42,18 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from fwrl.envs.groups import make_group
-from fwrl.envs.worker_pool import (FINAL_FIELDS, EpisodeRecord, StepResult, WorkerPool,
-                                   WorkersLost as _PoolWorkersLost)
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import EpisodeRecord, PoolSettings, StepResult, WorkerPool
+from fwrl.envs.worker_pool import WorkersLost as _PoolWorkersLost
 from fwrl.errors import FwrlError, missing_dependency
+
+if TYPE_CHECKING:
+    from fwrl.envs.registry import EnvInfo
 
 ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes under docker/
 
@@ -70,25 +74,15 @@ def import_ray():
 class EnvActor:
     """The body of one Ray actor: K envs and their output arrays (wrapped by ``ray.remote``)."""
 
-    def __init__(self, spec: str, worker: int, k: int, seed: int, mode: str, life: int,
-                 specs: dict[str, tuple[tuple[int, ...], str]], wrappers: Sequence[str] = (),
+    def __init__(self, settings: PoolSettings, worker: int, life: int, record: StepRecord,
                  import_paths: Sequence[str] = ()):
         from fwrl.envs.quiet import silence_env_noise
 
         silence_env_noise()
         add_import_paths(import_paths)
-        self.out = {name: np.zeros((k, *shape), np.dtype(dtype)) for name, (shape, dtype) in specs.items()}
-        self.group = make_group(spec, worker, k, seed, mode, life, wrappers)
-
-    def _payload(self) -> dict[str, np.ndarray]:
-        """The result arrays, with the final_obs fields for the truncated rows only (see module docstring)."""
-        rows = np.flatnonzero(self.out["truncated"])
-        payload = {name: a for name, a in self.out.items() if name not in FINAL_FIELDS}
-        payload["final_rows"] = rows
-        for name in FINAL_FIELDS:
-            if name in self.out:
-                payload[name] = self.out[name][rows]
-        return payload
+        self.record = record
+        self.out = record.allocate(settings.envs_per_worker)
+        self.group = make_group(settings, worker, life)
 
     def reset(self) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], dict[str, object]]:
         """First observations, plus where this actor runs."""
@@ -97,11 +91,11 @@ class EnvActor:
         self.group.reset(self.out)
         where = {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
                  "hostname": socket.gethostname(), "pid": os.getpid()}
-        return self._payload(), [], where
+        return self.record.pack(self.out), [], where
 
     def step(self, actions: np.ndarray) -> tuple[dict[str, np.ndarray], list[EpisodeRecord], None]:
         episodes = self.group.step(actions, self.out)
-        return self._payload(), episodes, None
+        return self.record.pack(self.out), episodes, None
 
     def close(self) -> None:
         self.group.close()
@@ -131,20 +125,13 @@ class RayWorkerPool(WorkerPool):
 
     def __init__(
         self,
-        env: str,
-        num_workers: int,
-        envs_per_worker: int,
-        seed: int = 0,
-        mode: str = "train",
-        step_timeout: float = 60.0,
-        start_timeout: float = 300.0,
+        settings: PoolSettings,
+        info: "EnvInfo | None" = None,
         address: str = "auto",
         resource: str | None = "auto",
         cpus_per_worker: float = 1.0,
         include_dashboard: bool = False,
         verbose: bool = True,
-        max_start_failures: int = 5,
-        env_wrappers: Sequence[str] = (),
         forward_pythonpath: bool = True,
     ):
         """``address``: ``auto`` (the running cluster), ``HOST:PORT``, ``ray://HOST:PORT``, or
@@ -156,8 +143,7 @@ class RayWorkerPool(WorkerPool):
         if cpus_per_worker < 0:
             raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
         self._ray = import_ray()
-        super().__init__(env, num_workers, envs_per_worker, seed, mode, step_timeout, start_timeout,
-                         max_start_failures, env_wrappers)
+        super().__init__(settings, info)
         self.import_paths = pythonpath_entries() if forward_pythonpath else ()
         self.address = address
         self.resource_option = resource
@@ -166,8 +152,7 @@ class RayWorkerPool(WorkerPool):
         self.verbose = verbose
         self.resource: str | None = None  # decided in start()
         self.placements: list[dict[str, object]] = []  # every actor life: worker, life, node_id, ip, ...
-        self._specs = self.result_specs
-        self._actors: list[_Actor | None] = [None] * num_workers
+        self._actors: list[_Actor | None] = [None] * self.num_workers
         self._where: dict[int, dict[str, object]] = {}
         self._remote_class = None
         self._we_initialised = False
@@ -224,8 +209,7 @@ class RayWorkerPool(WorkerPool):
         if self.resource:
             options["resources"] = {self.resource: 1}
         handle = self._remote_class.options(**options).remote(
-            self.env, worker, self.envs_per_worker, self.seed, self.mode, self._lives[worker], self._specs,
-            self.env_wrappers, self.import_paths)
+            self.settings, worker, self._lives[worker], self.record, self.import_paths)
         self._actors[worker] = _Actor(handle, handle.reset.remote(), time.monotonic())
 
     def _kill(self, worker: int) -> None:
@@ -307,35 +291,23 @@ class RayWorkerPool(WorkerPool):
                 if self.verbose:
                     print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) runs on node "
                           f"{where['node_id']} ({where['ip']}, pid {where['pid']})", file=sys.stderr)
-            results.append(self._result(worker, self._dense(arrays), episodes))
+            results.append(self._result(worker, self.record.unpack(arrays, self.envs_per_worker), episodes))
         self._check_hangs()
         return results
 
-    def _dense(self, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """An actor's payload with full ``final_obs`` arrays (zeros outside the truncated rows)."""
-        arrays = dict(payload)
-        rows = arrays.pop("final_rows")
-        for name in FINAL_FIELDS:
-            if name in self._specs:
-                shape, dtype = self._specs[name]
-                full = np.zeros((self.envs_per_worker, *shape), np.dtype(dtype))
-                full[rows] = arrays[name]
-                arrays[name] = full
-        return arrays
-
     def _next_deadline(self) -> float:
-        steps = [a.sent_at + self.step_timeout for a in self._actors
+        steps = [a.sent_at + self.settings.step_timeout for a in self._actors
                  if a is not None and a.pending is not None and a.answered]
-        return min(steps + [self._last_running + self.start_timeout])
+        return min(steps + [self._last_running + self.settings.start_timeout])
 
     def _check_hangs(self) -> None:
         now = time.monotonic()
         if any(a is not None and a.answered for a in self._actors):
             self._last_running = now
-        elif now - self._last_running > self.start_timeout:
+        elif now - self._last_running > self.settings.start_timeout:
             need = f"{self.cpus_per_worker:g} CPU" + (f" and 1 {self.resource!r}" if self.resource else "")
             raise WorkersLost(
-                f"no Ray env worker has been running for {self.start_timeout:.0f} s: the cluster has no "
+                f"no Ray env worker has been running for {self.settings.start_timeout:.0f} s: the cluster has no "
                 f"node that can hold one (each needs {need}; cluster resources now: "
                 f"{_short_resources(self._ray.cluster_resources())}). Add env nodes and resume the run "
                 "with --resume."
@@ -345,8 +317,8 @@ class RayWorkerPool(WorkerPool):
                 continue  # an actor waiting for a node is not hung; see start_timeout above
             # an answer that arrived after ray.wait returned is not a hang (the learner may
             # have been away longer than step_timeout)
-            if now - a.sent_at > self.step_timeout and not self._ray.wait([a.pending], timeout=0)[0]:
-                self._restart(i, f"no answer within {self.step_timeout:g} s")
+            if now - a.sent_at > self.settings.step_timeout and not self._ray.wait([a.pending], timeout=0)[0]:
+                self._restart(i, f"no answer within {self.settings.step_timeout:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
         actions = self._actions(actions)

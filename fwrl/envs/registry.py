@@ -157,7 +157,7 @@ class EnvFamily:
     def check_installed(self, spec: EnvSpec) -> None:
         """Raise FwrlError (naming the extra to install) when a library the env workers need for
         ``spec`` cannot be imported here; by default :meth:`validate` imports what it needs. Called
-        before any run folder or worker exists (``fwrl.launch.training.preflight``); ``describe`` need not
+        before any run folder or worker exists (``fwrl.runner.preflight``); ``describe`` need not
         call it (``fwrl info`` describes envs whose library is missing, e.g. DMLab's spaces)."""
         self.validate(spec)
 

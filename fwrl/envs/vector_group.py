@@ -17,8 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
-from fwrl.envs.env_group import write_start
-from fwrl.envs.worker_pool import FINAL_FIELDS, EpisodeRecord
+from fwrl.envs import step_record as R
+from fwrl.envs.worker_pool import EpisodeRecord
 
 
 @dataclass
@@ -69,8 +69,8 @@ class VectorEnvGroup:
         self._final_rows = np.zeros(self.k, bool)  # rows whose final_obs holds a value to clear
 
     def reset(self, out: dict[str, np.ndarray]) -> None:
-        out["obs"][:] = self.envs.reset()
-        write_start(out, self.task)
+        out[R.OBS][:] = self.envs.reset()
+        R.write_start(out, self.task)
         self._final_rows[:] = False
         self.returns[:] = 0.0
         self.steps[:] = 0
@@ -82,24 +82,22 @@ class VectorEnvGroup:
         self.steps += 1
         done = s.terminated | s.truncated
         cut = s.truncated & ~s.terminated
-        out["reward"][:] = s.reward
-        out["done"][:] = done
-        out["truncated"][:] = cut
-        out["episode_return"][:] = self.returns
-        out["episode_step"][:] = self.steps
+        out[R.REWARD][:] = s.reward
+        out[R.DONE][:] = done
+        out[R.TRUNCATED][:] = cut
+        out[R.EPISODE_RETURN][:] = self.returns
+        out[R.EPISODE_STEP][:] = self.steps
         if self._final_rows.any():
-            for name in FINAL_FIELDS:
-                if name in out:
-                    out[name][self._final_rows] = 0
+            R.clear_cut(out, self._final_rows)
         if cut.any():
-            out["final_obs"][cut] = s.final_obs[cut]
+            out[R.FINAL_OBS][cut] = s.final_obs[cut]
         self._final_rows = cut
         finished = []
         for j in np.flatnonzero(done & s.game_over):
             finished.append(EpisodeRecord(float(self.returns[j]), int(self.steps[j]), self.task, self.worker))
             self.returns[j] = 0.0
             self.steps[j] = 0
-        out["obs"][:] = s.obs
+        out[R.OBS][:] = s.obs
         return finished
 
     def close(self) -> None:

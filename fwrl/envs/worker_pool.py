@@ -13,12 +13,9 @@ hand back numpy batches. The learner process drives them:
 Actions are int arrays ``[K]`` (one action dim: ``Discrete``) or ``[K, D]``
 (``D = len(info.action_dims)``: ``MultiDiscrete``) of 0-based indices.
 
-Episode ends: ``done`` marks a slot whose ``obs`` is the first frame of a new
-episode (the core resets there), for both kinds of end; ``truncated`` marks
-those whose previous episode was cut (a time limit) rather than terminated,
-and only there ``final_obs`` (and ``final_obs_extra``) hold that episode's
-last observation, as gymnasium's ``step`` returned it before the worker reset
-the env (for bootstrapping); elsewhere they are zeros.
+What a worker returns per slot is its step record (``fwrl.envs.step_record``: the
+observation, reward, episode ends with ``truncated`` where a time limit cut the
+episode, and the cut episode's final observation for bootstrapping).
 
 A worker that crashes, raises or hangs past ``step_timeout`` is restarted by
 the pool. Its next result has a new ``life`` number, every slot marked
@@ -29,11 +26,17 @@ those slots' core state and drops their partial rollouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from fwrl.envs.step_record import StepRecord
 from fwrl.errors import FwrlError
+
+if TYPE_CHECKING:
+    from fwrl.envs.registry import EnvInfo
+
+COLUMN_NAMES = frozenset(StepRecord.of((1,), "float32", 1).names)  # every column a record may have
 
 
 @dataclass
@@ -49,52 +52,63 @@ class EpisodeRecord:
 
 @dataclass
 class StepResult:
-    """What one worker returns after stepping its K envs ([K, ...] arrays).
+    """What one worker returns after stepping its K envs: the arrays of its step record
+    (``[K, ...]``, one per column of :class:`~fwrl.envs.step_record.StepRecord`; read them as
+    ``result.obs``, ``result.truncated``, ...: None for a column the env has not) and the games
+    that ended.
 
-    The arrays may be views of the backend's buffers (the local backend's are
-    shared memory): they are valid until the next ``act`` for this worker, so
-    copy what must outlive it.
+    The arrays may be views of the backend's buffers (the local backend's are shared memory):
+    they are valid until the next ``act`` for this worker, so copy what must outlive it.
     """
 
     worker: int
     life: int
-    obs: np.ndarray  # [K, *info.obs_shape] of info.obs_dtype
-    reward: np.ndarray  # float32 [K]: reward of the transition into obs
-    done: np.ndarray  # bool [K]: obs is the first frame of a new episode (terminated or truncated)
-    episode_return: np.ndarray  # float32 [K]: return of the current game so far
-    episode_step: np.ndarray  # int32 [K]
-    task: np.ndarray  # int32 [K]
+    arrays: dict[str, np.ndarray]
     episodes: list[EpisodeRecord]
     restarted: bool = False
-    # bool [K]: the previous episode was cut by a time limit (done is true there too); False for
-    # a terminated episode and for a worker's fresh start
-    truncated: np.ndarray | None = None
-    final_obs: np.ndarray | None = None  # like obs: last obs of the cut episode, where truncated (else 0)
-    obs_extra: np.ndarray | None = None  # float32 [K, info.extra_size]; None when extra_size == 0
-    final_obs_extra: np.ndarray | None = None  # like obs_extra, where truncated (else 0)
+
+    def __getattr__(self, name: str) -> np.ndarray | None:
+        if name in COLUMN_NAMES:
+            return self.__dict__["arrays"].get(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
-FINAL_FIELDS = ("final_obs", "final_obs_extra")  # valid only in truncated rows
+@dataclass(frozen=True)
+class PoolSettings:
+    """What a pool runs: ``num_workers`` workers with ``envs_per_worker`` envs each of ``env``
+    (in ``mode`` train or test, wrapped by ``env_wrappers``), seeded from ``seed``
+    (:func:`fwrl.envs.env_group.worker_seed`), and how long a worker may take: ``step_timeout``
+    per step, ``start_timeout`` for its imports and first reset, ``max_start_failures`` lives in a
+    row that die before their first result. Every backend and every worker takes this one object."""
+
+    env: str
+    num_workers: int
+    envs_per_worker: int
+    seed: int = 0
+    mode: str = "train"
+    step_timeout: float = 60.0
+    env_wrappers: tuple[str, ...] = ()
+    start_timeout: float = 300.0
+    max_start_failures: int = 5
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_workers * self.envs_per_worker
 
 
-def result_fields(obs_shape: tuple[int, ...], obs_dtype: str,
-                  extra_size: int = 0) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Per-slot (shape, dtype) of the arrays of a :class:`StepResult`, as both backends allocate them
-    (``obs_extra`` and ``final_obs_extra`` only when ``extra_size > 0``)."""
-    fields = {
-        "obs": (tuple(obs_shape), obs_dtype),
-        "reward": ((), "float32"),
-        "done": ((), "bool"),
-        "episode_return": ((), "float32"),
-        "episode_step": ((), "int32"),
-        "task": ((), "int32"),
-        "truncated": ((), "bool"),
-        "final_obs": (tuple(obs_shape), obs_dtype),
-    }
-    if extra_size > 0:
-        fields["obs_extra"] = ((int(extra_size),), "float32")
-        fields["final_obs_extra"] = ((int(extra_size),), "float32")
-    return fields
+class StepSource(Protocol):
+    """What an acting loop steps: a pool, or a view of one (evaluation's lock step). Results come
+    from ``wait``; ``act`` sends a worker its K actions."""
+
+    num_workers: int
+    envs_per_worker: int
+
+    @property
+    def num_slots(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> list[StepResult]: ...
+
+    def act(self, worker: int, actions: np.ndarray) -> None: ...
 
 
 class WorkersLost(Exception):
@@ -118,37 +132,32 @@ class WorkerPool:
     envs_per_worker: int
     restarts: int = 0
 
-    def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int, mode: str,
-                 step_timeout: float, start_timeout: float, max_start_failures: int = 5,
-                 env_wrappers: Sequence[str] = ()):
+    def __init__(self, settings: PoolSettings, info: "EnvInfo | None" = None):
+        """``info``: the env's description where the caller has it (else it is described here)."""
         from fwrl.envs.registry import describe_env, resolve
         from fwrl.envs.user_wrappers import check_wrappers
         from fwrl.envs.vector_paths import check_vector_wrappers
 
-        if num_workers < 1 or envs_per_worker < 1:
+        if settings.num_workers < 1 or settings.envs_per_worker < 1:
             raise FwrlError(
-                f"need at least one worker and one env per worker, got num_workers={num_workers}, "
-                f"envs_per_worker={envs_per_worker}."
+                f"need at least one worker and one env per worker, got num_workers={settings.num_workers}, "
+                f"envs_per_worker={settings.envs_per_worker}."
             )
-        self.env = env
-        self.env_wrappers = check_wrappers(env_wrappers)  # before any worker starts: a bad one is an error here
-        check_vector_wrappers(resolve(env)[0], self.env_wrappers)
-        self.info = describe_env(env, self.env_wrappers)
-        self.result_specs = result_fields(self.info.obs_shape, self.info.obs_dtype, self.info.extra_size)
-        self.num_workers = num_workers
-        self.envs_per_worker = envs_per_worker
-        self.seed = seed
-        self.mode = mode
-        self.step_timeout = step_timeout
-        self.start_timeout = start_timeout
-        if max_start_failures < 1:
-            raise FwrlError(f"max_start_failures must be >= 1, got {max_start_failures}.")
-        self.max_start_failures = max_start_failures
+        if settings.max_start_failures < 1:
+            raise FwrlError(f"max_start_failures must be >= 1, got {settings.max_start_failures}.")
+        wrappers = check_wrappers(settings.env_wrappers)  # before any worker starts: a bad one is an error here
+        check_vector_wrappers(resolve(settings.env)[0], wrappers)
+        self.settings = PoolSettings(**{**vars(settings), "env_wrappers": tuple(wrappers)})
+        self.env = settings.env
+        self.info = info if info is not None else describe_env(settings.env, self.settings.env_wrappers)
+        self.record = StepRecord.of(self.info.obs_shape, self.info.obs_dtype, self.info.extra_size)
+        self.num_workers = settings.num_workers
+        self.envs_per_worker = settings.envs_per_worker
         self.restarts = 0
         self.errors: list[str] = []  # "worker W (life L): reason" per restart
-        self._lives = [0] * num_workers
-        self._restarted = [False] * num_workers  # the next result is the first of a new life
-        self._start_failures = [0] * num_workers  # lives in a row that died before their first result
+        self._lives = [0] * self.num_workers
+        self._restarted = [False] * self.num_workers  # the next result is the first of a new life
+        self._start_failures = [0] * self.num_workers  # lives in a row that died before their first result
 
     @property
     def num_slots(self) -> int:
@@ -211,7 +220,7 @@ class WorkerPool:
         if not self._answered(worker):
             self._start_failures[worker] += 1
         self._kill(worker)
-        if self._start_failures[worker] >= self.max_start_failures:
+        if self._start_failures[worker] >= self.settings.max_start_failures:
             raise FwrlError(
                 f"env worker {worker} failed {self._start_failures[worker]} times in a row before its envs "
                 f"were reset ({self.env!r}); last error: {reason}"
@@ -225,22 +234,7 @@ class WorkerPool:
         self._start_failures[worker] = 0
         restarted = self._restarted[worker]
         self._restarted[worker] = False
-        return StepResult(
-            worker=worker,
-            life=self._lives[worker],
-            obs=arrays["obs"],
-            reward=arrays["reward"],
-            done=arrays["done"],
-            episode_return=arrays["episode_return"],
-            episode_step=arrays["episode_step"],
-            task=arrays["task"],
-            episodes=list(episodes),
-            restarted=restarted,
-            truncated=arrays["truncated"],
-            final_obs=arrays["final_obs"],
-            obs_extra=arrays.get("obs_extra"),
-            final_obs_extra=arrays.get("final_obs_extra"),
-        )
+        return StepResult(worker, self._lives[worker], arrays, list(episodes), restarted)
 
     def __enter__(self) -> "WorkerPool":
         self.start()

@@ -1,7 +1,7 @@
 """The ``fwrl`` command line: train, evaluate, plot, info, bench.
 
-Flags are generated from the settings models of ``fwrl.launch.settings.config``
-(``fwrl.launch.settings.flags``), so each setting has one type, default, range and
+Flags are generated from the settings models of ``fwrl.settings.config``
+(``fwrl.launch.flags``), so each setting has one type, default, range and
 help. Every command checks all of its input before it starts a process or
 writes a file. User errors (:class:`fwrl.errors.FwrlError`, and argparse's
 own) print ``fwrl: error: ...`` (one paragraph) and exit 2.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
-from fwrl.launch.settings.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
+from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
+from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
@@ -73,9 +73,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from fwrl.launch.settings.config import check_resume, config_yaml, read_config
-    from fwrl.launch.settings.flags import check_elstm_grad, train_config_from_args, train_overrides
-    from fwrl.launch.training.rundir import check_run_dir, prepare_run_dir
+    from fwrl.settings.config import check_resume, config_yaml, read_config
+    from fwrl.launch.flags import check_elstm_grad, train_config_from_args, train_overrides
+    from fwrl.runner.rundir import check_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
     if args.resume:
@@ -96,7 +96,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     from fwrl.agents.distributed import ranks_from_env
-    from fwrl.launch.training.preflight import check_runnable
+    from fwrl.runner.preflight import check_runnable
 
     ranks = ranks_from_env()  # set by torchrun, SLURM, or fwrl train --learners in the rank processes
     if run_dir is None:
@@ -109,16 +109,16 @@ def run_train(args: argparse.Namespace) -> int:
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
-        from fwrl.launch.training.learners import launch_learners
+        from fwrl.runner.learners import launch_learners
 
         argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
     prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
 
-    from fwrl.launch.training.progress import Progress
-    from fwrl.launch.training.slow_start import SlowStartHint
-    from fwrl.launch.training.train import train
+    from fwrl.runner.progress import Progress
+    from fwrl.runner.slow_start import SlowStartHint
+    from fwrl.runner.train import train
 
     # the run's progress display; a slow first update says what to change
     progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
@@ -134,22 +134,27 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _say_family_defaults(args: argparse.Namespace) -> None:
     """Say which settings a new run took from its env family's defaults (the learning suite's), if any."""
-    from fwrl.launch.settings.config import env_and_core, layered_settings
-    from fwrl.launch.settings.family_defaults import describe, family_defaults
-    from fwrl.launch.settings.flags import train_overrides
+    from fwrl.settings.config import env_and_core, layered_settings
+    from fwrl.settings.family_defaults import describe, family_defaults
+    from fwrl.launch.flags import train_overrides
 
     settings = layered_settings(args.preset, train_overrides(args), args.config, family=False)
     env, core = env_and_core(settings)
     added = family_defaults(settings, env, core)
     if added:
         print(f"fwrl train: {describe(added, env, core)}", file=sys.stderr)
+    if float(settings.get("max_seconds") or 0) > 0 and "total_steps" not in {**settings, **added}:
+        default = TrainConfig.model_fields["total_steps"].default
+        print(f"fwrl train: the learning rate decays to 0 over --total-steps ({default:,} agent steps, the "
+              "default), not over the --max-seconds limit; to anneal within the limit, set --total-steps to the "
+              "steps it allows (fwrl bench throughput measures the rate).", file=sys.stderr)
 
 
 def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
     """The final line's account of a run: steps against the budget, updates, episodes, how it stopped."""
     import math
 
-    from fwrl.launch.training.progress import steps_text
+    from fwrl.runner.progress import steps_text
 
     if math.isnan(result.mean_return):
         episodes = ("no episode finished yet" if result.episodes == 0
@@ -198,7 +203,7 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="core option, repeatable (e.g. --core-opt num_layers=4)")
     probe = p.add_argument_group("init probe (with --env)", "How hard the first updates of a fresh agent hit its "
-                                 "policy and value, on one batch acted in --env (fwrl.launch.training.probe).")
+                                 "policy and value, on one batch acted in --env (fwrl.runner.probe).")
     probe.add_argument("--probe", action="store_true", help="run the init probe")
     probe.add_argument("--probe-updates", type=int, default=10, metavar="INT",
                        help="updates on the probe's batch (default 10)")
@@ -213,7 +218,7 @@ def run_info(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from fwrl.launch.settings.config import build_config
+    from fwrl.settings.config import build_config
 
     settings = given_settings(args, TrainConfig)
     options = parse_key_values(args.core_opt, "--core-opt")
@@ -225,7 +230,7 @@ def run_info(args: argparse.Namespace) -> int:
     if args.json_path and not args.probe:
         raise FwrlError("--json-path writes the init probe's figures: pass --probe with it.")
     if describe:  # the env first: a misspelt env or a missing library is said before torch is imported
-        from fwrl.launch.settings.config import check_env_first, layered_settings
+        from fwrl.settings.config import check_env_first, layered_settings
 
         check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
     if args.preset or settings or options:  # checks core, options, stem, env (over the family's defaults)
@@ -236,7 +241,7 @@ def run_info(args: argparse.Namespace) -> int:
         check_writable(Path(args.json_path), "probe JSON", "Pass --json-path PATH to write it elsewhere.")
     console = Console()
     if args.cores or (not describe and not args.presets):
-        from fwrl.launch.settings.core_catalog import catalogue  # the registry's cores, without importing torch
+        from fwrl.settings.core_catalog import catalogue  # the registry's cores, without importing torch
 
         for core in catalogue()["cores"]:
             table = Table("option", "default", "valid", "meaning", title=f"{core['name']}: {core['summary']}",
@@ -247,7 +252,7 @@ def run_info(args: argparse.Namespace) -> int:
                 table.add_row("(none)", "", "", "")
             console.print(table)
     if args.presets:
-        from fwrl.launch.settings.config import load_preset, preset_names
+        from fwrl.settings.config import load_preset, preset_names
 
         table = Table("preset", "env", "core", title="presets")
         for name in preset_names():
@@ -258,7 +263,7 @@ def run_info(args: argparse.Namespace) -> int:
         from fwrl.agents.model import count_parameters, layer_table
         from fwrl.agents.stem_shapes import check_stem
         from fwrl.envs.registry import describe_env
-        from fwrl.launch.training.agent import build_model
+        from fwrl.runner.agent import build_model
 
         info = describe_env(config.env)
         check_stem(config.stem, info.obs_shape, config.env)
@@ -280,7 +285,7 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
 
     import torch
 
-    from fwrl.launch.training.probe import collect_batch, format_probe, probe
+    from fwrl.runner.probe import collect_batch, format_probe, probe
 
     torch.manual_seed(config.seed)
     print(f"probe: acting {config.batch_size} envs x {config.unroll_length + 1} steps with the fresh agent ...",
@@ -351,9 +356,9 @@ def _add_env_path_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_bench_throughput(args: argparse.Namespace) -> int:
     from fwrl.launch.bench import bench_throughput
-    from fwrl.launch.settings.config import config_yaml
-    from fwrl.launch.settings.flags import train_config_from_args
-    from fwrl.launch.training.preflight import check_runnable
+    from fwrl.settings.config import config_yaml
+    from fwrl.launch.flags import train_config_from_args
+    from fwrl.runner.preflight import check_runnable
 
     window = BenchConfig.parse(given_settings(args, BenchConfig))
     config = train_config_from_args(args, base=bench_throughput_base(args), check_env=not args.print_config)
@@ -377,12 +382,12 @@ def bench_throughput_base(args: argparse.Namespace) -> dict | None:
 
 def run_bench_envs(args: argparse.Namespace) -> int:
     from fwrl.launch.bench import bench_envs
-    from fwrl.launch.settings.config import build_config
+    from fwrl.settings.config import build_config
 
     given = given_settings(args, BenchConfig)
     window = BenchConfig.parse({"seconds": 20.0, **given})
     config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
-    from fwrl.launch.training.preflight import check_workers_runnable
+    from fwrl.runner.preflight import check_workers_runnable
 
     check_workers_runnable(config.env, config.backend)
     return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
@@ -411,7 +416,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from fwrl.launch.training.preflight import check_workers_runnable
+    from fwrl.runner.preflight import check_workers_runnable
 
     from fwrl.utils.checkpoint_files import check_checkpoint_file, checkpoint_of
 
@@ -421,10 +426,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if opts.env:  # a bad spec or a missing library is said before torch loads the checkpoint
         check_workers_runnable(opts.env, opts.backend)
 
-    from fwrl.launch.evaluation import evaluate as ev
-    from fwrl.launch.evaluation.protocols import default_num_workers, default_protocol, select_splits
-    from fwrl.launch.evaluation.results import print_table, write_result
-    from fwrl.launch.training.agent import load_agent, pick_device
+    from fwrl.evaluation import evaluate as ev
+    from fwrl.evaluation.protocols import default_num_workers, default_protocol, select_splits
+    from fwrl.evaluation.results import print_table, write_result
+    from fwrl.runner.agent import load_agent, pick_device
     from fwrl.utils.files import check_writable
 
     device = pick_device(opts.device)
@@ -444,7 +449,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     check_writable(out, "evaluation JSON", "Pass --out PATH to write it elsewhere.")
     check_writable(out.with_suffix(".md"), "evaluation table", "Pass --out PATH to write it elsewhere.")
     num_workers = opts.num_workers or default_num_workers(env)
-    from fwrl.launch.evaluation.progress import EvalProgress
+    from fwrl.evaluation.progress import EvalProgress
 
     with EvalProgress(env) as progress:  # episodes played, the running mean return, an ETA
         result = ev.evaluate(
@@ -475,7 +480,7 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
 
 def run_plot(args: argparse.Namespace) -> int:
     from fwrl.launch.plot import default_out, plot_runs, read_metrics
-    from fwrl.launch.settings.config import parse_size
+    from fwrl.settings.config import parse_size
     from fwrl.utils.files import check_writable
 
     opts = PlotConfig.parse(given_settings(args, PlotConfig))

@@ -89,7 +89,7 @@ def test_ray_driver_stops_on_sigterm_with_a_checkpoint(tmp_path):
 def test_smoke_reads_the_steps_of_fwrl_trains_final_line(tmp_path):
     """docker/smoke.sh compares the steps of ``fwrl train``'s last line with the checkpoint's:
     its parser reads both forms of that line (inside the budget, and past it by part of a batch)."""
-    from fwrl.launch.training.progress import steps_text
+    from fwrl.runner.progress import steps_text
 
     parser = next(line for line in SMOKE.read_text().splitlines() if line.startswith("reported_steps()"))
     for steps, total, expected in ((30_400, 300_000, "30400"), (300_160, 300_000, "300160")):

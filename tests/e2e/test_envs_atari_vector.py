@@ -31,7 +31,8 @@ from fwrl.envs.atari_vector import AtariVectorSettings  # noqa: E402
 from fwrl.envs.groups import env_path, env_paths, make_group, with_env_path  # noqa: E402
 from fwrl.envs.registry import resolve  # noqa: E402
 from fwrl.envs.vector_group import VectorEnvGroup  # noqa: E402
-from fwrl.envs.worker_pool import result_fields  # noqa: E402
+from fwrl.envs.step_record import StepRecord  # noqa: E402
+from fwrl.envs.worker_pool import PoolSettings  # noqa: E402
 from fwrl.errors import FwrlError  # noqa: E402
 
 LIBRARY_REASONS = {library: vector_library_problem(library) for library in ("ale", "envpool")}
@@ -44,8 +45,7 @@ needs_a_library = pytest.mark.skipif(ANY_LIBRARY is None, reason="neither ale_py
 
 def _out(spec: str, k: int) -> dict[str, np.ndarray]:
     info = describe_env(spec)
-    return {name: np.zeros((k, *shape), dtype) for name, (shape, dtype) in
-            result_fields(info.obs_shape, info.obs_dtype).items()}
+    return StepRecord.of(info.obs_shape, info.obs_dtype).allocate(k)
 
 
 def _fresh(stack: np.ndarray) -> bool:
@@ -77,7 +77,7 @@ def test_auto_takes_ale_then_envpool_then_the_python_chain(monkeypatch):
     assert env_path("atari:Pong") == ("envpool" if "envpool" in runnable else "none")
     monkeypatch.setitem(sys.modules, "envpool", None)
     assert env_path("atari:Pong") == "none"
-    assert type(make_group("atari:Pong", 0, 1, 0, "train")).__name__ == "EnvGroup"
+    assert type(make_group(PoolSettings("atari:Pong", 1, 1, 0, "train"), 0)).__name__ == "EnvGroup"
 
 
 def test_a_missing_library_names_its_extra(monkeypatch):
@@ -90,7 +90,7 @@ def test_a_missing_library_names_its_extra(monkeypatch):
     from fwrl.envs.local_workers import LocalWorkerPool
 
     with pytest.raises(FwrlError, match=r"pip install -e '\.\[envpool\]'"):  # before any worker starts
-        LocalWorkerPool("atari:Pong?vector=envpool", 1, 1)
+        LocalWorkerPool(PoolSettings("atari:Pong?vector=envpool", 1, 1))
 
 
 @needs_a_library
@@ -99,8 +99,8 @@ def test_env_wrappers_need_the_python_chain():
 
     wrapper = "gymnasium.wrappers:RecordEpisodeStatistics"
     with pytest.raises(FwrlError, match=f"asks for vector={ANY_LIBRARY} .* Use vector=none"):
-        make_pool("local", f"atari:Pong?vector={ANY_LIBRARY}", 1, 1, env_wrappers=[wrapper])
-    group = make_group("atari:Pong", 0, 1, 0, "train", wrappers=[wrapper])  # auto: the Python chain
+        make_pool("local", PoolSettings(f"atari:Pong?vector={ANY_LIBRARY}", 1, 1, env_wrappers=(wrapper,)))
+    group = make_group(PoolSettings("atari:Pong", 1, 1, 0, "train", env_wrappers=(wrapper,)), 0)  # auto: the Python chain
     assert type(group).__name__ == "EnvGroup"
     group.close()
 
@@ -193,7 +193,7 @@ def _random_play(path: str, steps: int = 1000, k: int = 4) -> dict[str, np.ndarr
     """Breakout (train mode) under uniformly random actions (the same generator for every path)."""
     spec = f"atari:Breakout?vector={path}"
     out = _out(spec, k)
-    group = make_group(spec, 0, k, 0, "train")
+    group = make_group(PoolSettings(spec, 1, k, 0, "train"), 0)
     rng = np.random.default_rng(0)
     lives, games, game_steps, rewards, pixels, lit = [], [], [], [], [], []
     since = np.zeros(k, int)
@@ -245,7 +245,7 @@ def test_a_life_loss_ends_the_training_episode_not_the_game(library, mode):
     k = 2
     spec = f"atari:Breakout?vector={library}"
     out = _out(spec, k)
-    group = make_group(spec, 0, k, 0, mode)
+    group = make_group(PoolSettings(spec, 1, k, 0, mode), 0)
     assert isinstance(group, VectorEnvGroup)
     rng = np.random.default_rng(1)
     game_return, game_steps, ends = np.zeros(k), np.zeros(k, int), np.zeros(k, int)
@@ -281,7 +281,7 @@ def test_the_frame_cap_is_a_truncation_with_the_final_observation(library):
     k = 2
     spec = f"atari:Pong?vector={library}&max_frames=200"
     out = _out(spec, k)
-    group = make_group(spec, 0, k, 0, "train")
+    group = make_group(PoolSettings(spec, 1, k, 0, "train"), 0)
     rng = np.random.default_rng(2)
     cuts = []
     try:
@@ -366,10 +366,10 @@ def test_a_killed_vector_worker_drops_exactly_its_partial_rollouts():
     T, K = 4, 2
     spec = f"atari:Pong?vector={ANY_LIBRARY}"
     info = describe_env(spec)
-    pool = LocalWorkerPool(spec, 2, K, seed=1, step_timeout=60.0)
+    pool = LocalWorkerPool(PoolSettings(spec, 2, K, seed=1, step_timeout=60.0))
     stamped = Recording(pool)
     model = AgentNet(info.obs_shape, info.num_actions, "lstm", {"hidden_size": 16}, "nature").eval()
-    store = RolloutStore(RolloutSpec(T, K, info.obs_shape, torch.uint8, info.num_actions), 2, torch.device("cpu"),
+    store = RolloutStore(RolloutSpec(T, K, StepRecord.of(info.obs_shape, "uint8"), info.num_actions), 2, torch.device("cpu"),
                          model.initial_state(1))
     rollouts = []
 
@@ -482,7 +482,7 @@ def test_procgen_through_envpool_keeps_the_procgen_protocol():
     spec = "procgen:coinrun?vector=envpool&distribution=hard"
     assert env_path(spec) == "envpool"
     out = _out(spec, k)
-    group = make_group(spec, 1, k, 0, "train")
+    group = make_group(PoolSettings(spec, 2, k, 0, "train"), 1)
     assert isinstance(group, VectorEnvGroup) and group.task == 0
     rng = np.random.default_rng(0)
     records = []

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from fwrl.envs.worker_pool import COLUMN_NAMES
 from fwrl.envs import describe_env, make_env
 from fwrl.envs.env_group import worker_seed
 from fwrl.errors import FwrlError
@@ -170,7 +171,9 @@ def _run(pool, actions, steps: int) -> list[dict]:
             assert time.monotonic() < deadline, f"only {len(out)} results; errors: {pool.errors}"
             for r in pool.wait(1.0):
                 assert not pool.errors, pool.errors
-                out.append({k: (np.array(v) if isinstance(v, np.ndarray) else v) for k, v in vars(r).items()})
+                columns = {name: getattr(r, name) for name in COLUMN_NAMES}  # None: a column the env has not
+                out.append({"worker": r.worker, "life": r.life, "episodes": r.episodes, "restarted": r.restarted,
+                            **{name: None if value is None else np.array(value) for name, value in columns.items()}})
                 if len(out) <= steps:
                     pool.act(r.worker, actions(len(out) - 1))
     finally:

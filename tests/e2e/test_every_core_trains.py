@@ -9,9 +9,9 @@ import torch
 
 from fwrl.agents.checkpoint import load_model_weights
 from fwrl.envs.registry import describe_env
-from fwrl.launch.settings.config import TrainConfig, build_config
-from fwrl.launch.training.agent import build_model
-from fwrl.launch.training.train import train
+from fwrl.settings.config import TrainConfig, build_config
+from fwrl.runner.agent import build_model
+from fwrl.runner.train import train
 from fwrl.memory_modules import core_config_class, core_names
 
 

@@ -125,8 +125,8 @@ def memory_checkpoint(folder: Path) -> Path:
 
     from fwrl.agents.checkpoint import save_checkpoint
     from fwrl.envs.registry import describe_env
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.agent import build_model
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.agent import build_model
 
     config = TrainConfig.from_dict({"env": "memory:cue_delay", "core": "lstm", "core_options": {"hidden_size": 16}})
     info = describe_env(config.env)
@@ -202,7 +202,7 @@ def test_missing_library_message_reads_well_and_names_the_readmes_install_comman
 def tiny_sweep(folder: Path, *argv: str):
     """A sweep folder of ``argv``'s grid (written, nothing run); returns the Sweep."""
     from fwrl.launch.cli import build_parser
-    from fwrl.launch.settings.flags import given_settings
+    from fwrl.launch.flags import given_settings
     from fwrl.launch.sweep.arguments import grid_from_args
     from fwrl.launch.sweep.grid import expand
     from fwrl.launch.sweep.options import SweepConfig
@@ -311,7 +311,7 @@ def test_these_answers_come_without_the_heavy_imports(argv, message, heavy, tmp_
 def test_the_catalogue_checks_core_options_as_the_registry_does():
     """Every option of every core: a bad value gets the registry's own message from the catalogue."""
     from fwrl.errors import FwrlError
-    from fwrl.launch.settings.core_catalog import check_core_options
+    from fwrl.settings.core_catalog import check_core_options
     from fwrl.memory_modules import core_config_class, core_names
 
     def message(check) -> str | None:
@@ -338,7 +338,7 @@ def test_report_marks_an_evaluation_of_an_earlier_checkpoint_and_says_so(tmp_pat
     import csv
     import json
 
-    from fwrl.launch.settings.config import TrainConfig, config_yaml
+    from fwrl.settings.config import TrainConfig, config_yaml
 
     pytest.importorskip("rliable")
     for name, evaluated_at, seed in (("stale", 209_600, 1), ("fresh", 300_800, 2)):
@@ -388,7 +388,7 @@ def test_evaluate_shows_episodes_done_the_running_mean_and_an_eta(tmp_path):
 
 
 def test_evaluate_progress_eta_is_the_time_per_episode_times_those_left():
-    from fwrl.launch.evaluation.progress import EvalProgress
+    from fwrl.evaluation.progress import EvalProgress
 
     progress = EvalProgress("atari:Pong", console=None)
     progress.started = 100.0
@@ -421,7 +421,7 @@ def test_the_family_defaults_are_the_learning_suites_grid():
     """The defaults are what benchmarks/learning/minatar-cpu.yaml ran (the README's tuned settings)."""
     import yaml
 
-    from fwrl.launch.settings.family_defaults import family_defaults
+    from fwrl.settings.family_defaults import family_defaults
 
     grid = yaml.safe_load((REPO / "benchmarks" / "learning" / "minatar-cpu.yaml").read_text())
     for item in grid["core"]:
@@ -472,8 +472,8 @@ def test_bench_window_starts_at_the_first_update():
 
 
 def test_a_slow_first_update_says_what_to_change():
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.slow_start import SlowStartHint
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.slow_start import SlowStartHint
 
     class Shown:
         rows: list = []

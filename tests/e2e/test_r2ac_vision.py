@@ -11,8 +11,8 @@ import torch
 
 from fwrl.agents.checkpoint import load_checkpoint
 from fwrl.launch.cli import main as cli_main
-from fwrl.launch.settings.config import build_config
-from fwrl.launch.training.train import train
+from fwrl.settings.config import build_config
+from fwrl.runner.train import train
 
 
 TINY = ["--preset", "quickstart", "--core", "elstm", "--elstm-grad", "rtrl", "--core-opt", "hidden_size=16",

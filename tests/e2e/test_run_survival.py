@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fwrl.launch.training.checkpointing import CheckpointWriter
+from fwrl.runner.checkpointing import CheckpointWriter
 
 QUICK = ["--env", "memory:cue_delay?delay=2", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
          "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "10", "--device", "cpu",
@@ -54,8 +54,8 @@ def _umask() -> int:
 
 
 def test_resume_continues_time_episodes_and_the_new_schedule(tmp_path):
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     config = TrainConfig(env="memory:cue_delay?delay=2", core="lstm", core_options={"hidden_size": 16},
                          num_workers=2, envs_per_worker=4, batch_size=4, unroll_length=10, total_steps=2000,

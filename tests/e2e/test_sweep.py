@@ -69,7 +69,7 @@ def commands_in_log(folder: Path, cell: str) -> list[str]:
 
 def grid_of(*argv: str):
     args = build_parser().parse_args(["sweep", "unused", *argv])
-    from fwrl.launch.settings.flags import given_settings
+    from fwrl.launch.flags import given_settings
 
     return grid_from_args(args, SweepConfig.parse(given_settings(args, SweepConfig)))
 

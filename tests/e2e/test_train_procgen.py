@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("procgen", reason="procgen is not installed: pip install 'fwrl[procgen]' && "
                                       "pip install --no-deps procgen2 gym3")
 
-from fwrl.launch.settings.config import TrainConfig  # noqa: E402
-from fwrl.launch.training.train import train  # noqa: E402
+from fwrl.settings.config import TrainConfig  # noqa: E402
+from fwrl.runner.train import train  # noqa: E402
 
 
 def _config(env: str) -> TrainConfig:
@@ -37,7 +37,7 @@ def test_multi_task_pair_logs_per_task(tmp_path):
 
 def test_per_task_and_normalised_aggregate_hand_computed():
     from fwrl.envs.worker_pool import EpisodeRecord
-    from fwrl.launch.training.run_metrics import Episodes, normaliser
+    from fwrl.runner.run_metrics import Episodes, normaliser
 
     episodes = Episodes(("bigfish", "fruitbot"), normalise=normaliser("procgen:bigfish+fruitbot?distribution=easy"))
     episodes.add(EpisodeRecord(20.5, 10, task=0, worker=0))

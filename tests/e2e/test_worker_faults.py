@@ -30,6 +30,8 @@ import numpy as np
 import pytest
 import torch
 
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import PoolSettings
 from fwrl.envs.chaos import EXIT_CODE, ChaosFault
 from fwrl.envs.registry import describe_env, make_env
 from fwrl.errors import FwrlError
@@ -130,8 +132,7 @@ def test_chaos_faults_are_deterministic_by_step_count(tmp_path):
 
 def _snapshot(r):
     """A copy of a result: the local pool's arrays are views of shared memory, valid until the next act."""
-    return dataclasses.replace(r, **{f: getattr(r, f).copy() for f in
-                                     ("obs", "reward", "done", "episode_return", "episode_step", "task")})
+    return dataclasses.replace(r, arrays={name: value.copy() for name, value in r.arrays.items()})
 
 
 def _step_until(pool, stop, on_result=None, seconds: float = 30.0, skip=()):
@@ -289,11 +290,11 @@ def test_pool_options_are_checked():
     from fwrl.envs.backends import make_pool
 
     with pytest.raises(FwrlError, match=r"local worker backend takes no options \['address'\]"):
-        make_pool("local", "memory:cue_delay", 1, K, address="auto")
+        make_pool("local", PoolSettings("memory:cue_delay", 1, K), address="auto")
     with pytest.raises(FwrlError, match="max_start_failures must be >= 1, got 0"):
-        make_pool("local", "memory:cue_delay", 1, K, max_start_failures=0)
+        make_pool("local", PoolSettings("memory:cue_delay", 1, K, max_start_failures=0))
     with pytest.raises(FwrlError, match="unknown worker backend 'spark'; valid choices: local, ray"):
-        make_pool("spark", "memory:cue_delay", 1, K)
+        make_pool("spark", PoolSettings("memory:cue_delay", 1, K))
 
 
 # ----------------------------------------------------------------------------- rollout level
@@ -319,7 +320,8 @@ class _StampedPool:
             self.origin[serial] = (r.worker, r.life)
             self.stream[r.worker].append(serial)
             self.restarted += r.restarted
-            out.append(dataclasses.replace(r, task=np.full(self.envs_per_worker, serial, np.int32)))
+            out.append(dataclasses.replace(r, arrays={**r.arrays, "task": np.full(self.envs_per_worker, serial,
+                                                                                  np.int32)}))
         return out
 
     def act(self, worker, actions):
@@ -338,7 +340,7 @@ def test_rollouts_never_mix_worker_lives(backend):
     stamped = _StampedPool(pool)
     info = describe_env(spec)
     model = AgentNet(info.obs_shape, info.num_actions, "lstm", {"hidden_size": 16}, "mlp").eval()
-    store = RolloutStore(RolloutSpec(T, K, info.obs_shape, torch.float32, info.num_actions), 2,
+    store = RolloutStore(RolloutSpec(T, K, StepRecord.of(info.obs_shape, "float32"), info.num_actions), 2,
                          torch.device("cpu"), model.initial_state(1))
     rollouts = []
 
@@ -388,8 +390,8 @@ def test_rollouts_never_mix_worker_lives(backend):
 # ----------------------------------------------------------------------------- end to end
 
 def test_train_survives_faults(tmp_path, backend):
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     log = tmp_path / "faults.txt"
     config = TrainConfig(

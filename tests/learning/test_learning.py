@@ -6,8 +6,8 @@ later; chance success is 0.5. Runs the quickstart preset's settings.
 
 from learning_attempts import reaches
 
-from fwrl.launch.settings.config import build_config
-from fwrl.launch.training.train import train
+from fwrl.settings.config import build_config
+from fwrl.runner.train import train
 
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from learning_attempts import SEEDS, reaches
 
-from fwrl.launch.settings.config import build_config
-from fwrl.launch.training.train import train
+from fwrl.settings.config import build_config
+from fwrl.runner.train import train
 from fwrl.memory_modules import core_names
 
 NOT_RECURRENT = {"feedforward", "fake_sr"}

@@ -3,7 +3,7 @@
 One batch of Pong (B 8, T 50, acted by a fresh feed-forward agent after 100
 random steps, so the frames are mid-game) and 10 RMSProp updates on it at the
 rfwp-atari settings (lr 6e-4, eps 0.01, clip 40, entropy cost 0.01),
-:func:`fwrl.launch.training.probe.probe`: every fast-weight core with the nature stem
+:func:`fwrl.runner.probe.probe`: every fast-weight core with the nature stem
 (the cheaper one), and rdn with the impala stem as well. Bounds:
 
 - the first update moves no logit by more than LOGIT_STEP and no value by more
@@ -33,7 +33,7 @@ import torch
 from fwrl.agents.losses import impala_loss
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import clip_grad_norm
-from fwrl.launch.training.probe import collect_batch, probe
+from fwrl.runner.probe import collect_batch, probe
 
 pytest.importorskip("ale_py", reason="needs the Atari envs (pip install 'fwrl[atari]')")
 

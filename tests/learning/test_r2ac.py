@@ -8,8 +8,8 @@ from pathlib import Path
 
 from learning_attempts import SEEDS, reaches
 
-from fwrl.launch.settings.config import build_config
-from fwrl.launch.training.train import train
+from fwrl.settings.config import build_config
+from fwrl.runner.train import train
 
 
 def _cue_delay_run(tmp_path: Path, name: str, grad: str, delay: int, unroll: int, steps: int, vision: str = "",

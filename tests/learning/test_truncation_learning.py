@@ -11,9 +11,9 @@ def test_learned_values_see_past_the_time_limit_only_with_bootstrapping(tmp_path
     """memory:time_limit (reward 1 per step, always cut after 10 steps, discount 0.9): with
     bootstrapping every value approaches 1 / (1 - 0.9) = 10; treating the cut as the end, values
     of a few steps' reward (phase averages of 1 .. 6.5) instead."""
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.agent import load_agent
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.agent import load_agent
+    from fwrl.runner.train import train
 
     length = 10
     obs = torch.eye(4)[[t % 4 for t in range(length + 1)]].view(length + 1, 1, 4)  # + the final obs
@@ -44,8 +44,8 @@ def test_cartpole_reaches_the_maximum_return(tmp_path):
 
     from learning_attempts import reaches
 
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     def best(seed: int) -> float:
         config = TrainConfig(env="gym:CartPole-v1", core="feedforward", stem="mlp", num_workers=2, envs_per_worker=8,

@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 
+from fwrl.envs.worker_pool import PoolSettings
 from fwrl.errors import FwrlError
 from ray_cluster import env_nodes
 
@@ -71,7 +72,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(FwrlError, match=r"pip install -e '\.\[ray\]'"):
-        make_pool("ray", ENV, 1, 1)
+        make_pool("ray", PoolSettings(ENV, 1, 1))
 
 
 @needs_ray
@@ -80,12 +81,12 @@ def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
     from fwrl.envs.backends import make_pool
 
     rounds = 25
-    with make_pool("ray", ENV, 2, 3, seed=5, address=cluster.address, verbose=False) as pool:
+    with make_pool("ray", PoolSettings(ENV, 2, 3, seed=5), address=cluster.address, verbose=False) as pool:
         ray_seen = _drive(pool, rounds)
         assert pool.resource == "envs"
         assert pool.placement() == {0: cluster.env_node, 1: cluster.env_node}
         assert all(p["node_id"] == cluster.env_node for p in pool.placements)
-    with make_pool("local", ENV, 2, 3, seed=5) as local:
+    with make_pool("local", PoolSettings(ENV, 2, 3, seed=5)) as local:
         local_seen = _drive(local, rounds)
     for w in range(2):
         assert ray_seen[w][0]["done"].all() and not ray_seen[w][0]["restarted"]
@@ -104,7 +105,7 @@ def test_killed_actor_is_replaced_with_a_restarted_result(cluster):
 
     from fwrl.envs.backends import make_pool
 
-    with make_pool("ray", ENV, 2, 2, seed=1, address=cluster.address, verbose=False) as pool:
+    with make_pool("ray", PoolSettings(ENV, 2, 2, seed=1), address=cluster.address, verbose=False) as pool:
         _drive(pool, 3)
         first = pool.actor(0)
         ray.kill(first)
@@ -129,7 +130,7 @@ def test_killed_actor_is_replaced_with_a_restarted_result(cluster):
 def test_missing_custom_resource_names_the_choices(cluster):
     from fwrl.envs.ray_workers import RayWorkerPool
 
-    pool = RayWorkerPool(ENV, 1, 1, address=cluster.address, resource="gpu_envs", verbose=False)
+    pool = RayWorkerPool(PoolSettings(ENV, 1, 1), address=cluster.address, resource="gpu_envs", verbose=False)
     with pytest.raises(FwrlError, match=r"'gpu_envs'.*envs"):
         pool.start()
     pool.close()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from fwrl.errors import FwrlError
 from fwrl.launch.cli import main
-from fwrl.launch.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
+from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
 from fwrl.memory_modules import core_config_class, core_names
 from fwrl.utils.settings import base_type, choices_of
 
@@ -38,9 +38,9 @@ ENV = ["--env", "memory:cue_delay"]  # cheap to describe, so the checks that nee
 def no_work_starts():
     """Reaching training, evaluation, plotting or a benchmark means a bad value got through."""
     import fwrl.launch.bench as bench
-    import fwrl.launch.evaluation.evaluate as evaluate
+    import fwrl.evaluation.evaluate as evaluate
     import fwrl.launch.plot as plot
-    import fwrl.launch.training.train as train
+    import fwrl.runner.train as train
 
     def forbidden(*args, **kwargs):
         raise AssertionError("work started although the input was bad")

@@ -6,10 +6,10 @@ import yaml
 from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
 from fwrl.launch.cli import main
-from fwrl.launch.settings.config import (TrainConfig, build_config, check_resume, load_preset, preset_names,
+from fwrl.settings.config import (TrainConfig, build_config, check_resume, load_preset, preset_names,
                                          read_config, save_config)
-from fwrl.launch.training.agent import build_model, resolve_core_options
-from fwrl.launch.training.preflight import check_runnable
+from fwrl.runner.agent import build_model, resolve_core_options
+from fwrl.runner.preflight import check_runnable
 
 
 def test_every_preset_builds_a_valid_config():
@@ -103,7 +103,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
 def test_stem_choices_are_the_models_stems():
     from fwrl.agents.model import STEMS
     from fwrl.agents.model import INITS
-    from fwrl.launch.settings.config import INIT_CHOICES, STEM_CHOICES
+    from fwrl.settings.config import INIT_CHOICES, STEM_CHOICES
 
     assert set(INIT_CHOICES) == set(INITS)
 
@@ -111,7 +111,7 @@ def test_stem_choices_are_the_models_stems():
 
 
 def test_num_threads_help_says_what_learner_threads_does():
-    from fwrl.launch.training.train import allowed_cores, learner_threads
+    from fwrl.runner.build import allowed_cores, learner_threads
 
     help_text = TrainConfig.model_fields["num_threads"].description
     assert "minus one per local env worker" in help_text and "at most half" in help_text
@@ -250,7 +250,7 @@ def test_bench_throughput_builds_its_config_like_train(monkeypatch, capsys):
 
 
 def test_preflight_refuses_before_the_run_folder_exists(tmp_path, read_only, capsys):
-    from fwrl.launch.training.preflight import check_runnable
+    from fwrl.runner.preflight import check_runnable
 
     runs = tmp_path / "runs"
     base = ["train", "--env", "memory:cue_delay", "--runs-dir", str(runs), "--name", "r"]

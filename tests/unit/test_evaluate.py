@@ -15,16 +15,17 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.envs.env_group import EnvGroup, worker_seed
 from fwrl.envs.registry import make_env
-from fwrl.envs.worker_pool import StepResult, WorkerPool, result_fields
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import PoolSettings, StepResult
 from fwrl.errors import FwrlError
 from fwrl.launch.cli import main
-from fwrl.launch.evaluation import evaluate as ev
-from fwrl.launch.evaluation import scores
-from fwrl.launch.evaluation.episodes import collect_episodes, slots_per_task
-from fwrl.launch.evaluation.protocols import default_protocol, select_splits
-from fwrl.launch.evaluation.results import aggregate
-from fwrl.launch.settings.config import TrainConfig
-from fwrl.launch.training.agent import load_agent
+from fwrl.evaluation import evaluate as ev
+from fwrl.evaluation import scores
+from fwrl.evaluation.episodes import collect_episodes, slots_per_task
+from fwrl.evaluation.protocols import default_protocol, select_splits
+from fwrl.evaluation.results import aggregate
+from fwrl.settings.config import TrainConfig
+from fwrl.runner.agent import load_agent
 from fwrl.memory_modules import core_names
 
 CUES = 4
@@ -33,18 +34,22 @@ FWP_TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "head_dim": 16, 
 TINY = {"lstm": {"hidden_size": 32}, "elstm": {"hidden_size": 32}, "feedforward": {}}
 
 
-class InlinePool(WorkerPool):
-    """The worker interface with EnvGroups stepped in this process (no spawn: fast tests)."""
+class InlinePool:
+    """A pool's interface with EnvGroups stepped in this process (no spawn: fast tests)."""
 
     def __init__(self, env: str, num_workers: int, envs_per_worker: int, seed: int):
         self.num_workers, self.envs_per_worker = num_workers, envs_per_worker
-        self.groups = [EnvGroup(env, w, envs_per_worker, seed, "test") for w in range(num_workers)]
+        settings = PoolSettings(env, num_workers, envs_per_worker, seed, "test")
+        self.groups = [EnvGroup(settings, w) for w in range(num_workers)]
         space = self.groups[0].envs[0].observation_space
-        fields = result_fields(space.shape, str(space.dtype))
-        self.out = [{name: np.zeros((envs_per_worker, *shape), dtype) for name, (shape, dtype) in fields.items()}
-                    for _ in range(num_workers)]
+        record = StepRecord.of(space.shape, str(space.dtype))
+        self.out = [record.allocate(envs_per_worker) for _ in range(num_workers)]
         self.pending: dict[int, list] = {}
         self.closed = False
+
+    @property
+    def num_slots(self):
+        return self.num_workers * self.envs_per_worker
 
     def start(self):
         for w, group in enumerate(self.groups):
@@ -52,7 +57,7 @@ class InlinePool(WorkerPool):
             self.pending[w] = []
 
     def wait(self, timeout=None):
-        results = [StepResult(w, 0, **{k: v.copy() for k, v in self.out[w].items()}, episodes=eps)
+        results = [StepResult(w, 0, {k: v.copy() for k, v in self.out[w].items()}, eps)
                    for w, eps in sorted(self.pending.items())]
         self.pending = {}
         return results

@@ -78,16 +78,18 @@ def test_replay_on_cuda_with_streams(core, graph):
     from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
     from fwrl.agents.rollouts import RolloutSpec, RolloutStore
     from fwrl.envs.local_workers import LocalWorkerPool
+    from fwrl.envs.step_record import StepRecord
+    from fwrl.envs.worker_pool import PoolSettings
 
     torch.manual_seed(0)
     device = torch.device("cuda")
     T = 6
-    pool = LocalWorkerPool("memory:cue_delay?delay=2&num_cues=3", 2, 2, seed=5)
+    pool = LocalWorkerPool(PoolSettings("memory:cue_delay?delay=2&num_cues=3", 2, 2, seed=5))
     model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
     learner_model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
     streams = DeviceStreams(device)
     weights = PolicyWeights(model, streams)
-    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, device, model.initial_state(1, device))
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), 2, device, model.initial_state(1, device))
     rollouts = []
 
     def keep(r):
@@ -131,8 +133,8 @@ def test_replay_on_cuda_with_streams(core, graph):
 def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
     import csv
 
-    from fwrl.launch.settings.config import TrainConfig
-    from fwrl.launch.training.train import train
+    from fwrl.settings.config import TrainConfig
+    from fwrl.runner.train import train
 
     config = TrainConfig(env="memory:cue_delay?delay=3", core="lstm", core_options={"hidden_size": 32},
                          num_workers=2, envs_per_worker=4, batch_size=8, unroll_length=10, total_steps=6000,

@@ -1,15 +1,16 @@
 """The package's import graph: layers in one direction, no cycles (imports read with ``ast``).
 
 Layers, lowest first: ``fwrl`` itself, ``fwrl.errors`` and ``fwrl.utils`` <
-``envs`` < ``kernels`` < ``memory_modules`` < ``agents`` < ``launch`` < ``fwrl.__main__``
-(``python -m fwrl``, the command line's entry point). Data flows
-one way (envs -> agents -> launch): a module may import its own layer and
-lower ones, never a higher one, and no set of modules imports each other in
-a circle (imports inside functions count too: they are cycles all the same).
+``envs`` < ``kernels`` < ``memory_modules`` < ``agents`` < ``settings`` (the config
+models, presets, core catalogue) < ``evaluation`` < ``runner`` (the training runtime,
+which runs periodic evaluations) < ``launch`` (the command line) < ``fwrl.__main__``
+(``python -m fwrl``, the command line's entry point). Data flows one way (envs ->
+agents -> runner -> launch): a module may import its own layer and lower ones, never a
+higher one, and no set of modules imports each other in a circle (imports inside
+functions count too: they are cycles all the same).
 
 Inside ``launch``, one folder (or module) per job, in the same one-way order:
-``settings`` (config models, flags, presets, core catalogue) < ``evaluation`` <
-``training`` (which runs periodic evaluations) < the other commands (``bench``,
+``flags`` (the flags built from the settings models) < the commands (``bench``,
 ``plot``, ``sweep``, ``report``) < ``cli``.
 
 Inside ``kernels`` (which imports nothing of ``memory_modules``, ``agents`` or
@@ -28,12 +29,12 @@ from typing import Callable
 
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fwrl"
-LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "launch", "__main__")
-RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "launch": 5,
-        "__main__": 6}
+LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", "settings", "evaluation", "runner",
+          "launch", "__main__")
+RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "settings": 5,
+        "evaluation": 6, "runner": 7, "launch": 8, "__main__": 9}
 # fwrl.launch.<part>: the folders (and single-module commands) of the launch layer, lowest first
-LAUNCH_RANK = {"": 0, "settings": 0, "evaluation": 1, "training": 2, "bench": 3, "plot": 3, "sweep": 3, "report": 3,
-               "cli": 4}
+LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "sweep": 1, "report": 1, "cli": 2}
 
 
 # The modules of fwrl.kernels every rule may import (the package itself holds GRAD_MODES)
@@ -89,7 +90,7 @@ def test_every_module_has_a_layer():
 
 
 def launch_part(name: str) -> str:
-    """``settings`` for ``fwrl.launch.settings.config``; ``""`` for ``fwrl.launch`` itself."""
+    """``settings`` for ``fwrl.settings.config``; ``""`` for ``fwrl.launch`` itself."""
     parts = name.split(".")
     return parts[2] if len(parts) > 2 else ""
 
@@ -210,13 +211,15 @@ def test_no_import_cycles():
 def test_the_checks_catch_cycles_and_upward_imports():
     """The checks themselves, on graphs with the faults this package had (and on the real one)."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.launch.training.rundir", "fwrl.utils.files"}}) == [
-        "fwrl.agents.checkpoint -> fwrl.launch.training.rundir"]
-    assert {"fwrl.launch.training.run_metrics", "fwrl.launch.training.agent"} <= GRAPH["fwrl.launch.training.train"]
+    assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.runner.rundir", "fwrl.utils.files"}}) == [
+        "fwrl.agents.checkpoint -> fwrl.runner.rundir"]
+    assert {"fwrl.runner.build", "fwrl.runner.acting", "fwrl.runner.learning"} <= GRAPH["fwrl.runner.train"]
     assert "fwrl.utils.files" in GRAPH["fwrl.agents.checkpoint"]  # relative and from-imports resolve
-    assert "fwrl.envs.backends" in GRAPH["fwrl.launch.evaluation.episodes"]
-    assert upward_imports({"fwrl.launch.settings.config": {"fwrl.launch.plot"}}, launch_rank) == [
-        "fwrl.launch.settings.config -> fwrl.launch.plot"]
+    assert "fwrl.envs.backends" in GRAPH["fwrl.evaluation.episodes"]
+    assert upward_imports({"fwrl.launch.flags": {"fwrl.launch.plot"}}, launch_rank) == [
+        "fwrl.launch.flags -> fwrl.launch.plot"]
+    assert upward_imports({"fwrl.agents.learner": {"fwrl.settings.config"}}) == [
+        "fwrl.agents.learner -> fwrl.settings.config"]
     assert kernel_rule_violations({
         "fwrl.kernels.delta_lstm.naive": {"fwrl.kernels.delta_rnn.naive", "fwrl.kernels.feature_maps", "fwrl.errors"},
         "fwrl.kernels.srwm.fused_recurrent": {"fwrl.kernels.srwm.fused_recurrent_split", "fwrl.kernels.triton.common",

@@ -14,7 +14,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import PolicyWeights
 from fwrl.agents.rollouts import Batch
-from fwrl.launch.settings.config import TrainConfig
+from fwrl.settings.config import TrainConfig
 
 T, B = 5, 2  # per rank
 
@@ -45,7 +45,7 @@ def _learner(model: AgentNet, group=None, world: int = 1) -> Learner:
     config = TrainConfig(learning_rate=1e-2, grad_norm_clip=40.0)
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate)
     scheduler = linear_decay_scheduler(optimizer, 10_000, T * B * world)
-    return Learner(model, PolicyWeights(_model()), optimizer, scheduler, config, None, group=group)
+    return Learner(model, PolicyWeights(_model()), optimizer, scheduler, config.learner_settings(), None, group=group)
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ import pytest
 from fwrl.errors import FwrlError
 from fwrl.launch.cli import main
 from fwrl.launch.plot import plot_runs, series, smooth
-from fwrl.launch.training.rundir import MetricsCSV
+from fwrl.runner.rundir import MetricsCSV
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

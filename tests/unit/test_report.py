@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from fwrl.launch.cli import main
-from fwrl.launch.settings.config import TrainConfig, config_yaml
+from fwrl.settings.config import TrainConfig, config_yaml
 from fwrl.launch.sweep.grid import Cell
 from fwrl.launch.sweep.plan import write_sweep
 

@@ -19,6 +19,8 @@ from fwrl.agents.policy_weights import PolicyWeights
 from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import Rollout, RolloutData, RolloutSpec, RolloutStore, store_capacity
 from fwrl.envs.local_workers import LocalWorkerPool
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import PoolSettings
 
 T = 6
 CUE = "memory:cue_delay?delay=2&num_cues=3"  # 4-step episodes: ends inside rollouts of 6
@@ -41,9 +43,9 @@ def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None
     torch.manual_seed(0)
     shape, dtype, actions, stem = obs
     pool = (backend.pool(env, workers, 2, seed=5, step_timeout=30.0) if backend is not None
-            else LocalWorkerPool(env, workers, 2, seed=5, step_timeout=30.0))
+            else LocalWorkerPool(PoolSettings(env, workers, 2, seed=5, step_timeout=30.0)))
     model = AgentNet(shape, actions, core, core_options, stem=stem)
-    store = RolloutStore(RolloutSpec(T, 2, shape, dtype, actions), workers, torch.device("cpu"),
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions), workers, torch.device("cpu"),
                          model.initial_state(1))
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
     rollouts: list[RolloutData] = []
@@ -147,7 +149,7 @@ def _agent(k: int = 1) -> dict[str, torch.Tensor]:
 
 
 def test_new_worker_life_drops_partial_rollout():
-    store = RolloutStore(RolloutSpec(3, 1, (1,), torch.float32, 2), 1, torch.device("cpu"),
+    store = RolloutStore(RolloutSpec(3, 1, StepRecord.of((1,), "float32"), 2), 1, torch.device("cpu"),
                          {"s": torch.zeros(1, 1)})
     state = {"s": torch.zeros(1, 1)}
     out: list[Rollout] = []
@@ -167,7 +169,7 @@ def test_state_is_copied_only_when_a_rollout_starts():
     """Only slots starting a rollout have their state copied into the store, and what is copied
     is the state before that row's obs."""
     k = 2
-    store = RolloutStore(RolloutSpec(3, k, (1,), torch.float32, 2), 2, torch.device("cpu"),
+    store = RolloutStore(RolloutSpec(3, k, StepRecord.of((1,), "float32"), 2), 2, torch.device("cpu"),
                          {"s": torch.zeros(1, 1)})
     out: list[Rollout] = []
     copies = []
@@ -201,9 +203,9 @@ def test_inference_steps_that_start_no_rollout_leave_core_state_in_place():
     cloned, or copied into the store except when a rollout starts."""
     core, opts = "elstm", CORES["elstm"]
     torch.manual_seed(0)
-    pool = LocalWorkerPool(CUE, 2, 2, seed=5)
+    pool = LocalWorkerPool(PoolSettings(CUE, 2, 2, seed=5))
     model = AgentNet((4,), 3, core, opts, stem="mlp")
-    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, torch.device("cpu"), model.initial_state(1))
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), 2, torch.device("cpu"), model.initial_state(1))
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), min_batch=2, batch_wait=1.0)
     loop.state = {name: value.as_subclass(_Watched) for name, value in loop.state.items()}
     allowed = {"index_select", "index_copy_"}
@@ -233,11 +235,11 @@ def test_policy_versions_are_stamped_and_lag_counts_published_updates():
     """Stamps are monotonic per slot; a rollout that is not learned from lags one more update
     per publish; the device column and the host copy agree."""
     torch.manual_seed(0)
-    pool = LocalWorkerPool(CUE, 2, 2, seed=5)
+    pool = LocalWorkerPool(PoolSettings(CUE, 2, 2, seed=5))
     model = AgentNet((4,), 3, "lstm", {"hidden_size": 8}, stem="mlp")
     learner_model = AgentNet((4,), 3, "lstm", {"hidden_size": 8}, stem="mlp")
     weights = PolicyWeights(model)
-    store = RolloutStore(RolloutSpec(T, 2, (4,), torch.float32, 3), 2, torch.device("cpu"),
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), 2, torch.device("cpu"),
                          model.initial_state(1), capacity=64)
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), weights=weights, min_batch=2, batch_wait=2.0)
     rollouts: list[Rollout] = []
@@ -278,7 +280,7 @@ def _piece(rollout: Rollout, start: int, stop: int):
 
 
 def test_queue_batches_exact_columns_and_gather_hands_pages_back():
-    spec = RolloutSpec(2, 3, (1,), torch.float32, 2)
+    spec = RolloutSpec(2, 3, StepRecord.of((1,), "float32"), 2)
     store = RolloutStore(spec, 3, torch.device("cpu"), {"h": torch.zeros(1, 5)},
                          capacity=store_capacity(3, 3, 4, 4))
     stop = threading.Event()

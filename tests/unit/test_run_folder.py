@@ -7,7 +7,7 @@ the process cannot remove it. ``prepare_run_dir``, which ``fwrl train`` calls on
 
 from __future__ import annotations
 
-from fwrl.launch.training.rundir import prepare_run_dir
+from fwrl.runner.rundir import prepare_run_dir
 from fwrl.utils.files import atomic_write_text, temporary_files
 
 

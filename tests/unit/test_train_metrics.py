@@ -3,7 +3,7 @@
 import pytest
 
 from fwrl.envs.worker_pool import EpisodeRecord
-from fwrl.launch.training.run_metrics import Episodes, normaliser
+from fwrl.runner.run_metrics import Episodes, normaliser
 
 
 def test_atari_human_normalised_return():

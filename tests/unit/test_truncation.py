@@ -15,6 +15,8 @@ from fwrl.agents.losses import impala_loss, vtrace_returns
 from fwrl.agents.model import AgentNet
 from fwrl.agents.rollouts import RolloutSpec, RolloutStore
 from fwrl.envs.local_workers import LocalWorkerPool
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import PoolSettings
 
 R, G = 1.0, 0.9  # constant reward per step, discount
 
@@ -68,9 +70,9 @@ def test_acting_records_the_value_of_the_final_observation_and_resets_after_the_
     of the cut episode's final observation, computed from the state the episode left."""
     length = 5  # memory:time_limit: the final obs of a cut episode is the phase length mod 4, reward 1
     torch.manual_seed(0)
-    pool = LocalWorkerPool(f"memory:time_limit?length={length}", 2, 2, seed=3)
+    pool = LocalWorkerPool(PoolSettings(f"memory:time_limit?length={length}", 2, 2, seed=3))
     model = AgentNet((4,), 2, "lstm", {"hidden_size": 8}, stem="mlp").eval()
-    store = RolloutStore(RolloutSpec(6, 2, (4,), torch.float32, 2), 2, torch.device("cpu"), model.initial_state(1))
+    store = RolloutStore(RolloutSpec(6, 2, StepRecord.of((4,), "float32"), 2), 2, torch.device("cpu"), model.initial_state(1))
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
     rollouts = []
     pool.start()

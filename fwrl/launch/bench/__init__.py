@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig
+from fwrl.settings.config import TrainConfig
 
 
 # ----------------------------------------------------------------------------- bench envs
@@ -122,13 +122,14 @@ def measure_env_steps(env: str, num_workers: int, envs_per_worker: int, seconds:
     from fwrl.envs.backends import make_pool
     from fwrl.envs.groups import env_path
     from fwrl.envs.registry import describe_env
+    from fwrl.envs.worker_pool import PoolSettings
 
     _check_window(seconds, warmup)
     info = describe_env(env)
     path = env_path(env)
     rng = np.random.default_rng(seed)
     k = envs_per_worker
-    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, **(backend_options or {}))
+    pool = make_pool(backend, PoolSettings(env, num_workers, envs_per_worker, seed), info, **(backend_options or {}))
     acted = [False] * num_workers  # actions sent since the worker's last (re)start
     counting = False
     steps = round_trips = episodes = restarts0 = 0
@@ -334,7 +335,7 @@ def bench_envs(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- bench throughput
 
-# Stage shares of metrics rows shown by the bench, per thread (fwrl.launch.training.train): each thread's rows are
+# Stage shares of metrics rows shown by the bench, per thread (fwrl.runner.train): each thread's rows are
 # fractions of that thread's wall time and sum to 100% (the last row of each is the rest).
 ACTOR_ROWS = ("env_wait", "inference_forward", "rollout_bookkeeping", "actor_other")
 LEARNER_ROWS = ("learner_idle", "learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
@@ -414,7 +415,7 @@ class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
     def __init__(self, console, warmup: float, seconds: float):
-        from fwrl.launch.training.progress import SmoothedRate
+        from fwrl.runner.progress import SmoothedRate
 
         self.console, self.warmup, self.seconds = console, warmup, seconds
         self.status = None
@@ -446,6 +447,9 @@ class _BenchProgress:
             self.console.print(text, highlight=False)
             self.last_print = time.monotonic()
 
+    def finish(self, row: dict) -> None:
+        """The run's last row (its figures are in the bench's own table)."""
+
     def stop(self) -> None:
         if self.status is not None:
             self.status.stop()
@@ -465,7 +469,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     import csv
     import tempfile
 
-    from fwrl.launch.training.train import train
+    from fwrl.runner.train import train
 
     _check_window(seconds, warmup)
     config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
@@ -473,7 +477,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
         if progress is None:
-            from fwrl.launch.training.progress import Progress
+            from fwrl.runner.progress import Progress
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table
@@ -562,7 +566,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     profiler = None
     if profile_path:
         from fwrl.agents.stage_profile import WindowProfiler
-        from fwrl.launch.training.agent import pick_device
+        from fwrl.runner.agent import pick_device
 
         profiler = WindowProfiler(warmup + seconds, warmup + seconds + profile_seconds, pick_device(config.device))
     console = Console(stderr=True)

@@ -1,7 +1,7 @@
 """Per-game reference scores: published normalisation constants, or a random policy's return.
 
 - Atari and DeepMind Lab: human-normalised with the random / human scores of
-  :mod:`fwrl.launch.evaluation.scores`; ProcGen: min-max with Cobbe et al.'s constants.
+  :mod:`fwrl.evaluation.scores`; ProcGen: min-max with Cobbe et al.'s constants.
 - Families without published constants (MinAtar, memory tasks, gym, ...): the
   mean return of a random-action policy, played here
   (``fwrl.envs.registry.make_env(spec, mode="test")``) and cached in
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fwrl.envs.spec import parse_env_spec
-from fwrl.launch.evaluation import scores
+from fwrl.evaluation import scores
 from fwrl.utils.files import atomic_write_text
 
 RANDOM_STEP_CAP = 200_000  # agent steps per game at most for the random policy (stops a never-ending env)

@@ -5,7 +5,7 @@ Sections: per-game scores (mean and bootstrap CI over seeds, with the random
 policy's or the published random score), normalised scores, aggregates (IQM,
 median, mean with stratified bootstrap CIs, and performance profiles), learning
 curves, and the papers' published figures beside fwrl's where
-:data:`fwrl.launch.evaluation.scores.PUBLISHED` has them. Everything is checked (runs found,
+:data:`fwrl.evaluation.scores.PUBLISHED` has them. Everything is checked (runs found,
 output writable, rliable importable) before the first number is computed.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fwrl.envs.spec import parse_env_spec
-from fwrl.launch.evaluation import scores
+from fwrl.evaluation import scores
 from fwrl.launch.report import document as doc
 from fwrl.launch.report.baselines import KIND_TEXT, GameRef, RandomPolicyCache, game_refs
 from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, Group, Run, find_runs, group_runs, load_run,
@@ -30,7 +30,7 @@ from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, Group, Run, fi
 from fwrl.launch.report.options import ReportConfig
 from fwrl.launch.report.stats import (METRICS, aggregates, as_json, describe_interval, import_rliable, mean_ci,
                                       profiles, score_matrices, taus_for)
-from fwrl.launch.settings.flags import given_settings
+from fwrl.launch.flags import given_settings
 from fwrl.launch.sweep.plan import is_sweep
 from fwrl.utils.files import atomic_write, atomic_write_text, check_writable
 

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from fwrl.envs.spec import EnvSpec, parse_env_spec
 from fwrl.errors import FwrlError
 from fwrl.launch.plot import read_metrics, series
-from fwrl.launch.settings.config import RESUMABLE_CHANGES, read_config
+from fwrl.settings.config import RESUMABLE_CHANGES, read_config
 from fwrl.launch.sweep.plan import is_sweep, read_manifest
 
 # settings that do not make a group: the seed, the env (the game), and what a run may change on --resume

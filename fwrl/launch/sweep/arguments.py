@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig, load_preset, merge_settings, read_settings_file
-from fwrl.launch.settings.flags import add_setting_flags, flag_name, parse_key_values, setting_help
+from fwrl.settings.config import TrainConfig, load_preset, merge_settings, read_settings_file
+from fwrl.launch.flags import add_setting_flags, flag_name, parse_key_values, setting_help
 from fwrl.launch.sweep.grid import Grid, add_common, axis_of, read_grid_file, set_axis
 from fwrl.launch.sweep.options import SweepConfig
 from fwrl.utils.settings import base_type, choices_of

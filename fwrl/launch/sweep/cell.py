@@ -70,7 +70,7 @@ def trained_steps(run_dir: Path) -> int:
 def resume_flags(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """Flags for the resource settings the sweep changed since the run started (``fwrl train --resume`` takes
     them): ``saved`` is the run's config.yaml, ``wanted`` the cell's config now."""
-    from fwrl.launch.settings.flags import flag_name
+    from fwrl.launch.flags import flag_name
     from fwrl.launch.sweep.plan import RESOURCE_CHANGES
 
     flags = []

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from fwrl.errors import FwrlError, missing_dependency
-from fwrl.launch.settings.flags import given_settings, parse_key_values
+from fwrl.launch.flags import given_settings, parse_key_values
 from fwrl.launch.sweep.arguments import grid_from_args
 from fwrl.launch.sweep.cell import EXIT_LATER
 from fwrl.launch.sweep.grid import Cell, expand
@@ -28,7 +28,7 @@ from fwrl.launch.sweep.options import SweepConfig
 from fwrl.launch.sweep.plan import (CellState, Sweep, SweepLock, cell_states, check_compatible, finished, is_sweep,
                                     load_sweep, to_run, write_sweep)
 from fwrl.launch.sweep.progress import SweepProgress, run_time_left
-from fwrl.launch.training.progress import format_duration
+from fwrl.runner.progress import format_duration
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -138,7 +138,7 @@ def check_stems(cells: list[Cell]) -> None:
 
 def check_cells(cells: list[Cell]) -> None:
     """Check each distinct config (seeds apart) as ``fwrl train`` would before it starts (env, model, device)."""
-    from fwrl.launch.training.preflight import check_runnable
+    from fwrl.runner.preflight import check_runnable
 
     seen = set()
     for cell in cells:

@@ -22,7 +22,7 @@ Cells: one per combination of axis items, named from the items' labels
 (``minatar-breakout__lstm__seed-1``), each a full :class:`TrainConfig` built as
 ``fwrl train`` builds one: defaults < ``--preset`` < ``--config`` < common
 settings < the cell's axis items, over the env family's defaults for the cell's core
-(``fwrl.launch.settings.family_defaults``). Common core options apply to every cell
+(``fwrl.settings.family_defaults``). Common core options apply to every cell
 whose core has them (an option no core of the grid has is an error); a
 preset's core options are dropped where a cell picks another core.
 """
@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from fwrl.errors import FwrlError, unknown_choice
-from fwrl.launch.settings.config import TrainConfig, merge_settings
+from fwrl.settings.config import TrainConfig, merge_settings
 from fwrl.utils.settings import base_type, show
 from fwrl.utils.yaml_files import read_yaml
 
@@ -235,7 +235,7 @@ def set_axis(grid: Grid, axis: Axis) -> None:
 # ----------------------------------------------------------------------------- cells
 
 def _core_option_names(core: str) -> set[str]:
-    from fwrl.launch.settings.core_catalog import option_names  # without importing torch
+    from fwrl.settings.core_catalog import option_names  # without importing torch
 
     return set(option_names(core))
 
@@ -244,8 +244,8 @@ def expand(grid: Grid) -> list[Cell]:
     """Every cell of ``grid``, validated as fwrl train validates a config; names unique, configs distinct.
     Cores and their option names come from the core catalogue, and every cell's core is checked before
     any config is built, so a typo is said before torch is imported."""
-    from fwrl.launch.settings.core_catalog import core_names
-    from fwrl.launch.settings.family_defaults import family_defaults
+    from fwrl.settings.core_catalog import core_names
+    from fwrl.settings.family_defaults import family_defaults
 
     combos = list(itertools.product(*(axis.items for axis in grid.axes)))
     planned: list[tuple[str, dict[str, str], str, dict[str, Any]]] = []  # name, labels, source, settings

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import yaml
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import RESUMABLE_CHANGES, TrainConfig, config_yaml, read_config
+from fwrl.settings.config import RESUMABLE_CHANGES, TrainConfig, config_yaml, read_config
 from fwrl.launch.sweep.grid import Cell, Grid
 from fwrl.launch.sweep.status import effective_state, evaluation_done, now_iso, read_status
 from fwrl.utils.files import atomic_write_text, check_writable_folder

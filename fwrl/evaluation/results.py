@@ -10,9 +10,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fwrl.envs.spec import EnvSpec, parse_env_spec
-from fwrl.launch.evaluation import scores
-from fwrl.launch.evaluation.episodes import EvalEpisode
-from fwrl.launch.evaluation.protocols import Split
+from fwrl.evaluation import scores
+from fwrl.evaluation.episodes import EvalEpisode
+from fwrl.evaluation.protocols import Split
 from fwrl.utils.files import atomic_write_text
 
 

@@ -21,10 +21,10 @@ from torch import nn
 from fwrl.agents.policy_weights import acting_copy
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError
-from fwrl.launch.evaluation import scores
-from fwrl.launch.evaluation.episodes import play_episodes
-from fwrl.launch.evaluation.protocols import default_protocol, select_splits
-from fwrl.launch.evaluation.results import aggregate, attach_published, metrics_row, run_result
+from fwrl.evaluation import scores
+from fwrl.evaluation.episodes import play_episodes
+from fwrl.evaluation.protocols import default_protocol, select_splits
+from fwrl.evaluation.results import aggregate, attach_published, metrics_row, run_result
 
 
 def evaluate(

@@ -4,7 +4,7 @@ This is what ``torchrun --standalone --nproc-per-node N -m fwrl train ...``
 does (the same engine, ``torch.distributed.launcher``): a local rendezvous on
 a free port, N processes of the same command with ``RANK`` / ``WORLD_SIZE`` /
 ``LOCAL_RANK`` set, no restarts. Each rank then trains with its own share of
-the env workers (``fwrl.launch.training.train``, ``fwrl.agents.distributed``).
+the env workers (``fwrl.runner.train``, ``fwrl.agents.distributed``).
 
 When a rank fails, the launcher stops the others (SIGTERM: they write rank
 0's checkpoint and exit); the exit status is rank 0's, or the failed rank's

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, missing_dependency
-from fwrl.launch.settings.config import TrainConfig
+from fwrl.settings.config import TrainConfig
 
 if TYPE_CHECKING:
     from fwrl.envs.registry import EnvInfo
@@ -63,7 +63,7 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     check_stem(config.stem, info.obs_shape, config.env)  # before torch: one line naming the stems that fit
     import torch
 
-    from fwrl.launch.training.agent import build_model, pick_device
+    from fwrl.runner.agent import build_model, pick_device
 
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig, check_env_first, layered_settings
+from fwrl.settings.config import TrainConfig, check_env_first, layered_settings
 from fwrl.utils.settings import Settings, base_type, choices_of, range_text
 
 _METAVARS = {int: "INT", float: "FLOAT"}
@@ -133,7 +133,7 @@ def train_config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | N
                            check_env: bool = False) -> TrainConfig:
     """``base`` (a command's own defaults) < --preset < --config < flags, validated; with
     ``check_env``, the env (and the libraries it needs) is checked first, before torch is imported
-    (:func:`~fwrl.launch.settings.config.check_env_first`)."""
+    (:func:`~fwrl.settings.config.check_env_first`)."""
     settings = layered_settings(args.preset, train_overrides(args), args.config, base)
     check_elstm_grad(args, settings.get("core", TrainConfig.model_fields["core"].default))
     if check_env:

@@ -12,7 +12,7 @@ from fwrl.agents.checkpoint import load_checkpoint, load_model_weights
 from fwrl.agents.model import AgentNet, default_stem, with_output_scale
 from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
-from fwrl.launch.settings.config import TrainConfig, saved_settings
+from fwrl.settings.config import TrainConfig, saved_settings
 
 
 def pick_device(name: str) -> torch.device:

@@ -24,7 +24,7 @@ def duration(seconds: float) -> str:
 
 
 class EvalProgress:
-    """A callable for :func:`fwrl.launch.evaluation.evaluate.evaluate`'s ``progress``; a context manager."""
+    """A callable for :func:`fwrl.evaluation.evaluate.evaluate`'s ``progress``; a context manager."""
 
     def __init__(self, env: str, console: Console | None = None, interval: float = 5.0):
         self.env = env

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from fwrl.agents.losses import entropy_loss, impala_loss
 from fwrl.agents.optim import clip_grad_norm, make_optimizer
 from fwrl.envs.registry import make_env
+from fwrl.envs.step_record import DONE, OBS, OBS_EXTRA, REWARD
 
 
 @dataclass
@@ -76,21 +77,21 @@ def collect_batch(env: str, model: nn.Module, batch_size: int, unroll_length: in
         state = model.initial_state(batch_size)
         reward = torch.zeros(batch_size)
         done = torch.ones(batch_size, dtype=torch.bool)
-        rows: dict[str, list[Tensor]] = {"obs": [], "reward": [], "done": [], "action": [], "policy_logits": []}
+        rows: dict[str, list[Tensor]] = {OBS: [], REWARD: [], DONE: [], "action": [], "policy_logits": []}
         action = logits = None
         for t in range(unroll_length + 1):
             frame = torch.as_tensor(np.stack(_frames(obs)))
-            step_in = {"obs": frame[None], "reward": reward[None], "done": done[None]}
+            step_in = {OBS: frame[None], REWARD: reward[None], DONE: done[None]}
             if isinstance(obs[0], dict):
-                step_in["obs_extra"] = torch.as_tensor(np.stack([o["obs_extra"] for o in obs]))[None]
+                step_in[OBS_EXTRA] = torch.as_tensor(np.stack([o[OBS_EXTRA] for o in obs]))[None]
             out, state = model(step_in, state)
-            rows["obs"].append(frame)
-            rows["reward"].append(reward)
-            rows["done"].append(done)
+            rows[OBS].append(frame)
+            rows[REWARD].append(reward)
+            rows[DONE].append(done)
             rows["action"].append(action if action is not None else torch.zeros_like(out["action"][0]))
             rows["policy_logits"].append(logits if logits is not None else torch.zeros_like(out["policy_logits"][0]))
-            if "obs_extra" in step_in:
-                rows.setdefault("obs_extra", []).append(step_in["obs_extra"][0])
+            if OBS_EXTRA in step_in:
+                rows.setdefault(OBS_EXTRA, []).append(step_in[OBS_EXTRA][0])
             action, logits = out["action"][0], out["policy_logits"][0]
             rewards, dones = [], []
             for i, e in enumerate(envs):
@@ -110,17 +111,17 @@ def collect_batch(env: str, model: nn.Module, batch_size: int, unroll_length: in
 
 
 def _frames(obs: list[Any]) -> list[Any]:
-    return [o["obs"] if isinstance(o, dict) else o for o in obs]
+    return [o[OBS] if isinstance(o, dict) else o for o in obs]
 
 
 def discounted_returns(batch: dict[str, Tensor], bootstrap: Tensor, discount: float,
                        reward_clip: float | None) -> Tensor:
     """G_t for t < T over the batch: clipped rewards discounted, cut at episode ends, ``bootstrap``
     [B] (a value of obs T) at the end. Row t + 1 holds the reward of the step taken at obs t."""
-    rewards = batch["reward"][1:]
+    rewards = batch[REWARD][1:]
     if reward_clip is not None:
         rewards = rewards.clamp(-reward_clip, reward_clip)
-    not_done = (~batch["done"][1:]).float()
+    not_done = (~batch[DONE][1:]).float()
     out = torch.empty_like(rewards)
     g = bootstrap
     for t in reversed(range(rewards.shape[0])):
@@ -146,7 +147,7 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
           entropy_cost: float = 0.01, reward_clip: float | None = 1.0, top: int = 6) -> ProbeResult:
     """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place."""
     action_dims = getattr(model, "action_dims", None)
-    B = batch["reward"].shape[1]
+    B = batch[REWARD].shape[1]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=learning_rate, alpha=rmsprop_alpha, eps=rmsprop_eps,
                                momentum=rmsprop_momentum)

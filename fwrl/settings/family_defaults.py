@@ -34,7 +34,7 @@ SOURCE = "benchmarks/learning/README.md"
 def core_group(core: str) -> str:
     """``fast_weight`` for the cores built on the fast-weight block (they have ``output_scale``),
     ``recurrent`` for the others (lstm, elstm, feedforward); from the catalogue, without torch."""
-    from fwrl.launch.settings.core_catalog import core_names, option_names
+    from fwrl.settings.core_catalog import core_names, option_names
 
     if core in core_names() and "output_scale" in option_names(core):
         return "fast_weight"

@@ -59,6 +59,23 @@ class MetricsCSV:
                 header = next(csv.reader(f), [])
             self.columns = header
 
+    def drop_rows_after(self, agent_steps: int) -> int:
+        """Drop the rows of more than ``agent_steps`` (a run killed after its last checkpoint wrote
+        them; the resumed run acts those steps again); returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        with self.path.open() as f:
+            rows = list(csv.DictReader(f))
+        kept = [row for row in rows if _steps(row) <= agent_steps]
+        if len(kept) < len(rows):
+            def rewrite(f):
+                w = csv.DictWriter(f, self.columns)
+                w.writeheader()
+                w.writerows(kept)
+
+            atomic_write(self.path, rewrite, mode="w")
+        return len(rows) - len(kept)
+
     def write(self, row: dict[str, Any]) -> None:
         new_cols = [k for k in row if k not in self.columns]
         if new_cols:
@@ -76,3 +93,10 @@ class MetricsCSV:
             atomic_write(self.path, rewrite, mode="w")
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, self.columns).writerow(row)
+
+
+def _steps(row: dict[str, str]) -> float:
+    try:
+        return float(row.get("agent_steps") or 0)
+    except ValueError:
+        return 0.0

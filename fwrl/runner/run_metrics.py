@@ -12,6 +12,7 @@ interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread)
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from fwrl.agents.inference import INFERENCE_STAGES
 from fwrl.agents.learner import LEARNER_STAGES
 from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
-from fwrl.launch.training.rundir import MetricsCSV
+from fwrl.runner.rundir import MetricsCSV
 
 # Stage shares of the two threads in metrics rows (fractions of each thread's own wall time over
 # the interval; each thread's shares sum to 1): the acting thread's rest is bookkeeping outside
@@ -83,7 +84,7 @@ class Episodes:
 def normaliser(env: str) -> Callable[[str, float], float | None] | None:
     """Per-task score normalisation for ``env``'s family (None where it has none)."""
     from fwrl.envs.spec import parse_env_spec
-    from fwrl.launch.evaluation.scores import normalisation_kind, normalise
+    from fwrl.evaluation.scores import normalisation_kind, normalise
 
     spec = parse_env_spec(env)
     if not normalisation_kind(spec.family):
@@ -138,8 +139,15 @@ def peak_memory_mb(device: torch.device) -> float:
 class MetricsSink:
     """Writes each row to ``metrics.csv``, TensorBoard (where installed) and the live panel."""
 
-    def __init__(self, run_dir: Path, progress):
+    def __init__(self, run_dir: Path, progress, resumed_at: int | None = None):
+        """``resumed_at``: a resumed run's checkpoint (agent steps): rows a killed run wrote after it
+        are dropped (they are acted again), and said so."""
         self.csv = MetricsCSV(Path(run_dir) / "metrics.csv")
+        if resumed_at is not None:
+            dropped = self.csv.drop_rows_after(resumed_at)
+            if dropped:
+                print(f"fwrl train: dropped {dropped} row(s) of {self.csv.path} written after the checkpoint at "
+                      f"{resumed_at:,} agent steps (the steps after it are acted again)", file=sys.stderr, flush=True)
         self.progress = progress
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -151,7 +159,7 @@ class MetricsSink:
     def write(self, row: dict[str, Any], show: bool = True) -> None:
         self.csv.write(row)
         self._write_tensorboard(row)
-        if show:
+        if show and self.progress is not None:
             self.progress.update(row)
 
     def _write_tensorboard(self, row: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ until the first update what the learner waits for ("filling the first batch:
 R of B rollouts of T steps ready", then "first update running"), episode
 statistics and losses, and where each thread's time went. A run past its step
 budget (the learner takes whole batches) says by how much. It is fed the
-metrics rows of ``fwrl.launch.training.run_metrics``.
+metrics rows of ``fwrl.runner.run_metrics``.
 """
 
 from __future__ import annotations
@@ -117,8 +117,11 @@ class Progress:
             if ready < batch:
                 return f"filling the first batch: {ready} of {batch} rollouts of {unroll} steps ready ({acted})"
             return f"first update running: its batch of {batch} rollouts x {unroll} steps is ready ({acted})"
+        elapsed = format_duration(float(row.get("time", 0)))
+        if self.config.max_seconds > 0:  # this session's limit (a resumed run's elapsed time counts its past)
+            elapsed += f" (time limit {format_duration(self.config.max_seconds)})"
         return (f"{steps_text(steps, total, self.steps_per_update)}, {_fmt(round(self.rate.rate(), 1))} steps/s, "
-                f"elapsed {format_duration(float(row.get('time', 0)))}, ETA {format_duration(self.eta(row))}")
+                f"elapsed {elapsed}, ETA {format_duration(self.eta(row))}")
 
     # ------------------------------------------------------------------ rendering
     def _table(self, row: dict) -> Table:
@@ -126,7 +129,7 @@ class Progress:
                       show_header=False)
         table.add_row("progress", self.status(row))
         for key in self.SHOWN:
-            if key in row:
+            if self._shown(row, key):
                 table.add_row(key, _fmt(row[key]))
         for title, names in self.TIME_SHARES.items():
             parts = [f"{short} {100 * float(row[f'share/{name}']):.0f}%" for name, short in names
@@ -141,6 +144,13 @@ class Progress:
             table.add_row("peak memory", f"{_fmt(row['peak_memory_mb'])} MiB")
         return table
 
+    @staticmethod
+    def _shown(row: dict, key: str) -> bool:
+        """Whether a plain line shows ``key``: ``mean_success`` only where the env reports success."""
+        if key not in row:
+            return False
+        return key != "mean_success" or _fmt(row[key]) != "-"
+
     def start(self) -> None:
         self.started = time.monotonic()
         self.console.print(f"fwrl train: run folder {self.run_dir}", highlight=False, soft_wrap=True)
@@ -154,8 +164,14 @@ class Progress:
         if self.live is not None:
             self.live.update(self._table(row))
         else:
-            parts = [self.status(row)] + [f"{k}={_fmt(row[k])}" for k in self.SHOWN if k in row]
+            parts = [self.status(row)] + [f"{k}={_fmt(row[k])}" for k in self.SHOWN if self._shown(row, k)]
             self.console.print(" ".join(parts), highlight=False, soft_wrap=True)
+
+    def finish(self, row: dict) -> None:
+        """The run's last row: the panel shows it; plain output says nothing more (the command's
+        own last line gives the run's account)."""
+        if self.live is not None:
+            self.live.update(self._table(row))
 
     def stop(self) -> None:
         if self.live is not None:

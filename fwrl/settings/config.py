@@ -2,7 +2,7 @@
 
 :class:`TrainConfig` defines every training setting once (type, default,
 valid range, help); ``fwrl train`` generates its flags from it
-(``fwrl.launch.settings.flags``). A config is built from layers, later ones winning:
+(``fwrl.launch.flags``). A config is built from layers, later ones winning:
 defaults, the env family's defaults (``family_defaults``: the learning suite's
 settings, per core), a preset (a packaged name or a YAML file), ``--config FILE``,
 then flags. A layer that picks another ``core`` drops the core options gathered
@@ -16,6 +16,11 @@ without one predates the change and is read back with the old value
 only the keys in ``RESUMABLE_CHANGES`` may differ on the command line (more
 steps, other worker counts, logging), everything that shapes the model or the
 learning problem must stay the same.
+
+The config is flat for the user (one flag and one YAML key per setting), but no
+part of the runtime reads it field by field: each takes its own typed section,
+made here (:meth:`TrainConfig.pool_settings` for the env workers,
+:meth:`TrainConfig.learner_settings` for the learner), and the runner the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -34,6 +39,10 @@ from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.settings import Settings, parse_value, redefault, show
 from fwrl.utils.yaml_files import read_yaml
+
+if TYPE_CHECKING:
+    from fwrl.agents.learner import LearnerSettings
+    from fwrl.envs.worker_pool import PoolSettings
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
 INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
@@ -114,12 +123,44 @@ class TrainConfig(Settings):
                             f"{self.eval_every}: each evaluation needs at least 1 episode (or eval_every 0: none).")
         return self
 
+    # ------------------------------------------------------------- the sections each part takes
+
+    def bootstraps_truncation(self) -> bool:
+        """Whether V-trace bootstraps where a time limit cut an episode (``truncation``): ``auto``
+        keeps the torchbeast protocol on Atari (the 108k-frame cap ends the episode) and
+        bootstraps everywhere else."""
+        if self.truncation == "auto":
+            return parse_env_spec(self.env).family != "atari"
+        return self.truncation == "bootstrap"
+
+    def learner_settings(self) -> "LearnerSettings":
+        """The learner's section: the loss, the clips, the truncation protocol."""
+        from fwrl.agents.learner import LearnerSettings
+
+        return LearnerSettings(discount=self.discount, baseline_cost=self.baseline_cost,
+                               entropy_cost=self.entropy_cost, reward_clip=self.reward_clip,
+                               grad_norm_clip=self.grad_norm_clip, bootstrap_truncation=self.bootstraps_truncation())
+
+    def pool_settings(self, num_workers: int | None = None, seed: int | None = None,
+                      mode: str = "train") -> "PoolSettings":
+        """The env workers' section (``num_workers`` and ``seed``: a learner rank's own, where they
+        differ from the run's)."""
+        from fwrl.envs.worker_pool import PoolSettings
+
+        return PoolSettings(self.env, self.num_workers if num_workers is None else num_workers,
+                            self.envs_per_worker, self.seed if seed is None else seed, mode,
+                            self.step_timeout, tuple(self.env_wrappers))
+
+    def backend_options(self) -> dict[str, Any]:
+        """The options of the worker backend (``make_pool``'s keywords)."""
+        return {"address": self.ray_address} if self.backend == "ray" else {}
+
     def _check_core(self) -> None:
         """The core exists; its options are valid for it (kept as given, typed). An unknown core, an
         unknown option and a value of the wrong type or range are refused from the catalogue, before
-        torch is imported (``fwrl.launch.settings.core_catalog``); the registry's config class then
+        torch is imported (``fwrl.settings.core_catalog``); the registry's config class then
         checks the options together and types them."""
-        from fwrl.launch.settings.core_catalog import check_core_options, core_names
+        from fwrl.settings.core_catalog import check_core_options, core_names
 
         if self.core not in core_names():
             raise unknown_choice("core", self.core, core_names())
@@ -228,7 +269,7 @@ RESUMABLE_CHANGES = {
 # ----------------------------------------------------------------------- presets and YAML files
 
 def preset_names() -> list[str]:
-    folder = resources.files("fwrl.launch.settings") / "presets"
+    folder = resources.files("fwrl.settings") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -253,7 +294,7 @@ def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
 def load_preset(name: str) -> dict[str, Any]:
     """A packaged preset by name, or a YAML file of one's own by path."""
     if name in preset_names():
-        text = (resources.files("fwrl.launch.settings") / "presets" / f"{name}.yaml").read_text()
+        text = (resources.files("fwrl.settings") / "presets" / f"{name}.yaml").read_text()
         return _settings_mapping(yaml.safe_load(text), f"preset {name}")
     if name.endswith((".yaml", ".yml")) or "/" in name or Path(name).is_file():
         return read_settings_file(Path(name), "preset file")
@@ -281,7 +322,7 @@ def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_fi
                      base: Mapping[str, Any] | None = None, family: bool = True) -> dict[str, Any]:
     """The settings of ``base`` < ``preset`` < ``config_file`` < ``overrides``, merged, not validated;
     with ``family``, the env family's defaults fill what none of them sets
-    (:mod:`fwrl.launch.settings.family_defaults`)."""
+    (:mod:`fwrl.settings.family_defaults`)."""
     layers = [dict(base or {})]
     if preset:
         layers.append(load_preset(preset))
@@ -290,7 +331,7 @@ def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_fi
     layers.append(dict(overrides))
     merged = merge_settings(layers)
     if family:
-        from fwrl.launch.settings.family_defaults import family_defaults
+        from fwrl.settings.family_defaults import family_defaults
 
         merged.update(family_defaults(merged, *env_and_core(merged)))
     return merged

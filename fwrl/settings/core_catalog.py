@@ -5,7 +5,7 @@ seconds). ``fwrl info`` (the core list) and the first check of ``--core`` and
 its options (each option's type, choices and bounds: an unknown option or a bad
 value is said before torch is imported; the checks across options stay the
 registry's) read this catalogue instead: ``core_catalog.json`` beside this module, written
-from the registry by ``python -m fwrl.launch.settings.core_catalog``. It carries a
+from the registry by ``python -m fwrl.settings.core_catalog``. It carries a
 fingerprint of the sources the core configs are built from
 (:data:`SOURCES`); where they changed since it was written (a core or an
 option added or edited), the catalogue is not used and the registry is
@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-PACKAGE = Path(__file__).resolve().parents[2]  # fwrl/
+PACKAGE = Path(__file__).resolve().parents[1]  # fwrl/
 CATALOGUE = Path(__file__).with_name("core_catalog.json")
 # what the cores' names, summaries and option models are built from (relative to fwrl/; a
 # folder stands for its .py files, a pattern with * for the files it matches)
@@ -85,7 +85,7 @@ def _option_type(info) -> dict[str, Any]:
 def catalogue() -> dict[str, Any]:
     """The shipped catalogue where its fingerprint matches the sources, else :func:`live_catalogue`."""
     try:
-        data = json.loads((resources.files("fwrl.launch.settings") / CATALOGUE.name).read_text())
+        data = json.loads((resources.files("fwrl.settings") / CATALOGUE.name).read_text())
     except (OSError, ValueError):
         data = None
     if isinstance(data, dict) and data.get("fingerprint") == fingerprint():

@@ -26,7 +26,7 @@ from torch import nn
 from fwrl.agents.inference import InferenceLoop
 from fwrl.envs.backends import make_pool
 from fwrl.envs.spec import parse_env_spec
-from fwrl.envs.worker_pool import StepResult, WorkerPool
+from fwrl.envs.worker_pool import PoolSettings, StepResult, WorkerPool
 from fwrl.errors import FwrlError
 
 
@@ -41,8 +41,9 @@ class EvalEpisode:
     extra: dict = field(default_factory=dict)
 
 
-class EpisodeCollector(WorkerPool):
-    """A lock-step view of a pool that records each finished episode with its env slot.
+class EpisodeCollector:
+    """A lock-step view of a pool that records each finished episode with its env slot (a
+    :class:`~fwrl.envs.worker_pool.StepSource`: the acting loop steps it as it steps a pool).
 
     ``wait`` returns the results of every worker still playing, sorted by
     worker, and only once all of them answered. A worker whose slots have all
@@ -65,8 +66,8 @@ class EpisodeCollector(WorkerPool):
         self._buffer: dict[int, StepResult] = {}
 
     @property
-    def restarts(self) -> int:  # type: ignore[override]
-        return self.pool.restarts
+    def num_slots(self) -> int:
+        return self.pool.num_slots
 
     @property
     def complete(self) -> bool:
@@ -167,8 +168,8 @@ def play_episodes(
     if episodes < 1:
         raise FwrlError(f"the number of evaluation episodes must be at least 1, got {episodes}.")
     slots_per_task(parse_env_spec(env).num_tasks, num_workers, envs_per_worker)  # check before spawning
-    pool = make_pool(backend, env, num_workers, envs_per_worker, seed=seed, mode="test",
-                     step_timeout=step_timeout, env_wrappers=env_wrappers, **dict(backend_options or {}))
+    pool = make_pool(backend, PoolSettings(env, num_workers, envs_per_worker, seed, "test", step_timeout,
+                                           tuple(env_wrappers)), **dict(backend_options or {}))
     return collect_episodes(model, pool, env, episodes=episodes, greedy=greedy, seed=seed, device=device,
                             stop=stop, progress=progress)
 

@@ -1,1 +1,0 @@
-"""Evaluation: protocols (splits), episodes, results and published scores."""

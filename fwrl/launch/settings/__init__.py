@@ -1,1 +1,0 @@
-"""Settings: the config models, the command-line flags built from them, presets and the core catalogue."""

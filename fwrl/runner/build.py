@@ -1,0 +1,226 @@
+"""A training run, built and not yet started: :func:`build_run` makes every part from the config.
+
+The data path it wires (``ARCHITECTURE.md``): env workers (``pool``) -> the acting thread's
+batched forward with the acting copy of the weights (``acting_model``, ``weights``) -> the
+device rollout store (``store``) -> the rollout queue (``rollouts``) -> the learner (``learner``)
+-> the weights it publishes back to the acting copy. A resumed run restores the weights, the
+optimiser, the learning-rate schedule, the RNG state and the counters of its checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
+from fwrl.agents.distributed import LearnerGroup, Ranks, rank_device, ranks_from_env, share
+from fwrl.agents.learner import Learner
+from fwrl.agents.model import AgentNet
+from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
+from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights, acting_copy
+from fwrl.agents.rollout_queue import RolloutQueue
+from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
+from fwrl.agents.stage_timer import StageTimer
+from fwrl.envs.backends import make_pool
+from fwrl.envs.registry import EnvInfo, describe_env
+from fwrl.envs.step_record import StepRecord
+from fwrl.envs.worker_pool import WorkerPool
+from fwrl.errors import FwrlError
+from fwrl.runner.agent import build_model, pick_device, resolve_core_options
+from fwrl.runner.run_metrics import Episodes, normaliser
+from fwrl.runner.stopping import Clock
+from fwrl.settings.config import TrainConfig, save_config
+
+# the counters a resumed run continues (a checkpoint's "progress"), and their start
+PROGRESS = {"elapsed_seconds": 0.0, "episodes": 0, "acted_steps": 0}
+
+
+@dataclass
+class Run:
+    """Every part of one learner rank's training run (module docstring), and what it resumed from."""
+
+    config: TrainConfig
+    run_dir: Path
+    ranks: Ranks
+    device: torch.device
+    info: EnvInfo
+    group: LearnerGroup | None
+    model: AgentNet
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    steps_per_update: int  # agent steps of one update, all ranks' columns counted
+    streams: DeviceStreams
+    weights: PolicyWeights
+    acting_model: AgentNet
+    rollouts: RolloutQueue
+    store: RolloutStore
+    learner: Learner
+    actor_timer: StageTimer
+    learner_timer: StageTimer
+    episodes: Episodes
+    pool: WorkerPool
+    clock: Clock
+    resumed: dict[str, Any] = field(default_factory=dict)  # the checkpoint's counters (PROGRESS), or the start's
+    update_lock: threading.Lock = field(default_factory=threading.Lock)  # held by the learner for a whole update
+    copy_seconds: float = 0.0  # how long the last snapshot's copy took (a time limit keeps it back)
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 writes the run folder: checkpoints, metrics, the panel."""
+        return self.ranks.is_main
+
+    def columns_needed(self) -> int:
+        """The rollout columns (of T steps) this rank's actors must hand over for the budget's
+        remaining updates."""
+        left = max(0, self.config.total_steps - self.learner.stats.agent_steps)
+        return -(-left // self.steps_per_update) * self.config.batch_size
+
+    def snapshot(self, acted_steps: int) -> dict[str, Any]:
+        """A checkpoint's contents, copied between two updates (the actors go on)."""
+        with self.update_lock:
+            began = time.monotonic()
+            if self.streams.learner is not None:  # the last update's work must be done before it is copied
+                torch.cuda.current_stream(self.device).wait_stream(self.streams.learner)
+            payload = checkpoint_payload(
+                model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                agent_steps=self.learner.stats.agent_steps, updates=self.learner.stats.updates,
+                config=self.config.to_dict(), env_info=self.info.to_dict(),
+                progress={"elapsed_seconds": self.clock.elapsed(), "episodes": self.episodes.count,
+                          "acted_steps": int(acted_steps)})
+            self.copy_seconds = time.monotonic() - began
+            return payload
+
+
+def allowed_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def learner_threads(config: TrainConfig) -> int:
+    """torch threads for the learner process.
+
+    ``num_threads`` > 0 is taken as given. Otherwise the learner takes every
+    core it is allowed except a share left to local env workers (one core per
+    worker, at most half of the cores), so actors are not starved.
+    """
+    if config.num_threads > 0:
+        return config.num_threads
+    cores = allowed_cores()
+    reserved = min(config.num_workers, cores // 2) if config.backend == "local" else 0
+    return max(1, cores - reserved)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def load_vision(model: AgentNet, path: str) -> None:
+    """R2AC protocol: take the stem from a (TBPTT-pretrained) checkpoint."""
+    payload = load_checkpoint(Path(path))
+    stem_state = {k[len("stem."):]: v for k, v in payload["model"].items() if k.startswith("stem.")}
+    load_model_weights(model.stem, stem_state, f"{path} (vision stem)")
+
+
+def freeze_vision(model: AgentNet) -> None:
+    """Train the core and heads only (``--freeze-vision``)."""
+    for p in model.stem.parameters():
+        p.requires_grad_(False)
+
+
+def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
+    """Every part of this learner rank's run (nothing started: no worker, no thread). ``resume``
+    continues the run in ``run_dir`` from its ``checkpoint.pt`` (written by any number of ranks)."""
+    ranks = ranks_from_env()  # several learners: torchrun / SLURM / fwrl train --learners set these
+    if ranks.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(config.seed)  # the same initial weights on every rank (rank 0's are broadcast too)
+    num_workers = share(config.num_workers, ranks)
+    if num_workers < 1:
+        raise FwrlError(f"setting num_workers={config.num_workers} leaves learner rank {ranks.rank} of "
+                        f"{ranks.world_size} without an env worker; use num_workers >= {ranks.world_size}.")
+    torch.set_num_threads(learner_threads(config.model_copy(update={"num_workers": num_workers})))
+    device = rank_device(pick_device(config.device), ranks)
+    if config.inference_graph and device.type != "cuda":
+        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
+    info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
+    config = resolve_core_options(config, info)  # the run records the output_scale it trains with
+    group = LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed else None
+
+    model = build_model(config, info).to(device)
+    optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
+                               eps=config.rmsprop_eps, momentum=config.rmsprop_momentum)
+    steps_per_update = config.batch_size * config.unroll_length * ranks.world_size  # the schedule counts every rank
+    scheduler = linear_decay_scheduler(optimizer, config.total_steps, steps_per_update)
+    counters = {"agent_steps": 0, "updates": 0, **PROGRESS}
+    if resume:  # a checkpoint of N ranks resumes on M: the weights and optimiser are the same on all
+        counters.update(_restore(run_dir / "checkpoint.pt", model, optimizer, scheduler, config, steps_per_update,
+                                 device))
+        if ranks.is_main:
+            print(_resume_line(run_dir, config, counters), file=sys.stderr, flush=True)
+    elif config.load_vision_from:
+        load_vision(model, config.load_vision_from)
+    if config.freeze_vision:
+        freeze_vision(model)
+    if group is not None:
+        group.broadcast_weights(model)
+        seed_everything(config.seed + 10_007 * ranks.rank + counters["updates"])  # each rank samples its own
+    acting_model = acting_copy(model)
+    if ranks.is_main:
+        save_config(config, run_dir / "config.yaml")
+
+    streams = DeviceStreams(device)
+    weights = PolicyWeights(acting_model, streams, version=counters["updates"])
+    record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
+    spec = RolloutSpec(config.unroll_length, config.envs_per_worker, record, info.num_actions, info.action_dims)
+    rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
+    store = RolloutStore(spec, num_workers, device, model.initial_state(1, device),
+                         capacity=store_capacity(num_workers, config.envs_per_worker, config.batch_size,
+                                                 rollouts.maxsize))
+    actor_timer, learner_timer = StageTimer(device), StageTimer(device)
+    learner = Learner(model, weights, optimizer, scheduler, config.learner_settings(), store, learner_timer,
+                      group=group)
+    learner.stats.agent_steps, learner.stats.updates = counters["agent_steps"], counters["updates"]
+    episodes = Episodes(info.task_names, normalise=normaliser(config.env), count=int(counters["episodes"]))
+    seed = config.seed + 7919 * counters["updates"] + 1_000_003 * ranks.rank  # a resumed run's envs play anew
+    pool = make_pool(config.backend, config.pool_settings(num_workers, seed), info, **config.backend_options())
+    return Run(config=config, run_dir=run_dir, ranks=ranks, device=device, info=info, group=group, model=model,
+               optimizer=optimizer, scheduler=scheduler, steps_per_update=steps_per_update, streams=streams,
+               weights=weights, acting_model=acting_model, rollouts=rollouts, store=store, learner=learner,
+               actor_timer=actor_timer, learner_timer=learner_timer, episodes=episodes, pool=pool,
+               clock=Clock(counters["elapsed_seconds"]), resumed=counters)
+
+
+def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainConfig, steps_per_update: int,
+             device: torch.device) -> dict[str, Any]:
+    """Load a checkpoint into the model, optimiser and schedule (with this session's budget) and the
+    RNGs; returns its counters."""
+    payload = load_checkpoint(path, map_location=device)
+    load_model_weights(model, payload["model"], str(path))
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    scheduler.steps_per_update = steps_per_update
+    scheduler.rebudget(config.total_steps)  # a resumed run may get another budget: its LR from now on
+    set_rng_state(payload["rng"])
+    return {"agent_steps": payload["agent_steps"], "updates": payload["updates"],
+            **{key: payload.get("progress", {}).get(key, start) for key, start in PROGRESS.items()}}
+
+
+def _resume_line(run_dir: Path, config: TrainConfig, counters: dict[str, Any]) -> str:
+    limit = (f"time limit {config.max_seconds:g} s for this session (--max-seconds changes it)" if config.max_seconds
+             else "no time limit (--max-seconds sets one)")
+    return (f"fwrl train: resuming {run_dir} from its checkpoint at {counters['agent_steps']:,} agent steps "
+            f"({counters['updates']:,} updates); budget {config.total_steps:,} agent steps; {limit}")

@@ -1,0 +1,94 @@
+"""The periodic jobs of a run's acting thread, each on its own trigger.
+
+The acting loop calls :meth:`Schedule.run_due` after every acting step (rank 0 only); each job
+runs when its trigger says it is due:
+
+- ``metrics``: a metrics row every ``log_interval`` seconds (:class:`EverySeconds`);
+- ``checkpoint``: ``checkpoint.pt`` soon after the session's first update, then every
+  ``checkpoint_interval`` seconds (:class:`AfterFirstUpdate`);
+- ``milestone``: a kept ``checkpoint-<steps>.pt`` every ``milestone_interval`` agent steps
+  (:class:`EverySteps`);
+- ``evaluation``: a look at the periodic evaluation (``--eval-every``, which keeps its own
+  step marks) at every step (:class:`Always`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+
+class Trigger(Protocol):
+    def due(self, now: float, steps: int) -> bool:
+        """Whether the job is due at ``now`` (monotonic seconds) and ``steps`` agent steps; a due
+        trigger counts its next time from here."""
+
+
+class Always:
+    def due(self, now: float, steps: int) -> bool:
+        return True
+
+
+class EverySeconds:
+    """Every ``seconds`` of wall time, the first ``seconds`` after ``start``."""
+
+    def __init__(self, seconds: float, start: float):
+        self.seconds, self.last = seconds, start
+
+    def due(self, now: float, steps: int) -> bool:
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
+class AfterFirstUpdate(EverySeconds):
+    """As soon as ``updated()`` (the session's first update is done), then every ``seconds``."""
+
+    def __init__(self, seconds: float, start: float, updated: Callable[[], bool]):
+        super().__init__(seconds, start)
+        self.updated = updated
+        self.first_done = False
+
+    def due(self, now: float, steps: int) -> bool:
+        first = not self.first_done and self.updated()
+        if not first and now - self.last < self.seconds:
+            return False
+        self.first_done, self.last = True, now
+        return True
+
+
+class EverySteps:
+    """Each time the agent steps pass a multiple of ``interval`` (never for 0)."""
+
+    def __init__(self, interval: int, steps: int):
+        self.interval = interval
+        self.next = self._after(steps)
+
+    def _after(self, steps: int) -> int:
+        return (steps // self.interval + 1) * self.interval if self.interval > 0 else 0
+
+    def due(self, now: float, steps: int) -> bool:
+        if not self.next or steps < self.next:
+            return False
+        self.next = self._after(steps)
+        return True
+
+
+@dataclass
+class Job:
+    name: str
+    trigger: Trigger
+    run: Callable[[float, int], None]  # (now, agent steps)
+
+
+class Schedule:
+    """The jobs, run in order when due."""
+
+    def __init__(self, jobs: list[Job]):
+        self.jobs = jobs
+
+    def run_due(self, now: float, steps: int) -> None:
+        for job in self.jobs:
+            if job.trigger.due(now, steps):
+                job.run(now, steps)

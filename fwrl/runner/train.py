@@ -1,0 +1,185 @@
+"""``fwrl train``: one learner process, N env workers, until the step budget.
+
+The run is made of named parts (``ARCHITECTURE.md``), built by :func:`fwrl.runner.build.build_run`:
+
+- the acting thread (this one, :class:`~fwrl.runner.acting.ActingLoop`): batched inference for
+  every env slot, rollouts written into the store on the device and handed to the learner's
+  queue; after each step, the periodic jobs (:mod:`fwrl.runner.schedule`: metrics rows,
+  checkpoints, milestones, evaluations) and the stop checks;
+- the learner thread (:class:`~fwrl.runner.learning.LearnerLoop`): B rollout columns gathered
+  on the device -> loss -> optimiser step -> publish weights (and their version) to the acting copy;
+- the checkpoint thread (:class:`~fwrl.runner.checkpointing.CheckpointWriter`): writes snapshots.
+
+On CUDA each thread issues its work on its own stream (``fwrl.agents.policy_weights``). Every
+metrics row (:class:`~fwrl.runner.stats.RunStats`) says where the time went (``share/...``), how
+stale the acting policy was (``policy_lag_mean`` / ``_max``, in updates), the mean rollout queue
+depth and the peak memory. SIGINT, SIGTERM and SIGHUP stop the run cleanly with a final
+checkpoint (:mod:`fwrl.runner.stopping`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fwrl.agents.policy_weights import DeviceStreams
+from fwrl.envs.worker_pool import WorkersLost
+from fwrl.runner.acting import ActingLoop
+from fwrl.runner.build import Run, build_run
+from fwrl.runner.checkpointing import CheckpointWriter
+from fwrl.runner.learning import LearnerLoop
+from fwrl.runner.peers import Peers
+from fwrl.runner.progress import Progress
+from fwrl.runner.run_metrics import MetricsSink
+from fwrl.runner.schedule import AfterFirstUpdate, Always, EverySeconds, EverySteps, Job, Schedule
+from fwrl.runner.stats import RunStats
+from fwrl.runner.stopping import STOP_ALLOWANCE, Stop, TimeLimit, switch_interval
+from fwrl.settings.config import TrainConfig
+
+
+@dataclass
+class TrainResult:
+    agent_steps: int
+    updates: int
+    episodes: int
+    mean_return: float  # of the last 100 episodes of this session; nan: none finished
+    mean_success: float
+    stopped_by: str  # "budget" | "time limit" | "signal SIGINT" (SIGTERM, SIGHUP) | "workers lost" | "error"
+    signal: int = 0  # the stop signal's number, 0 if none came
+    wall_seconds: float = 0.0  # from ``started`` (the time budget's start) until train() returned
+
+
+def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
+          started: float | None = None, acting_seconds: float | None = None) -> TrainResult:
+    """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
+    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``.
+
+    Budgets: the learner takes whole batches of B x T agent steps (x learner ranks) while it is
+    below ``total_steps``, so a run ends at most one batch past it; acting stops once the
+    rollouts of the last batch are done. ``max_seconds`` limits the whole command, from
+    ``started`` (``time.monotonic()`` when it began; default: now) to the return of this
+    function, start-up and stop included: acting stops when the time left is what the last
+    update, the last checkpoint write and :data:`~fwrl.runner.stopping.STOP_ALLOWANCE` took, and
+    the learner starts no update it has no time for. ``acting_seconds`` (``fwrl bench
+    throughput``): stop acting that many seconds after the workers started, whatever the
+    start-up took."""
+    started = time.monotonic() if started is None else started
+    run = build_run(config, Path(run_dir), resume)
+    stop = Stop()
+    peers = Peers(run.ranks, run.group)
+    acting = ActingLoop(run, stop, peers.episode_sink(run.episodes))
+    checkpoints = CheckpointWriter(lambda: run.snapshot(acting.acted_steps))
+    # what stopping needs: the last update (the learner may be in one), the last checkpoint's copy and write
+    limit = TimeLimit(started, config.max_seconds, lambda: (run.learner.stats.update_seconds + run.copy_seconds
+                                                          + checkpoints.write_seconds + STOP_ALLOWANCE))
+    learning = LearnerLoop(run, stop, limit, peers, acting.report)
+    stats = RunStats(run, acting, learning, peers)
+    progress = (progress or Progress(run.config, run.run_dir)) if run.main else None
+    sink = MetricsSink(run.run_dir, progress, resumed_at=run.learner.stats.agent_steps if resume else None) \
+        if run.main else None
+    if progress is not None:
+        progress.deadline, progress.steps_per_update = limit.deadline, run.steps_per_update
+    evaluator = None
+    try:
+        with stop.on_signals(), switch_interval(0.001), DeviceStreams.use(run.streams.inference):
+            if progress is not None:
+                progress.start()
+            if limit.allows_start():
+                run.pool.start()
+            else:  # start-up took the whole time limit: no workers are started, the run stops at once
+                stop.request("time limit")
+            learning.start()
+            run.clock.start()
+            acting_until = run.clock.started + acting_seconds if acting_seconds else math.inf
+            if config.eval_every > 0 and run.main:
+                from fwrl.evaluation.evaluate import PeriodicEvaluator
+
+                evaluator = PeriodicEvaluator(run.config, run.device, run.learner.stats.agent_steps,
+                                              time.monotonic())
+            schedule = _schedule(run, stats, sink, checkpoints, learning, evaluator) if run.main else None
+            lost = _act(run, acting, learning, stop, limit, schedule, acting_until)
+            stop.set()
+            learning.join()
+            if learning.peers.stopped and stop.reason == "budget":
+                stop.reason = "another learner rank"
+            if run.main:
+                checkpoints.request(run.run_dir / "checkpoint.pt")
+                checkpoints.flush()
+            if stop.errors:
+                raise stop.errors[0]
+            if sink is not None:  # the final row: over the whole session
+                session = run.clock.session()
+                steps = run.learner.stats.agent_steps - run.resumed["agent_steps"]
+                final = stats.row(steps / session if session > 0 else math.nan)
+                sink.write(final, show=False)
+                progress.finish(final)
+            if lost is not None:
+                raise lost
+    finally:
+        stop.set()
+        learning.join()
+        if evaluator is not None:
+            evaluator.close()
+        run.pool.close()
+        if progress is not None:
+            progress.stop()
+        if sink is not None:
+            sink.close()
+        checkpoints.close()
+        if run.group is not None:
+            run.group.close()
+    episodes = run.episodes
+    return TrainResult(run.learner.stats.agent_steps, run.learner.stats.updates, episodes.count,
+                       episodes.mean_return(), episodes.mean_success(), stop.stopped_by, stop.signal,
+                       time.monotonic() - started)
+
+
+def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit: TimeLimit,
+         schedule: Schedule | None, acting_until: float) -> WorkersLost | None:
+    """The acting thread's loop until the run stops; returns the loss of every worker, if that
+    stopped it (raised once the final checkpoint is written)."""
+    while not stop.is_set():
+        if not acting.done:
+            try:
+                acting.step()
+            except WorkersLost as exc:  # stop cleanly: final checkpoint, then the message
+                stop.request("workers lost")
+                return exc
+        else:  # the rollouts of the budget's last batch are done: wait for the learner
+            learning.join(0.1)
+        now = time.monotonic()
+        if limit.must_stop(now) or now >= acting_until:
+            stop.request("time limit")
+            break
+        if schedule is not None:
+            schedule.run_due(now, run.learner.stats.agent_steps)
+    return None
+
+
+def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, learning: LearnerLoop,
+              evaluator) -> Schedule:
+    """Rank 0's periodic jobs (``fwrl.runner.schedule``)."""
+    config, now = run.config, time.monotonic()
+    last = {"time": now, "steps": run.learner.stats.agent_steps}
+
+    def metrics(now: float, steps: int) -> None:
+        sink.write(stats.row((steps - last["steps"]) / (now - last["time"])))
+        last.update(time=now, steps=steps)
+
+    def evaluation(now: float, steps: int) -> None:
+        evaluator.maybe_start(steps, run.acting_model, run.weights.lock)
+        for row in evaluator.poll():
+            sink.write(row, show=False)
+
+    jobs = [Job("metrics", EverySeconds(config.log_interval, now), metrics)]
+    if evaluator is not None:
+        jobs.append(Job("evaluation", Always(), evaluation))
+    jobs += [
+        Job("checkpoint", AfterFirstUpdate(config.checkpoint_interval, now, lambda: learning.updated),
+            lambda now, steps: checkpoints.request(run.run_dir / "checkpoint.pt")),
+        Job("milestone", EverySteps(config.milestone_interval, run.learner.stats.agent_steps),
+            lambda now, steps: checkpoints.request(run.run_dir / f"checkpoint-{steps}.pt")),
+    ]
+    return Schedule(jobs)
