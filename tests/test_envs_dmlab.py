@@ -157,7 +157,7 @@ def test_validation_and_missing_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepmind_lab", None)
     info = describe_env("dmlab:rooms_watermaze")
     assert info.obs_shape == (3, 72, 96) and info.num_actions == 9 and info.obs_dtype == "uint8"
-    with pytest.raises(FwrlError, match="docker/dmlab/build.sh SOURCE_DIR --python") as missing:
+    with pytest.raises(FwrlError, match="not installed for this Python") as missing:
         make_env("dmlab:rooms_watermaze")
     assert "docker/Dockerfile.dmlab" in str(missing.value) and "\n" not in str(missing.value)
     with pytest.raises(FwrlError, match="rooms_watermaze"):
@@ -270,7 +270,7 @@ def test_missing_engine_is_refused_before_any_folder(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "deepmind_lab", None)
     monkeypatch.chdir(tmp_path)
     code, err = run_cli(["train", "--env", "dmlab:rooms_watermaze", "--runs-dir", tmp_path / "runs"])
-    assert_one_line_refusal(code, err, "not installed for this Python", "docker/dmlab/build.sh SOURCE_DIR")
+    assert_one_line_refusal(code, err, "not installed for this Python", "docker/Dockerfile.dmlab")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -287,7 +287,7 @@ def test_engine_built_for_another_python_is_refused_before_any_folder(tmp_path, 
     done = subprocess.run([*fwrl_cli, "train", "--env", "dmlab:rooms_watermaze", "--runs-dir", work / "runs"],
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert_one_line_refusal(done.returncode, done.stderr, "does not load in this Python",
-                            "No module named 'deepmind_lab.deepmind_lab'", "docker/dmlab/build.sh")
+                            "No module named 'deepmind_lab.deepmind_lab'", "rebuild it for this Python")
     assert list(work.iterdir()) == []
 
 
@@ -317,7 +317,8 @@ def test_level_cache_option_reaches_lab(fake_lab, tmp_path):
 
 needs_engine = pytest.mark.skipif(
     importlib.util.find_spec("deepmind_lab") is None,
-    reason=f"deepmind_lab is not installed for this Python; build it with {dmlab.BUILD_COMMAND} (README, DeepMind Lab)",
+    reason=f"deepmind_lab is not installed for this Python; build it from source, e.g. in the image of "
+           f"{dmlab.BUILD_COMMAND} (README, DeepMind Lab)",
 )
 
 

@@ -27,8 +27,8 @@ the maps Lab compiles for levels that generate one per episode, e.g.
 q3map2 again). Several levels joined by ``+`` make a multi-task run (worker i
 plays level i mod n).
 
-``deepmind_lab`` has no PyPI wheel: :data:`BUILD_COMMAND` builds it from a Lab
-source folder (README, "DeepMind Lab"). Before any run folder exists,
+``deepmind_lab`` has no PyPI wheel: :data:`BUILD_COMMAND` builds it from source
+with Bazel in a container (README, "DeepMind Lab"). Before any run folder exists,
 :meth:`DMLabFamily.check_installed` says in one line what is wrong: no engine,
 an engine this Python cannot load (built for another Python), a level the
 engine does not have, a map or dataset folder missing (:func:`check_level`).
@@ -105,20 +105,16 @@ def human_normalised_score(level: str, score: float) -> float:
     return (float(score) - rand) / (human - rand)
 
 
-# How to get the engine: fwrl's build of it from a Lab source folder (README, "DeepMind Lab").
-BUILD_COMMAND = "docker/dmlab/build.sh SOURCE_DIR --python PYTHON"
-
-
-def _build_hint() -> str:
-    return f"docker/dmlab/build.sh SOURCE_DIR --python {sys.executable}"
+# How to get the engine: the container recipe that builds it from source (README, "DeepMind Lab").
+BUILD_COMMAND = "docker build -f docker/Dockerfile.dmlab -t fwrl-dmlab ."
 
 
 def _import_lab():
     """The ``deepmind_lab`` module, or a one-line FwrlError saying what is wrong and how to fix it.
 
     Two cases: no module of that name (not built or not installed for this Python), and a
-    module that exists but does not import (an engine built for another Python: fwrl's build
-    says so in its ImportError; upstream's package fails on ``import imp`` from Python 3.12).
+    module that exists but does not import (an engine built for another Python, whose extension
+    this one cannot load; upstream's package fails on ``import imp`` from Python 3.12).
     """
     try:
         import deepmind_lab
@@ -126,17 +122,13 @@ def _import_lab():
         if isinstance(error, ModuleNotFoundError) and error.name == "deepmind_lab":
             raise FwrlError(
                 "DeepMind Lab envs need the Python module 'deepmind_lab' (no PyPI wheel), which is "
-                f"not installed for this Python ({sys.executable}); build and install it from a Lab "
-                f"source folder with {_build_hint()} (README, DeepMind Lab), or run fwrl in the "
-                "image of docker/Dockerfile.dmlab."
+                f"not installed for this Python ({sys.executable}); build it from source for this Python "
+                f"and install it, or run fwrl in the image that {BUILD_COMMAND} builds (README, DeepMind Lab)."
             ) from None
-        first_line = _one_line(error)
-        if "build.sh" in first_line:  # fwrl's build says for which Python it was made, and what to do
-            raise FwrlError(f"the DeepMind Lab engine installed here does not load: {first_line}.") from None
         raise FwrlError(
             f"the DeepMind Lab engine installed here does not load in this Python "
-            f"{sys.version_info[0]}.{sys.version_info[1]} ({first_line}); rebuild it for this "
-            f"Python with {_build_hint()}."
+            f"{sys.version_info[0]}.{sys.version_info[1]} ({_one_line(error)}); rebuild it for this "
+            f"Python, or run fwrl in the image that {BUILD_COMMAND} builds."
         ) from None
     return deepmind_lab
 
