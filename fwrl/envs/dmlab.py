@@ -21,16 +21,27 @@ paper (R2AC on rooms_watermaze etc.); REFERENCE.md section 5:
 
 Options: ``dataset_path=PATH`` (Lab's ``datasetPath``, for the levels that
 need the Brady/Konkle/Oliva image dataset; ``dummy`` uses a synthetic one),
-``renderer=software|hardware``, ``action_repeat=4``. Several levels joined by
-``+`` make a multi-task run (worker i plays level i mod n).
+``renderer=software|hardware``, ``action_repeat=4``, ``level_cache=DIR`` (keeps
+the maps Lab compiles for levels that generate one per episode, e.g.
+``rooms_keys_doors_puzzle``, so that an episode seen before does not run
+q3map2 again). Several levels joined by ``+`` make a multi-task run (worker i
+plays level i mod n).
 
-``deepmind_lab`` has no PyPI wheel: it is built from source with Bazel in
-``docker/Dockerfile.dmlab``. Where it is missing, making an env raises a
-FwrlError that says so.
+``deepmind_lab`` has no PyPI wheel: :data:`BUILD_COMMAND` builds it from source
+with Bazel in a container (README, "DeepMind Lab"). Before any run folder exists,
+:meth:`DMLabFamily.check_installed` says in one line what is wrong: no engine,
+an engine this Python cannot load (built for another Python), a level the
+engine does not have, a map or dataset folder missing (:func:`check_level`).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -94,18 +105,104 @@ def human_normalised_score(level: str, score: float) -> float:
     return (float(score) - rand) / (human - rand)
 
 
+# How to get the engine: the container recipe that builds it from source (README, "DeepMind Lab").
+BUILD_COMMAND = "docker build -f docker/Dockerfile.dmlab -t fwrl-dmlab ."
+
+
 def _import_lab():
-    """The ``deepmind_lab`` module, or a FwrlError saying how to get it."""
+    """The ``deepmind_lab`` module, or a one-line FwrlError saying what is wrong and how to fix it.
+
+    Two cases: no module of that name (not built or not installed for this Python), and a
+    module that exists but does not import (an engine built for another Python, whose extension
+    this one cannot load; upstream's package fails on ``import imp`` from Python 3.12).
+    """
     try:
         import deepmind_lab
-    except ImportError:
+    except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and error.name == "deepmind_lab":
+            raise FwrlError(
+                "DeepMind Lab envs need the Python module 'deepmind_lab' (no PyPI wheel), which is "
+                f"not installed for this Python ({sys.executable}); build it from source for this Python "
+                f"and install it, or run fwrl in the image that {BUILD_COMMAND} builds (README, DeepMind Lab)."
+            ) from None
         raise FwrlError(
-            "DeepMind Lab envs need the Python module 'deepmind_lab', which has no PyPI "
-            "wheel and is not installed here. Build it from source in the container "
-            "recipe docker/Dockerfile.dmlab (docker build -f docker/Dockerfile.dmlab "
-            "-t fwrl-dmlab .) and run fwrl inside that container."
+            f"the DeepMind Lab engine installed here does not load in this Python "
+            f"{sys.version_info[0]}.{sys.version_info[1]} ({_one_line(error)}); rebuild it for this "
+            f"Python, or run fwrl in the image that {BUILD_COMMAND} builds."
         ) from None
     return deepmind_lab
+
+
+def engine_root(lab_module: Any) -> Path:
+    """The folder of the engine's runfiles: ``baselab/`` (game scripts, maps, pk3 assets) and
+    the renderer libraries."""
+    return Path(lab_module.runfiles_path())
+
+
+_QUOTED_NAME = re.compile(r"""['"]([A-Za-z0-9_]+)['"]""")
+
+
+def check_level(root: Path, level: str, dataset_path: str = "") -> None:
+    """Raise a one-line FwrlError where the engine at ``root`` cannot play ``level`` (a path
+    under ``game_scripts/levels``, e.g. ``contributed/dmlab30/rooms_watermaze``).
+
+    - the level's script is not in the engine (an unknown level path, or a source folder
+      without it);
+    - a map the script names by its quoted name has its bot navigation file (``.aas``) in
+      the engine but not its built map (``.bsp``): a source folder without that asset
+      (e.g. a copy that left out files of 4 MiB and more, as the natlab maps are);
+    - ``dataset_path`` is set, not ``dummy``, and not a folder.
+    """
+    levels = root / "baselab" / "game_scripts" / "levels"
+    script = levels / f"{level}.lua"
+    if not script.is_file():
+        raise FwrlError(
+            f"DeepMind Lab level {level!r} is not in the engine at {root} (no {script}); name a "
+            f"DMLab-30 level or a level path under {levels}."
+        )
+    maps = root / "baselab" / "maps"
+    for name in sorted(set(_QUOTED_NAME.findall(script.read_text(errors="replace")))):
+        if (maps / f"{name}.aas").is_file() and not (maps / f"{name}.bsp").is_file():
+            raise FwrlError(
+                f"DeepMind Lab level {level!r} needs the map {name}.bsp, which the engine at {root} "
+                "lacks (its source folder had no assets/maps/built/" + name + ".bsp); rebuild from "
+                "a complete source folder."
+            )
+    if dataset_path and dataset_path != "dummy" and not Path(dataset_path).is_dir():
+        raise FwrlError(f"dmlab option dataset_path={dataset_path!r} is not a folder.")
+
+
+class LevelCache:
+    """Lab's level cache over a folder: compiled maps (``.pk3``) by Lab's key.
+
+    ``fetch`` copies a cached map to where Lab wants it; ``write`` stores a new one
+    (through a temporary file and a rename, so workers sharing the folder never read half
+    a file).
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def fetch(self, key: str, pk3_path: str) -> bool:
+        cached = self.folder / key
+        if not cached.is_file():
+            return False
+        shutil.copyfile(cached, pk3_path)
+        return True
+
+    def write(self, key: str, pk3_path: str) -> None:
+        cached = self.folder / key
+        if cached.is_file():
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".incoming-")
+        os.close(fd)
+        try:
+            shutil.copyfile(pk3_path, tmp)
+            os.replace(tmp, cached)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def level_path(name: str) -> str:
@@ -136,6 +233,7 @@ class DMLabEnv(gym.Env):
         seed: int,
         renderer: str = "software",
         action_repeat: int = 4,
+        level_cache: str = "",
     ):
         self.level = level
         self.config = dict(config)
@@ -145,8 +243,14 @@ class DMLabEnv(gym.Env):
         self.action_space = gym.spaces.Discrete(len(ACTIONS))
         self.action_space.seed(seed)
         self._episode_rng = np.random.default_rng(seed)
+        self._lab = None
         lab_module = _import_lab()
-        self._lab = lab_module.Lab(level, [OBSERVATION], config=self.config, renderer=renderer)
+        cache = LevelCache(level_cache) if level_cache else None
+        try:
+            self._lab = lab_module.Lab(level, [OBSERVATION], config=self.config, renderer=renderer,
+                                       level_cache=cache)
+        except RuntimeError as error:  # Lab's own words, e.g. a level script it cannot load
+            raise FwrlError(f"DeepMind Lab could not start level {level!r}: {_one_line(error)}") from None
         self._last: np.ndarray | None = None
 
     def _frame(self) -> np.ndarray:
@@ -158,7 +262,11 @@ class DMLabEnv(gym.Env):
             self._episode_rng = np.random.default_rng(seed)
             self.action_space.seed(seed)
         episode_seed = int(self._episode_rng.integers(MAX_SEED))
-        self._lab.reset(seed=episode_seed)
+        try:
+            self._lab.reset(seed=episode_seed)
+        except RuntimeError as error:  # e.g. a map the level needs is missing
+            raise FwrlError(f"DeepMind Lab could not start an episode of {self.level!r}: "
+                            f"{_one_line(error)}") from None
         self._last = self._frame()
         return self._last, {"episode_seed": episode_seed}
 
@@ -182,6 +290,11 @@ class DMLabEnv(gym.Env):
             self._lab = None
 
 
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 class DMLabFamily(EnvFamily):
     name = "dmlab"
     multi_task = True  # dmlab:a+b: worker i plays level i mod n
@@ -189,6 +302,7 @@ class DMLabFamily(EnvFamily):
         "dataset_path": Option(str, "", "Lab datasetPath (image dataset; 'dummy' = synthetic)"),
         "renderer": Option(str, "software", "Lab renderer", ("software", "hardware")),
         "action_repeat": Option(int, 4, "frames per agent step (Lab num_steps)"),
+        "level_cache": Option(str, "", "folder for Lab's compiled maps, shared by workers ('' = none)"),
     }
 
     def validate(self, spec: EnvSpec) -> dict[str, Any]:
@@ -215,6 +329,7 @@ class DMLabFamily(EnvFamily):
             seed,
             renderer=opts["renderer"],
             action_repeat=opts["action_repeat"],
+            level_cache=opts["level_cache"],
         )
 
     def describe(self, spec: EnvSpec) -> EnvInfo:
@@ -222,8 +337,12 @@ class DMLabFamily(EnvFamily):
         return EnvInfo(OBS_SHAPE, "uint8", len(ACTIONS), tuple(spec.names))
 
     def check_installed(self, spec: EnvSpec) -> None:
-        self.validate(spec)
-        _import_lab()
+        """The engine imports in this Python and has every level of ``spec`` with its maps
+        (:func:`check_level`); without starting the engine."""
+        opts = self.validate(spec)
+        root = engine_root(_import_lab())
+        for name in spec.names:
+            check_level(root, level_path(name), opts["dataset_path"])
 
 
 register_family(DMLabFamily())
