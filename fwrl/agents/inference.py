@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
-from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, Rollout, RolloutStore
+from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
-from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED
+from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED, ColumnGroup, StepRecord
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 
 # Stages of the inference thread (fwrl.agents.stage_timer): waiting for env
@@ -44,45 +44,56 @@ INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
 
 
 class _Staging:
-    """The stored columns of the ready workers' step records as ``[N*K, ...]`` tensors on the
-    device, uploaded once.
+    """The stored columns of the ready workers' step records, packed in their groups
+    (``fwrl.envs.step_record.ColumnGroup``: the observations, the scalars of each dtype) as
+    ``[N*K, ...]`` tensors on the device: one host buffer and one upload per group.
 
-    On CUDA they are concatenated into pinned host buffers (allocated on first
-    use for all slots) and copied without blocking on the current stream; the
-    buffers are not written again before that copy has finished. ``host``
-    holds the concatenated host arrays of the last upload (read them before
-    the next one).
+    On CUDA they are packed into pinned host buffers (allocated on first use for all slots) and
+    copied without blocking on the current stream; the buffers are not written again before
+    that copy has finished. ``host`` holds the packed host arrays of the last upload (read them
+    before the next one).
     """
 
-    def __init__(self, device: torch.device, num_slots: int):
+    def __init__(self, device: torch.device, num_slots: int, record: StepRecord | None = None):
         self.device = device
         self.num_slots = num_slots
+        self.record = record
+        self.groups: tuple[ColumnGroup, ...] = record.groups() if record is not None else ()
         self.pinned: dict[str, torch.Tensor] | None = None
         self.copied: torch.cuda.Event | None = None
         self.host: dict[str, np.ndarray] = {}
 
     def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
-        arrays = {key: [r.arrays[key] for r in results] for key in results[0].arrays if key not in CUT_ONLY}
+        """The groups of ``results`` on the device (by group name)."""
+        if self.record is None:  # a source without a described record (evaluation): its arrays say it
+            self.record = StepRecord.of_arrays(results[0].arrays)
+            self.groups = self.record.groups()
+        parts = [r.arrays for r in results]
+        n = sum(len(p[REWARD]) for p in parts)
         if self.device.type != "cuda":
-            self.host = {key: np.concatenate(parts) for key, parts in arrays.items()}
-            return {key: torch.from_numpy(value) for key, value in self.host.items()}
+            self.host = {g.name: g.pack(parts) for g in self.groups}
+            return {name: torch.from_numpy(value) for name, value in self.host.items()}
         if self.pinned is None:
-            self.pinned = {
-                key: torch.empty((self.num_slots, *parts[0].shape[1:]),
-                                 dtype=torch.from_numpy(parts[0][:0]).dtype, pin_memory=True)
-                for key, parts in arrays.items()
-            }
+            self.pinned = {g.name: torch.empty((self.num_slots, *g.shape), dtype=TORCH_DTYPES[g.dtype],
+                                               pin_memory=True) for g in self.groups}
         if self.copied is not None:
             self.copied.synchronize()
-        n = sum(len(p) for p in arrays[REWARD])
         out = {}
-        for key, parts in arrays.items():
-            host = self.pinned[key][:n]
-            self.host[key] = np.concatenate(parts, out=host.numpy())
-            out[key] = host.to(self.device, non_blocking=True)
+        for g in self.groups:
+            host = self.pinned[g.name][:n]
+            self.host[g.name] = g.pack(parts, out=host.numpy())
+            out[g.name] = host.to(self.device, non_blocking=True)
         self.copied = torch.cuda.Event()
         self.copied.record()
         return out
+
+    def column(self, values: dict[str, Any], name: str) -> Any:
+        """Column ``name`` of the packed groups ``values`` (device tensors or the host arrays): a view."""
+        for g in self.groups:
+            if name in g.columns:
+                index = g.index(name)
+                return values[g.name] if index is None else values[g.name][:, index]
+        raise KeyError(name)
 
 
 CUT_ONLY = frozenset(FINAL_OF.values())
@@ -117,7 +128,7 @@ class InferenceLoop:
         self.state = self.model.initial_state(pool.num_slots, self.device)
         self.k = pool.envs_per_worker
         self.timer = timer if timer is not None else StageTimer(self.device)
-        self._staging = _Staging(self.device, pool.num_slots)
+        self._staging = _Staging(self.device, pool.num_slots, store.spec.record if store is not None else None)
         self._no_values = torch.zeros(pool.num_slots, device=self.device)
         self._graphed = None
         if graph:
@@ -146,13 +157,15 @@ class InferenceLoop:
         """The inputs and states of the forward: the step's slots, then one row per slot in ``cut``
         (a time limit cut its episode) with that episode's final observation, the step's reward,
         ``done`` false and the slot's state (the cut episode's, not reset)."""
-        inputs = {key: env[key] for key in (OBS, REWARD, DONE, OBS_EXTRA) if key in env}
+        staging = self._staging
+        inputs = {key: staging.column(env, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
+                  if key in staging.record.names}
         if len(cut) == 0:
             return inputs, state_in
         index = torch.from_numpy(cut).to(self.device, non_blocking=True)
         extra = {key: torch.from_numpy(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut]).to(
                      self.device) for key in (OBS, OBS_EXTRA) if key in inputs}
-        extra[REWARD] = env[REWARD].index_select(0, index)
+        extra[REWARD] = inputs[REWARD].index_select(0, index)
         extra[DONE] = torch.zeros(len(cut), dtype=torch.bool, device=self.device)
         inputs = {key: torch.cat([value, extra[key]]) for key, value in inputs.items()}
         state = {name: torch.cat([value, value.index_select(0, index)]) for name, value in state_in.items()}
@@ -182,13 +195,13 @@ class InferenceLoop:
             return 0
         k = self.k
         workers = [r.worker for r in results]
+        n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
+            env = self._staging.upload(results)
             slots = torch.from_numpy((np.asarray(workers)[:, None] * k + self._offsets).ravel()).to(
                 self.device, non_blocking=True)
-            env = self._staging.upload(results)
-            n = len(env[REWARD])
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
-            cut = (np.flatnonzero(self._staging.host[TRUNCATED]) if self.store is not None
+            cut = (np.flatnonzero(self._staging.column(self._staging.host, TRUNCATED)) if self.store is not None
                    else np.empty(0, np.int64))  # evaluation bootstraps nothing
             inputs, state = self._riders(results, cut, env, state_in)
         with timer.stage("inference_forward", device_work=True):
@@ -199,13 +212,15 @@ class InferenceLoop:
                 else:
                     out, state_out = self.model(inputs, state, greedy=self.greedy)
             for name, value in state_out.items():
-                self.state[name].index_copy_(0, slots, value[:n])
-            actions = out["action"][0, :n].cpu().numpy()
+                self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
+            # the step's rows (T = 1) of the outputs, the riders' left out
+            agent = {key: out[key][0] if not len(cut) else out[key][0, :n] for key in AGENT_KEYS}
+            actions = agent["action"].cpu().numpy()
         if self.store is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
                 self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
-                self.store.record_agent(workers, {key: out[key][0, :n] for key in AGENT_KEYS}, version)
+                self.store.record_agent(workers, agent, version)
         with timer.stage("env_wait"):
             for i, r in enumerate(results):
                 self.pool.act(r.worker, actions[i * k:(i + 1) * k])

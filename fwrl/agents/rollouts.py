@@ -16,10 +16,15 @@ for the K slots of one worker plus the core state before row 0;
   the state before obs T was processed.
 
 Storage: ``P`` *pages* of ``K`` columns, one page per rollout of one worker.
-Every column is one preallocated tensor ``[T+1, P*K, ...]`` on the device
-(page p's slot j is column ``p*K + j``), written in place at each inference
-step by index; a batch of B columns is one ``index_select`` along dim 1 that
-is already ``[T+1, B, ...]``. The core state before row 0 is copied device to
+Columns are kept in groups (:meth:`RolloutSpec.groups`): each observation
+alone, the env's scalars of one dtype side by side (``fwrl.envs.step_record``
+``ColumnGroup``), the bootstrap value, the agent's floats (logits, then the
+baseline), its action and the weights' version. Every group is one
+preallocated tensor ``[T+1, P*K, ...]`` on the device (page p's slot j is
+column ``p*K + j``), written in place at each inference step by index: one
+write per group, not per column; a batch of B columns is one ``index_select``
+per group along dim 1 that is already ``[T+1, B, ...]``, read as columns
+through views. The core state before row 0 is copied device to
 device into ``[P*K, ...]`` tensors only when a slot starts a rollout. A
 finished rollout is a :class:`Rollout` handle (its page); the learner gathers
 its columns and hands the page back.
@@ -41,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -49,8 +55,25 @@ from fwrl.envs.step_record import StepRecord
 BOOTSTRAP_KEY = "bootstrap_value"  # the acting weights' value of a cut episode's final obs (truncated rows)
 AGENT_KEYS = ("action", "policy_logits", "baseline")
 VERSION_KEY = "policy_version"
+AGENT_FLOATS = "agent_float32"  # the store group of the policy logits and the baseline
 TORCH_DTYPES = {"uint8": torch.uint8, "float32": torch.float32, "bool": torch.bool, "int32": torch.int32,
                 "int64": torch.int64}
+
+
+@dataclass(frozen=True)
+class StoreGroup:
+    """Columns kept in one store tensor ``[T+1, width, *shape]``: ``columns`` maps each column to
+    its place in the last axis (an index, a slice, or None: the column is the whole group)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    columns: tuple[tuple[str, int | slice | None], ...]
+
+    def view(self, value: Tensor, column: str) -> Tensor:
+        """Column ``column`` of this group's tensor ``value`` (a view)."""
+        where = dict(self.columns)[column]
+        return value if where is None else value[..., where]
 
 
 @dataclass(frozen=True)
@@ -69,17 +92,34 @@ class RolloutSpec:
         """The columns written at env time (what ``record_env`` takes)."""
         return tuple(c.name for c in self.record.stored) + (BOOTSTRAP_KEY,)
 
+    def groups(self) -> tuple[StoreGroup, ...]:
+        """The store's groups: the env's (written at env time with the bootstrap value), then the
+        agent's (written with the next row)."""
+        env = [StoreGroup(g.name, TORCH_DTYPES[g.dtype], g.shape,
+                          tuple((c, g.index(c) if g.scalars else None) for c in g.columns))
+               for g in self.record.groups()]
+        action = (len(self.action_dims),) if len(self.action_dims) > 1 else ()
+        return (*env,
+                StoreGroup(BOOTSTRAP_KEY, torch.float32, (), ((BOOTSTRAP_KEY, None),)),
+                StoreGroup(AGENT_FLOATS, torch.float32, (self.num_actions + 1,),
+                           (("policy_logits", slice(0, self.num_actions)), ("baseline", self.num_actions))),
+                StoreGroup("action", torch.int64, action, (("action", None),)),
+                StoreGroup(VERSION_KEY, torch.int64, (), ((VERSION_KEY, None),)))
+
     def columns(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-slot (shape, dtype) of every column."""
-        columns = {c.name: (c.shape, TORCH_DTYPES[c.dtype]) for c in self.record.stored}
-        columns.update({
-            BOOTSTRAP_KEY: ((), torch.float32),
-            "action": ((len(self.action_dims),) if len(self.action_dims) > 1 else (), torch.int64),
-            "policy_logits": ((self.num_actions,), torch.float32),
-            "baseline": ((), torch.float32),
-            VERSION_KEY: ((), torch.int64),
-        })
-        return columns
+        out = {}
+        for group in self.groups():
+            for name, where in group.columns:
+                shape = (group.shape if where is None else
+                         (where.stop - where.start,) if isinstance(where, slice) else group.shape[:-1])
+                out[name] = (shape, group.dtype)
+        return out
+
+
+def column_views(groups: Sequence[StoreGroup], tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Every column of the group tensors ``tensors`` (views)."""
+    return {name: group.view(tensors[group.name], name) for group in groups for name, _ in group.columns}
 
 
 @dataclass(frozen=True)
@@ -158,111 +198,133 @@ class RolloutStore:
             raise ValueError(f"a rollout store for {num_workers} workers needs at least {num_workers + 1} "
                              f"pages, got {self.capacity}")
         T1, width = spec.unroll_length + 1, self.capacity * self.k
-        self.tensors = {
-            name: torch.zeros((T1, width, *shape), dtype=dtype, device=self.device)
-            for name, (shape, dtype) in spec.columns().items()
+        self.groups = spec.groups()
+        self.tensors = {  # group name -> [T+1, P*K, ...]
+            g.name: torch.zeros((T1, width, *g.shape), dtype=g.dtype, device=self.device) for g in self.groups
         }
         self.initial_state = {
             name: torch.zeros((width, *value.shape[1:]), dtype=value.dtype, device=self.device)
             for name, value in state_template.items()
         }
-        # rows x columns flattened: entry (t, c) of a column tensor is row t * width + c of its view, one
-        # row per entry; byte columns (frames) are viewed as int32 words, which index_copy_ moves about
-        # ten times faster than single bytes on the CPU
-        self._flat = {name: _words(value.view(T1 * width, -1)) for name, value in self.tensors.items()}
+        # rows x columns flattened: entry (t, c) of a group tensor is row t * width + c of its view, one
+        # row per entry (one value for a scalar group); byte groups (frames) are viewed as int32 words,
+        # which index_copy_ moves about ten times faster than single bytes on the CPU
+        self._flat = {name: _words(value.view(T1 * width, *([-1] if value.dim() > 2 else [])))
+                      for name, value in self.tensors.items()}
+        self._env_groups = self.groups[:len(spec.record.groups()) + 1]  # with the bootstrap value
         self._width = width
+        self._offsets = np.arange(self.k)
         self._lock = threading.Lock()
         self._free: deque[tuple[int, torch.cuda.Event | None]] = deque(
             (p, None) for p in range(num_workers, self.capacity))
-        self._page = list(range(num_workers))  # each worker's page in progress
-        self._cursor = [0] * num_workers  # its next row
-        self._life = [0] * num_workers
+        self._page = np.arange(num_workers)  # each worker's page in progress
+        self._cursor = np.zeros(num_workers, np.int64)  # its next row
+        self._life = np.zeros(num_workers, np.int64)
         self._versions = [[0] * T1 for _ in range(self.capacity)]  # host copy of the version column
         self._unread = [0] * self.capacity  # columns of a handed-off page not yet gathered
+        self._entries_now: tuple[np.ndarray, Tensor] | None = None  # record_env's (workers, entries)
         self.dropped_steps = 0  # slot steps of partial rollouts dropped on worker restarts
         self.state_copies = 0  # slot states copied into the store (rollout starts x K)
 
     # ------------------------------------------------------------------ inference side
-    def columns_of(self, workers: Sequence[int]) -> list[int]:
+    def columns_of(self, workers: Sequence[int]) -> np.ndarray:
         """Store columns ``[N*K]`` of the current pages of ``workers`` (in order, K each)."""
-        k = self.k
-        return [self._page[w] * k + j for w in workers for j in range(k)]
+        return (self._page[np.asarray(workers)][:, None] * self.k + self._offsets).ravel()
 
-    def _entries(self, workers: Sequence[int], rows: Sequence[int]) -> tuple[list[int], Tensor]:
-        """(columns, flat (row, column) entries on the device) of ``workers`` at ``rows``. Python
-        lists: for the few dozen slots of a step they are cheaper than numpy arrays."""
-        k, width = self.k, self._width
-        cols = self.columns_of(workers)
-        flat = [row * width + cols[i * k + j] for i, row in enumerate(rows) for j in range(k)]
-        return cols, torch.tensor(flat, dtype=torch.int64).to(self.device, non_blocking=True)
+    def _to_device(self, index: np.ndarray) -> Tensor:
+        return torch.from_numpy(index).to(self.device, non_blocking=True)
+
+    @staticmethod
+    def _group_value(group: StoreGroup, values: dict[str, Tensor]) -> Tensor:
+        """``[n, ...]`` rows of ``group``: given whole (under its name: a column that is its group, or
+        a group as staging packs it), or stacked from its columns."""
+        if group.name in values:
+            return values[group.name]
+        return torch.stack([values[name] for name, _ in group.columns], -1)
 
     def record_env(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
                    state_in: dict[str, Tensor], on_rollout: Callable[[Rollout], None] | None = None) -> None:
         """Write obs t of each of ``workers`` (``env``: ``[N*K, ...]`` on the device, K rows per
-        worker in order) and hand every rollout that row T completes to ``on_rollout``.
+        worker in order: each env group whole, as staging packs it, or its columns; and the
+        bootstrap value) and hand every rollout that row T completes to ``on_rollout``.
 
         ``state_in`` is the core state of the same slots before obs t is processed; it is
         copied into the store only for slots that start a rollout here.
         """
         k, T = self.k, self.spec.unroll_length
-        for w, life in zip(workers, lives):
-            if life != self._life[w]:  # the worker was restarted: drop its partial rollout
-                self.dropped_steps += self._cursor[w] * k
-                self._life[w], self._cursor[w] = life, 0
-        rows = [self._cursor[w] for w in workers]
-        _, entries = self._entries(workers, rows)
-        for key in self.spec.env_keys:
-            self._flat[key].index_copy_(0, entries, _words(env[key].reshape(len(entries), -1)))
-        for i, w in enumerate(workers):
-            if rows[i] == T:
-                self._finish(w, on_rollout)
+        workers = np.asarray(workers)
+        lives = np.asarray(lives)
+        restarted = lives != self._life[workers]
+        if restarted.any():  # a restarted worker's partial rollout is dropped
+            self.dropped_steps += int(self._cursor[workers[restarted]].sum()) * k
+            self._life[workers[restarted]] = lives[restarted]
+            self._cursor[workers[restarted]] = 0
+        rows = self._cursor[workers]
+        cols = self.columns_of(workers)
+        entries = self._to_device(np.repeat(rows, k) * self._width + cols)
+        n = len(cols)
+        for group in self._env_groups:
+            self._flat[group.name].index_copy_(0, entries, _rows(self._group_value(group, env), n))
+        finishing = workers[rows == T]
+        if len(finishing):
+            self._turn_pages(finishing, on_rollout)
         # a rollout starts at row 0, and at row T on the page that replaced the finished one
-        starting = [i for i, row in enumerate(rows) if row in (0, T)]
-        if starting:
+        starting = np.flatnonzero((rows == 0) | (rows == T))
+        if len(starting):
             self._copy_state(starting, self.columns_of(workers), state_in)
+        self._entries_now = (workers, entries) if not len(finishing) else None
 
     def record_agent(self, workers: Sequence[int], agent: dict[str, Tensor], version: int) -> None:
         """Write the agent output computed from the obs just recorded (it belongs to the next
         row) and the ``version`` of the weights that computed it."""
-        rows = [self._cursor[w] + 1 for w in workers]
-        _, entries = self._entries(workers, rows)
-        for key in AGENT_KEYS:
-            self._flat[key].index_copy_(0, entries, _words(agent[key].reshape(len(entries), -1)))
+        workers = np.asarray(workers)
+        rows = self._cursor[workers] + 1
+        if self._entries_now is not None and np.array_equal(self._entries_now[0], workers):
+            entries = self._entries_now[1] + self._width  # the same slots, one row down
+        else:  # pages turned since record_env (or it was not called): compute them
+            entries = self._to_device(np.repeat(rows, self.k) * self._width + self.columns_of(workers))
+        self._entries_now = None
+        n = len(entries)
+        floats = torch.cat([_rows(agent["policy_logits"], n), agent["baseline"].float().view(n, 1)], 1)
+        self._flat[AGENT_FLOATS].index_copy_(0, entries, floats)
+        self._flat["action"].index_copy_(0, entries, _rows(agent["action"], n))
         self._flat[VERSION_KEY].index_fill_(0, entries, version)
-        for w, row in zip(workers, rows):
-            self._versions[self._page[w]][row] = version
-            self._cursor[w] = row
+        for page, row in zip(self._page[workers].tolist(), rows.tolist()):
+            self._versions[page][row] = version
+        self._cursor[workers] = rows
 
-    def _copy_state(self, positions: Sequence[int], cols: list[int], state_in: dict[str, Tensor]) -> None:
+    def _copy_state(self, positions: np.ndarray, cols: np.ndarray, state_in: dict[str, Tensor]) -> None:
         """Initial state of the rollouts starting at batch positions ``positions`` (device to device)."""
-        take = [i * self.k + j for i in positions for j in range(self.k)]
-        dest = torch.tensor([cols[t] for t in take], dtype=torch.int64).to(self.device, non_blocking=True)
-        take_t = torch.tensor(take, dtype=torch.int64).to(self.device, non_blocking=True)
+        take = (positions[:, None] * self.k + self._offsets).ravel()
+        dest, take_t = self._to_device(cols[take]), self._to_device(take)
         for name, value in state_in.items():
             self.initial_state[name].index_copy_(0, dest, value.index_select(0, take_t))
         self.state_copies += len(take)
 
-    def _finish(self, worker: int, on_rollout: Callable[[Rollout], None] | None) -> None:
-        """Row T of ``worker``'s page is written: start its next page with the overlap row (its
-        initial state, the state before obs T, is copied by ``record_env``) and hand the finished
-        page to ``on_rollout``."""
+    def _turn_pages(self, workers: np.ndarray, on_rollout: Callable[[Rollout], None] | None) -> None:
+        """Row T of ``workers``' pages is written: start each one's next page with the overlap row
+        (its initial state, the state before obs T, is copied by ``record_env``), in one copy per
+        group for all of them, and hand the finished pages to ``on_rollout``."""
         k, T = self.k, self.spec.unroll_length
-        old = self._page[worker]
-        new = self._take_page()
-        src = torch.arange(old * k, (old + 1) * k, device=self.device)
-        dst = torch.arange(new * k, (new + 1) * k, device=self.device)
+        old = self._page[workers].copy()
+        new = np.array([self._take_page() for _ in workers])
+        src = self._to_device((old[:, None] * k + self._offsets).ravel() + T * self._width)
+        dst = self._to_device((new[:, None] * k + self._offsets).ravel())
         for flat in self._flat.values():  # row T of the old page is row 0 of the new one
-            flat.index_copy_(0, dst, flat.index_select(0, src + T * self._width))
-        self._versions[new][0] = self._versions[old][T]
-        self._page[worker], self._cursor[worker] = new, 0
+            flat.index_copy_(0, dst, flat.index_select(0, src))
+        for o, n in zip(old.tolist(), new.tolist()):
+            self._versions[n][0] = self._versions[o][T]
+        self._page[workers], self._cursor[workers] = new, 0
         ready = _record_event(self.device)
         with self._lock:
-            self._unread[old] = k
-        rollout = Rollout(old, worker, self._life[worker], k, ready)
-        if on_rollout is None:
-            self.release(rollout)
-        else:
-            on_rollout(rollout)
+            for page in old:
+                self._unread[page] = k
+        for worker, page in zip(workers, old):
+            rollout = Rollout(int(page), int(worker), int(self._life[worker]), k, ready)
+            if on_rollout is None:
+                self.release(rollout)
+            else:
+                on_rollout(rollout)
 
     def _take_page(self) -> int:
         with self._lock:
@@ -284,7 +346,7 @@ class RolloutStore:
                 torch.cuda.current_stream(self.device).wait_event(piece.rollout.ready)
         cols = torch.cat([torch.arange(p.rollout.page * self.k + p.start, p.rollout.page * self.k + p.stop)
                           for p in pieces]).to(self.device, non_blocking=True)
-        tensors = {name: value.index_select(1, cols) for name, value in self.tensors.items()}
+        tensors = column_views(self.groups, {name: value.index_select(1, cols) for name, value in self.tensors.items()})
         state = {name: value.index_select(0, cols) for name, value in self.initial_state.items()}
         versions = [list(self._versions[p.rollout.page]) for p in pieces]
         gathered = _record_event(self.device)
@@ -311,7 +373,8 @@ class RolloutStore:
         if rollout.ready is not None:
             rollout.ready.synchronize()
         cols = slice(rollout.page * self.k, (rollout.page + 1) * self.k)
-        return RolloutData({n: v[:, cols].cpu().clone() for n, v in self.tensors.items()},
+        groups = {n: v[:, cols].cpu().clone() for n, v in self.tensors.items()}
+        return RolloutData({n: v.clone() for n, v in column_views(self.groups, groups).items()},
                            {n: v[cols].cpu().clone() for n, v in self.initial_state.items()},
                            rollout.worker, rollout.life)
 
@@ -319,6 +382,14 @@ class RolloutStore:
     def free_pages(self) -> int:
         with self._lock:
             return len(self._free)
+
+
+def _rows(value: Tensor, n: int) -> Tensor:
+    """``[n, ...]`` values as the rows a flat store view takes: ``[n]`` for one value per slot,
+    ``[n, m]`` (bytes as words) otherwise; no reshape where the shape is already that."""
+    if value.dim() > 2:
+        value = value.reshape(n, -1)
+    return _words(value) if value.dim() == 2 else value
 
 
 def _words(rows: Tensor) -> Tensor:

@@ -46,6 +46,38 @@ class Column:
 
 
 @dataclass(frozen=True)
+class ColumnGroup:
+    """Stored columns kept side by side in one array: an observation column alone (``shape``: its
+    own), or every scalar column of one dtype (``shape``: ``(len(columns),)``, in table order).
+    One group is one staging buffer, one upload and one store tensor: fewer, larger copies than a
+    column each."""
+
+    name: str  # the observation column's name, or the scalars' dtype
+    dtype: str
+    shape: tuple[int, ...]
+    columns: tuple[str, ...]
+
+    @property
+    def scalars(self) -> bool:
+        return self.name not in (OBS, OBS_EXTRA)
+
+    def index(self, column: str) -> int | None:
+        """Where ``column`` sits in the group's last axis (None: an observation group is its column)."""
+        return self.columns.index(column) if self.scalars else None
+
+    def pack(self, parts: Sequence[dict[str, np.ndarray]], out: np.ndarray | None = None) -> np.ndarray:
+        """The group's ``[n, *shape]`` array of several workers' arrays (in order), into ``out``."""
+        n = sum(len(p[self.columns[0]]) for p in parts)
+        if out is None:
+            out = np.empty((n, *self.shape), np.dtype(self.dtype))
+        if not self.scalars:
+            return np.concatenate([p[self.name] for p in parts], out=out)
+        for j, column in enumerate(self.columns):
+            np.concatenate([p[column] for p in parts], out=out[:, j])
+        return out
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """The columns of an env's step record (module docstring), in a fixed order."""
 
@@ -84,6 +116,21 @@ class StepRecord:
     @property
     def cut_only(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.cut_only)
+
+    def groups(self) -> tuple[ColumnGroup, ...]:
+        """The stored columns in groups (:class:`ColumnGroup`): each observation column alone, then
+        the scalar columns of each dtype together, in table order."""
+        groups = [ColumnGroup(c.name, c.dtype, c.shape, (c.name,)) for c in self.stored if c.name in (OBS, OBS_EXTRA)]
+        for dtype in dict.fromkeys(c.dtype for c in self.stored if c.name not in (OBS, OBS_EXTRA)):
+            names = tuple(c.name for c in self.stored if c.dtype == dtype and c.name not in (OBS, OBS_EXTRA))
+            groups.append(ColumnGroup(dtype, dtype, (len(names),), names))
+        return tuple(groups)
+
+    @classmethod
+    def of_arrays(cls, arrays: dict[str, np.ndarray]) -> "StepRecord":
+        """The record whose ``[K, ...]`` arrays these are."""
+        extra = arrays[OBS_EXTRA].shape[1] if OBS_EXTRA in arrays else 0
+        return cls.of(arrays[OBS].shape[1:], arrays[OBS].dtype.name, extra)
 
     def specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``name -> (per-slot shape, dtype)`` of every column."""

@@ -69,10 +69,12 @@ def reset_rows(state: State, initial: State, done_t: Tensor) -> State:
 
 def zero_rows(state: State, done_t: Tensor) -> State:
     """Zero the rows of ``state`` where ``done_t`` [B] is true (a zero initial state)."""
-    out = {}
+    out, keeps = {}, {}
     for name, value in state.items():
-        keep = (~done_t).to(value.dtype).view(-1, *([1] * (value.dim() - 1)))
-        out[name] = value * keep
+        key = (value.dtype, value.dim())  # one mask serves every state tensor of its dtype and rank
+        if key not in keeps:
+            keeps[key] = (~done_t).to(value.dtype).view(-1, *([1] * (value.dim() - 1)))
+        out[name] = value * keeps[key]
     return out
 
 

@@ -72,7 +72,7 @@ class LSTMCore(Core):
             y, (h, c) = self.lstm(x[start:end], hc)
             outputs.append(y)
             state = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
-        return torch.cat(outputs), state
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), state
 
 
 @register_core("lstm", LSTMConfig, "nn.LSTM, BPTT across the rollout")

@@ -1,0 +1,207 @@
+"""The acting path's cost per agent step, measured on the CPU with envs that cost nothing.
+
+A GPU box is rare; the acting thread's host work is not. This runs the acting path of
+``fwrl train`` (``fwrl.agents.inference.InferenceLoop``: staging, the batched forward, the
+store's writes, the actions back) over a stand-in pool whose workers answer at once with
+prepared step records (every 40th row of a slot cut by a time limit, so the bootstrap path runs
+too), and the rollouts released as soon as they are handed over. Per agent step it reports
+
+- ``cpu_us``: the acting thread's CPU time (``time.thread_time``), in microseconds;
+- ``ops``: the torch operators it calls (``aten::`` events of ``torch.profiler`` that no other
+  operator called).
+
+Two settings: ``overhead`` (a tiny MLP agent on 4-float observations: nearly all of the cost
+is per-call overhead, what a GPU's acting thread pays) and ``pong`` (the nature stem on 4x84x84
+frames and an LSTM 256: on a CPU the convolutions dominate).
+
+Side by side with an earlier commit (``--baseline REV``, checked out from this repository's
+history into a temporary folder), each in its own process::
+
+    python benchmarks/acting_proxy.py --baseline 971d846 --out benchmarks/results/acting_proxy.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {  # name -> (obs shape, obs dtype, actions, stem, core, core options, workers, envs per worker)
+    "overhead": ((4,), "float32", 3, "mlp", "lstm", {"hidden_size": 32}, 16, 8),
+    "pong": ((4, 84, 84), "uint8", 6, "nature", "lstm", {"hidden_size": 256}, 16, 8),
+}
+UNROLL = 20
+CUT_EVERY = 40  # a slot's episode is cut by a time limit once every this many steps
+
+
+# ----------------------------------------------------------------------------- one checkout, in its process
+
+class ZeroCostPool:
+    """Workers that answer at once: every call to ``wait`` returns all of them with prepared arrays."""
+
+    def __init__(self, make_result, workers: int, k: int, obs_shape, obs_dtype, extra_steps: int = 0):
+        import numpy as np
+
+        self.num_workers, self.envs_per_worker, self.num_slots = workers, k, workers * k
+        rng = np.random.default_rng(0)
+        self.make_result = make_result
+        self.arrays = []
+        for w in range(workers):
+            obs = (rng.integers(0, 255, (k, *obs_shape)).astype(obs_dtype) if obs_dtype == "uint8"
+                   else rng.standard_normal((k, *obs_shape)).astype(obs_dtype))
+            self.arrays.append({"obs": obs, "reward": np.zeros(k, np.float32), "done": np.zeros(k, bool),
+                                "truncated": np.zeros(k, bool), "episode_return": np.zeros(k, np.float32),
+                                "episode_step": np.zeros(k, np.int32), "task": np.zeros(k, np.int32),
+                                "final_obs": np.zeros_like(obs)})
+        self.step = 0
+
+    def wait(self, timeout=None):
+        self.step += 1
+        out = []
+        for w, arrays in enumerate(self.arrays):
+            cut = (self.step + w) % CUT_EVERY == 0
+            arrays["truncated"][:] = cut
+            arrays["done"][:] = cut
+            out.append(self.make_result(w, arrays))
+        return out
+
+    def act(self, worker, actions):
+        pass
+
+
+def _api():
+    """(make_result, make_spec) for the checkout on ``sys.path``: its StepResult and RolloutSpec."""
+    import torch
+
+    from fwrl.agents.rollouts import RolloutSpec
+    from fwrl.envs.worker_pool import StepResult
+
+    try:
+        from fwrl.envs.step_record import StepRecord
+    except ImportError:  # before the step record (971d846): the fields as keywords, torch dtypes
+        def make_result(w, arrays):
+            return StepResult(w, 0, episodes=[], **arrays)
+
+        def make_spec(T, k, shape, dtype, actions):
+            return RolloutSpec(T, k, shape, {"uint8": torch.uint8, "float32": torch.float32}[dtype], actions)
+        return make_result, make_spec
+
+    def make_result(w, arrays):
+        return StepResult(w, 0, arrays, [])
+
+    def make_spec(T, k, shape, dtype, actions):
+        return RolloutSpec(T, k, StepRecord.of(shape, dtype), actions)
+    return make_result, make_spec
+
+
+def measure(setting: str, steps: int) -> dict:
+    import threading
+
+    import torch
+
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.model import AgentNet
+    from fwrl.agents.rollouts import RolloutStore
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shape, dtype, actions, stem, core, options, workers, k = SETTINGS[setting]
+    make_result, make_spec = _api()
+    pool = ZeroCostPool(make_result, workers, k, shape, dtype)
+    model = AgentNet(shape, actions, core, options, stem=stem).eval()
+    store = RolloutStore(make_spec(UNROLL, k, shape, dtype, actions), workers, torch.device("cpu"),
+                         model.initial_state(1))
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0)
+    for _ in range(30):  # warm-up: first pages, allocator
+        loop.step(0.0, on_rollout=store.release)
+    began_cpu, began = time.thread_time(), time.perf_counter()
+    for _ in range(steps):
+        loop.step(0.0, on_rollout=store.release)
+    cpu, wall = time.thread_time() - began_cpu, time.perf_counter() - began
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            loop.step(0.0, on_rollout=store.release)
+    ops = sum(1 for e in prof.events() if e.name.startswith("aten::")  # those not called by another op
+              and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    agent_steps = steps * workers * k
+    return {"setting": setting, "slots": workers * k, "cpu_us": round(1e6 * cpu / agent_steps, 2),
+            "wall_us": round(1e6 * wall / agent_steps, 2), "ops": round(ops / (20 * workers * k), 3),
+            "ops_per_call": round(ops / 20, 1)}
+
+
+# ----------------------------------------------------------------------------- side by side
+
+def _checkout(rev: str, folder: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "fwrl"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def _run(path: Path, setting: str, steps: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps)], env=env,
+                         capture_output=True, text=True, check=True, cwd=path).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "working tree"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", help="an earlier commit to measure side by side (e.g. 971d846)")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--steps", type=int, default=300, help="acting calls measured per setting")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per checkout and setting, alternated; medians")
+    parser.add_argument("--out", help="markdown report to write")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.steps)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="fwrl-proxy-") as tmp:
+        checkouts = {f"this ({_commit()})": ROOT}
+        if args.baseline:
+            checkouts = {f"baseline ({args.baseline})": _checkout(args.baseline, Path(tmp)), **checkouts}
+        results: dict[tuple[str, str], list[dict]] = {}
+        for setting in args.settings:
+            for _ in range(args.repeats):
+                for name, path in checkouts.items():  # alternated, so drift hits both alike
+                    results.setdefault((name, setting), []).append(_run(path, setting, args.steps))
+                    print(name, setting, results[(name, setting)][-1], file=sys.stderr, flush=True)
+    rows = []
+    for (name, setting), runs in results.items():
+        med = {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in ("cpu_us", "wall_us", "ops",
+                                                                              "ops_per_call")}
+        rows.append((setting, name, runs[0]["slots"], med))
+    lines = ["| setting | checkout | slots per call | CPU us / agent step | wall us / agent step | torch ops / agent "
+             "step | torch ops / call |", "|---|---|---|---|---|---|---|"]
+    for setting, name, slots, med in sorted(rows):
+        lines.append(f"| {setting} | {name} | {slots} | {med['cpu_us']} | {med['wall_us']} | {med['ops']} | "
+                     f"{med['ops_per_call']} |")
+    if args.baseline:
+        lines += ["", "| setting | CPU us, this / baseline | ops, this / baseline |", "|---|---|---|"]
+        for setting in args.settings:
+            base = next(m for s, n, _, m in rows if s == setting and n.startswith("baseline"))
+            this = next(m for s, n, _, m in rows if s == setting and n.startswith("this"))
+            lines.append(f"| {setting} | {this['cpu_us'] / base['cpu_us']:.2f} | {this['ops'] / base['ops']:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(f"# Acting path per agent step on the CPU ({time.strftime('%Y-%m-%d')})\n\n"
+                                  f"`python benchmarks/acting_proxy.py {' '.join(sys.argv[1:])}`: medians of "
+                                  f"{args.repeats} alternated runs of {args.steps} acting calls each, one torch "
+                                  f"thread (benchmarks/acting_proxy.py says what is measured).\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
