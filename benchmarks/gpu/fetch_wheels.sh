@@ -14,9 +14,11 @@ PYTHON=${PYTHON:-python3}
 # What the box lacks (device README / KINDS.md lists what it has): the env
 # stack, FLA for the delta-rule comparison, and fwrl's own runtime
 # dependencies the box image does not hold (pydantic wants a newer typing-extensions
-# than the image may have; the carried one comes first on PYTHONPATH).
+# than the image may have; the carried one comes first on PYTHONPATH), and the test
+# plugins pyproject.toml's addopts need (pytest-xdist with execnet, pytest-timeout).
 PACKAGES=(gymnasium farama-notifications "ale-py<0.13" fla-core
-          pydantic pydantic-core annotated-types typing-inspection typing-extensions)
+          pydantic pydantic-core annotated-types typing-inspection typing-extensions
+          pytest-xdist execnet pytest-timeout)
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
            manylinux1_x86_64)
 

@@ -367,8 +367,11 @@ def _pass_timed(rows: list[dict[str, Any]], core: str, impls: Sequence[str], dty
 def _run_kernel_tests(part: Part, tests: list[str], select: list[str]) -> str:
     """Run the kernel tests with pytest; their summary line, or where they stopped."""
     try:
-        proc = part.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *select, *tests],
-                        timeout=240 if not part.dry else 120, check=False)
+        # test files in parallel processes (pytest-xdist, carried in .whl): the box's 16 CPUs build the
+        # sm_90 kernels side by side, and each process has its own CUDA context on the one GPU
+        workers = ["-n", str(min(8, os.cpu_count() or 1))] if not part.dry else ["-n", "0"]
+        proc = part.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *workers, *select,
+                         *tests], timeout=240 if not part.dry else 120, check=False)
         return _pytest_summary(proc.stdout)
     except subprocess.TimeoutExpired as exc:  # keep the part's time for the benchmarks
         output = exc.output.decode() if isinstance(exc.output, bytes) else (exc.output or "")
