@@ -5,6 +5,16 @@ decayed linearly to 0 over the total number of agent steps, and global-norm
 gradient clipping at 40. torch's RMSprop adds eps outside the square root,
 as the torchbeast runs of the papers' authors did.
 
+torch's RMSprop starts its square average ``v`` at 0, so its first steps are up
+to 1/sqrt(1 - alpha^n) larger than later ones (10x at update 1, 1.6x at 50;
+the fast-weight audit, ``benchmarks/learning/fast_weight_audit/README.md``
+Sec. 2). ``bias_correction`` divides ``v`` by ``1 - alpha^n`` before the root,
+as Adam does its second moment (Kingma & Ba 2015, Alg. 1):
+``lr g / (sqrt(v / c) + eps) = (lr sqrt(c)) g / (sqrt(v) + eps sqrt(c))`` with
+``c = 1 - alpha^n``, so :class:`BiasCorrectedRMSprop` runs torch's own RMSprop
+with that step's ``lr`` and ``eps`` scaled by ``sqrt(c)``: exact with momentum
+0 (IMPALA's), and with momentum the buffer's earlier terms keep their own scale.
+
 The schedule is a pure function of the agent-step count
 (:func:`linear_decay_lr`), so a resumed run that restores the step count from
 its checkpoint gets exactly the learning rate it would have had.
@@ -20,15 +30,37 @@ from torch import Tensor
 from fwrl.errors import FwrlError
 
 
+class BiasCorrectedRMSprop(torch.optim.RMSprop):
+    """torch's RMSprop with the square average divided by ``1 - alpha^n`` at update ``n`` (module
+    docstring). Each param group counts its updates in ``corrected_updates`` (saved with the
+    optimiser's state, so a resumed run goes on with the same correction)."""
+
+    def step(self, closure=None):
+        saved = []
+        for group in self.param_groups:
+            n = group.setdefault("corrected_updates", 0) + 1
+            group["corrected_updates"] = n
+            scale = (1.0 - group["alpha"] ** n) ** 0.5
+            saved.append((group["lr"], group["eps"]))
+            group["lr"], group["eps"] = group["lr"] * scale, group["eps"] * scale
+        try:
+            return super().step(closure)
+        finally:
+            for group, (lr, eps) in zip(self.param_groups, saved):
+                group["lr"], group["eps"] = lr, eps
+
+
 def make_optimizer(
     params: Iterable[Tensor] | Iterable[dict[str, Any]],
     lr: float = 6e-4,
     alpha: float = 0.99,
     eps: float = 0.01,
     momentum: float = 0.0,
+    bias_correction: bool = False,
 ) -> torch.optim.RMSprop:
-    """torch RMSprop with the IMPALA defaults."""
-    return torch.optim.RMSprop(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum)
+    """torch RMSprop with the IMPALA defaults; ``bias_correction``: :class:`BiasCorrectedRMSprop`."""
+    cls = BiasCorrectedRMSprop if bias_correction else torch.optim.RMSprop
+    return cls(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum)
 
 
 def linear_decay_lr(base_lr: float, agent_steps: int, total_steps: int) -> float:

@@ -293,7 +293,8 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
     batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed)
     result = probe(model, batch, updates=updates, learning_rate=config.learning_rate,
                    rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
-                   rmsprop_momentum=config.rmsprop_momentum, grad_norm_clip=config.grad_norm_clip,
+                   rmsprop_momentum=config.rmsprop_momentum,
+                   rmsprop_bias_correction=config.rmsprop_bias_correction, grad_norm_clip=config.grad_norm_clip,
                    discount=config.discount, baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
                    reward_clip=config.reward_clip)
     print(format_probe(result, f"init probe: {config.env} / {config.core} / B {config.batch_size}, "

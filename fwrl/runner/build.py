@@ -162,7 +162,8 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
 
     model = build_model(config, info).to(device)
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
-                               eps=config.rmsprop_eps, momentum=config.rmsprop_momentum)
+                               eps=config.rmsprop_eps, momentum=config.rmsprop_momentum,
+                               bias_correction=config.rmsprop_bias_correction)
     steps_per_update = config.batch_size * config.unroll_length * ranks.world_size  # the schedule counts every rank
     scheduler = linear_decay_scheduler(optimizer, config.total_steps, steps_per_update)
     counters = {"agent_steps": 0, "updates": 0, **PROGRESS}

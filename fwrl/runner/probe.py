@@ -143,14 +143,14 @@ def _module_of(name: str) -> str:
 
 def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, learning_rate: float = 6e-4,
           rmsprop_alpha: float = 0.99, rmsprop_eps: float = 0.01, rmsprop_momentum: float = 0.0,
-          grad_norm_clip: float = 40.0, discount: float = 0.99, baseline_cost: float = 0.5,
-          entropy_cost: float = 0.01, reward_clip: float | None = 1.0, top: int = 6) -> ProbeResult:
+          rmsprop_bias_correction: bool = False, grad_norm_clip: float = 40.0, discount: float = 0.99,
+          baseline_cost: float = 0.5, entropy_cost: float = 0.01, reward_clip: float | None = 1.0, top: int = 6) -> ProbeResult:
     """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place."""
     action_dims = getattr(model, "action_dims", None)
     B = batch[REWARD].shape[1]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=learning_rate, alpha=rmsprop_alpha, eps=rmsprop_eps,
-                               momentum=rmsprop_momentum)
+                               momentum=rmsprop_momentum, bias_correction=rmsprop_bias_correction)
     loss_kwargs = dict(discount=discount, baseline_cost=baseline_cost, entropy_cost=entropy_cost,
                        reward_clip=reward_clip, action_dims=action_dims)
     model.train()

@@ -81,6 +81,7 @@ class TrainConfig(Settings):
     rmsprop_alpha: float = Field(0.99, ge=0, lt=1, description="RMSProp smoothing constant")
     rmsprop_eps: float = Field(0.01, gt=0, description="RMSProp epsilon, added outside the square root")
     rmsprop_momentum: float = Field(0.0, ge=0, lt=1, description="RMSProp momentum")
+    rmsprop_bias_correction: bool = Field(False, description="divide RMSProp's square average by 1 - alpha^n at update n (Adam's correction): no 10x first steps from the average starting at 0")
     grad_norm_clip: float = Field(40.0, gt=0, description="clip the global gradient norm to this")
     entropy_cost: float = Field(0.01, ge=0, description="weight of the entropy regulariser")
     baseline_cost: float = Field(0.5, ge=0, description="weight of the baseline loss")

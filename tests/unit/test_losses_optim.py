@@ -193,6 +193,47 @@ def test_make_optimizer_defaults():
     assert (group["lr"], group["alpha"], group["eps"], group["momentum"]) == (6e-4, 0.99, 0.01, 0.0)
 
 
+def _bias_corrected_rmsprop_by_hand(grads, lr, alpha, eps):
+    """The parameter after each update of Adam-style bias-corrected RMSProp (eps outside the root)."""
+    p, v, out = torch.zeros_like(grads[0]), torch.zeros_like(grads[0]), []
+    for n, g in enumerate(grads, start=1):
+        v = alpha * v + (1 - alpha) * g * g
+        p = p - lr * g / ((v / (1 - alpha ** n)).sqrt() + eps)
+        out.append(p.clone())
+    return out
+
+
+def test_bias_corrected_rmsprop_is_the_formula_and_resumes():
+    torch.manual_seed(0)
+    grads = [torch.randn(5, dtype=torch.float64) * s for s in (0.001, 3.0, 0.02, 1.0, 0.5, 7.0)]
+    expected = _bias_corrected_rmsprop_by_hand(grads, lr=1e-2, alpha=0.99, eps=0.01)
+    param = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    opt = make_optimizer([param], lr=1e-2, bias_correction=True)
+    for g, want in zip(grads[:3], expected[:3]):
+        param.grad = g.clone()
+        opt.step()
+        torch.testing.assert_close(param.detach(), want)
+    assert opt.param_groups[0]["lr"] == 1e-2 and opt.param_groups[0]["eps"] == 0.01  # restored after each step
+    # a resumed optimiser goes on with the same correction (its update count is in the state)
+    param2 = torch.nn.Parameter(param.detach().clone())
+    opt2 = make_optimizer([param2], lr=1e-2, bias_correction=True)
+    opt2.load_state_dict(opt.state_dict())
+    for g, want in zip(grads[3:], expected[3:]):
+        param2.grad = g.clone()
+        opt2.step()
+        torch.testing.assert_close(param2.detach(), want)
+    # the first step is about lr per coordinate (|g| >> eps), not the plain RMSprop's 10x
+    plain = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    opt3 = make_optimizer([plain], lr=1e-2)
+    plain.grad = grads[1].clone()
+    opt3.step()
+    corrected = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    opt4 = make_optimizer([corrected], lr=1e-2, bias_correction=True)
+    corrected.grad = grads[1].clone()
+    opt4.step()
+    assert corrected.abs().max() < 1.01e-2 < 9e-2 < plain.abs().min()
+
+
 def test_linear_decay_reaches_zero_at_total_steps():
     param = torch.nn.Parameter(torch.zeros(2))
     opt = make_optimizer([param], lr=1e-3)
