@@ -199,7 +199,7 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cores", action="store_true", help="list the memory cores and their options (the default)")
     p.add_argument("--presets", action="store_true", help="list the presets")
     p.add_argument("--preset", metavar="NAME|FILE", help="describe (or probe) the model of this preset")
-    add_setting_flags(p, TrainConfig, ("env", "core", "stem"), {"env": None})
+    add_setting_flags(p, TrainConfig, ("env", "core", "stem", "init"), {"env": None})
     p.add_argument("--core-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="core option, repeatable (e.g. --core-opt num_layers=4)")
     probe = p.add_argument_group("init probe (with --env)", "How hard the first updates of a fresh agent hit its "
@@ -210,7 +210,7 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--json-path", dest="json_path", default=None, metavar="PATH",
                        help="also write the probe's settings and figures to this JSON file")
     add_setting_flags(probe, TrainConfig, ("batch_size", "unroll_length", "learning_rate", "entropy_cost",
-                                           "grad_norm_clip", "seed"))
+                                           "grad_norm_clip", "rmsprop_bias_correction", "seed"))
     p.set_defaults(run=run_info)
 
 
@@ -298,7 +298,9 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
                    discount=config.discount, baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
                    reward_clip=config.reward_clip)
     print(format_probe(result, f"init probe: {config.env} / {config.core} / B {config.batch_size}, "
-                               f"T {config.unroll_length}, lr {config.learning_rate:g}, {updates} updates on one batch"))
+                               f"T {config.unroll_length}, lr {config.learning_rate:g}"
+                               f"{', bias-corrected RMSProp' if config.rmsprop_bias_correction else ''}, "
+                               f"{updates} updates on one batch"))
     if json_path:
         from fwrl.utils.files import atomic_write_text
 

@@ -8,7 +8,16 @@ them: row t + 1 holds the action taken at obs t and its behaviour logits):
 - the gradient norm of the IMPALA loss at init, before clipping, in total and
   for the modules that carry most of it;
 - after one optimiser step (the run's RMSProp, learning rate and clip), the
-  largest change of any logit and of any value over the batch;
+  largest and the mean change of a logit and of a value over the batch: the
+  **first** step;
+- the **steady** step: the same update from the same weights with RMSProp's
+  square average already filled (with this gradient, clipped, squared), the
+  size of a step once the average has settled. torch's RMSprop starts the
+  average at 0, so its first step is up to 10x the steady one; a start made
+  gentle by shrinking the model (a small readout scale) shrinks the steady
+  step as well, which only this number shows;
+- the heads' input: the root mean square of what the policy and value heads
+  read, the scale a readout factor changes;
 - ``updates`` optimiser steps on the same batch: after each, the policy's
   mean entropy (nats per step; ln A is uniform) and the mean distance of the
   value from the batch's discounted returns (clipped rewards, bootstrapped at
@@ -22,6 +31,7 @@ stated bounds).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +52,13 @@ class ProbeResult:
 
     init_grad_norm: float
     grad_norm_by_module: list[tuple[str, float]]
-    first_logit_change: float
-    first_value_change: float
+    first_logit_change: float  # largest |change| of a logit over the batch after the first step
+    first_value_change: float  # largest |change| of a value
+    first_logit_change_mean: float = 0.0  # mean |change| of a logit
+    first_value_change_mean: float = 0.0
+    steady_logit_change_mean: float = 0.0  # the same step with the square average filled (docstring)
+    steady_value_change_mean: float = 0.0
+    head_input_rms: float = 0.0  # root mean square of the heads' input at init
     entropy: list[float] = field(default_factory=list)  # after each update
     value_error: list[float] = field(default_factory=list)  # after each update
     initial_entropy: float = 0.0
@@ -53,6 +68,10 @@ class ProbeResult:
     def to_dict(self) -> dict[str, Any]:
         return {"init_grad_norm": self.init_grad_norm, "grad_norm_by_module": self.grad_norm_by_module,
                 "first_logit_change": self.first_logit_change, "first_value_change": self.first_value_change,
+                "first_logit_change_mean": self.first_logit_change_mean,
+                "first_value_change_mean": self.first_value_change_mean,
+                "steady_logit_change_mean": self.steady_logit_change_mean,
+                "steady_value_change_mean": self.steady_value_change_mean, "head_input_rms": self.head_input_rms,
                 "initial_entropy": self.initial_entropy, "initial_value_error": self.initial_value_error,
                 "entropy": self.entropy, "value_error": self.value_error, "max_entropy": self.max_entropy}
 
@@ -144,7 +163,8 @@ def _module_of(name: str) -> str:
 def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, learning_rate: float = 6e-4,
           rmsprop_alpha: float = 0.99, rmsprop_eps: float = 0.01, rmsprop_momentum: float = 0.0,
           rmsprop_bias_correction: bool = False, grad_norm_clip: float = 40.0, discount: float = 0.99,
-          baseline_cost: float = 0.5, entropy_cost: float = 0.01, reward_clip: float | None = 1.0, top: int = 6) -> ProbeResult:
+          baseline_cost: float = 0.5, entropy_cost: float = 0.01, reward_clip: float | None = 1.0,
+          top: int = 6) -> ProbeResult:
     """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place."""
     action_dims = getattr(model, "action_dims", None)
     B = batch[REWARD].shape[1]
@@ -159,6 +179,9 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
         out, _ = model(batch, model.initial_state(B))
         return out
 
+    head_inputs: list[Tensor] = []
+    hook = model.policy.register_forward_pre_hook(lambda m, args: head_inputs.append(args[0])) \
+        if isinstance(getattr(model, "policy", None), nn.Module) else None
     with torch.no_grad():
         start = forward()
         returns = discounted_returns(batch, start["baseline"][-1], discount, reward_clip)
@@ -169,6 +192,9 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
     result = ProbeResult(0.0, [], 0.0, 0.0, initial_entropy=_mean_entropy(start["policy_logits"][:-1], action_dims),
                          initial_value_error=value_error(start),
                          max_entropy=sum(math.log(n) for n in (action_dims or (start["policy_logits"].shape[-1],))))
+    if hook is not None:
+        hook.remove()
+        result.head_input_rms = head_inputs[0].pow(2).mean().sqrt().item()
     for update in range(max(1, updates)):
         out = forward()
         loss, _ = impala_loss(out, batch, **loss_kwargs)
@@ -183,16 +209,42 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
             result.grad_norm_by_module = sorted(((k, math.sqrt(v)) for k, v in by_module.items()),
                                                 key=lambda kv: -kv[1])[:top]
         norm = float(clip_grad_norm(params, grad_norm_clip))
+        if update == 0:
+            result.steady_logit_change_mean, result.steady_value_change_mean = _steady_step(
+                model, batch, out, learning_rate, rmsprop_alpha, rmsprop_eps)
         optimizer.step()
         with torch.no_grad():
             after = forward()
         if update == 0:
             result.init_grad_norm = norm
-            result.first_logit_change = (after["policy_logits"] - out["policy_logits"]).abs().max().item()
-            result.first_value_change = (after["baseline"] - out["baseline"]).abs().max().item()
+            d_logit = (after["policy_logits"] - out["policy_logits"]).abs()
+            d_value = (after["baseline"] - out["baseline"]).abs()
+            result.first_logit_change, result.first_logit_change_mean = d_logit.max().item(), d_logit.mean().item()
+            result.first_value_change, result.first_value_change_mean = d_value.max().item(), d_value.mean().item()
         result.entropy.append(_mean_entropy(after["policy_logits"][:-1], action_dims))
         result.value_error.append(value_error(after))
     return result
+
+
+def _steady_step(model: nn.Module, batch: dict[str, Tensor], out: dict[str, Tensor], learning_rate: float,
+                 alpha: float, eps: float) -> tuple[float, float]:
+    """Mean |change| of a logit and of a value after one plain RMSProp step on a copy of ``model``
+    (whose gradients are this update's, clipped) with the square average filled with those gradients
+    squared: the step once the average has settled. ``model`` itself is left as it is."""
+    twin = copy.deepcopy(model)
+    params = []
+    for source, p in zip(model.parameters(), twin.parameters()):
+        if source.grad is not None:
+            p.grad = source.grad.detach().clone()
+            params.append(p)
+    optimizer = make_optimizer(params, lr=learning_rate, alpha=alpha, eps=eps)
+    for p in params:
+        optimizer.state[p] = {"step": torch.tensor(1.0), "square_avg": p.grad.detach().pow(2)}
+    optimizer.step()
+    with torch.no_grad():
+        after, _ = twin(batch, twin.initial_state(out["baseline"].shape[1]))
+    return ((after["policy_logits"] - out["policy_logits"]).abs().mean().item(),
+            (after["baseline"] - out["baseline"]).abs().mean().item())
 
 
 def format_probe(result: ProbeResult, title: str) -> str:
@@ -200,8 +252,12 @@ def format_probe(result: ProbeResult, title: str) -> str:
     lines = [title,
              f"  gradient norm at init (before clipping): {result.init_grad_norm:,.1f}; largest parts: "
              + ", ".join(f"{name} {norm:,.1f}" for name, norm in result.grad_norm_by_module),
-             f"  first update: logits move by up to {result.first_logit_change:.3f}, "
-             f"values by up to {result.first_value_change:.3f}",
+             f"  heads' input rms at init: {result.head_input_rms:.3f}",
+             f"  first update: logits move by {result.first_logit_change_mean:.4f} on average (up to "
+             f"{result.first_logit_change:.3f}), values by {result.first_value_change_mean:.3f} (up to "
+             f"{result.first_value_change:.3f})",
+             f"  steady update (RMSProp's square average filled): logits move by "
+             f"{result.steady_logit_change_mean:.4f} on average, values by {result.steady_value_change_mean:.3f}",
              f"  entropy per step (uniform {result.max_entropy:.3f}): {result.initial_entropy:.3f} at init, then "
              + " ".join(f"{h:.3f}" for h in result.entropy),
              f"  mean |value - discounted return|: {result.initial_value_error:.3f} at init, then "
