@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Callable, Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -65,8 +64,6 @@ class FWPConfig(CoreConfig):
     output_scale: float | None = Field(None, gt=0, description="the policy and value heads read the residual "
                                        "stream times this (1: the papers' code); default: 0.1 behind an image "
                                        "stem, 1 behind the mlp stem (fwp_block.auto_output_scale)")
-    output_scale_learned: bool = Field(False, description="the readout scale is a parameter that starts at "
-                                       "output_scale and trains with the rest (a gentle start that can grow)")
 
 
 class FastWeightLayer(nn.Module):
@@ -120,9 +117,6 @@ class FWPTransformerCore(Core):
         self.output_size = config.hidden_size
         # None (auto) is resolved by the agent, which knows the stem; a core built alone reads 1
         self.output_scale = 1.0 if config.output_scale is None else float(config.output_scale)
-        # a learned scale: one scalar parameter, its start the scale above (absent otherwise, so the
-        # checkpoints of a fixed scale keep their keys)
-        self.output_gain = nn.Parameter(torch.tensor(self.output_scale)) if config.output_scale_learned else None
 
     def initial_state(self, batch_size: int, device=None) -> State:
         state = {}
@@ -139,8 +133,6 @@ class FWPTransformerCore(Core):
             layer_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             x, layer_state = block(x, layer_state, done)
             new_state.update({prefix + k: v for k, v in layer_state.items()})
-        if self.output_gain is not None:
-            x = x * self.output_gain
-        elif self.output_scale != 1.0:
+        if self.output_scale != 1.0:
             x = x * self.output_scale
         return x, new_state
