@@ -452,7 +452,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     check_writable(out, "evaluation JSON", "Pass --out PATH to write it elsewhere.")
     check_writable(out.with_suffix(".md"), "evaluation table", "Pass --out PATH to write it elsewhere.")
     num_workers = opts.num_workers or default_num_workers(env)
+    import torch
+
     from fwrl.evaluation.progress import EvalProgress
+    from fwrl.runner.build import torch_threads
+
+    torch.set_num_threads(torch_threads(0, num_workers, opts.backend))  # not every core: the workers need theirs
 
     with EvalProgress(env) as progress:  # episodes played, the running mean return, an ETA
         result = ev.evaluate(

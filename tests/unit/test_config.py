@@ -76,6 +76,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
               "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
+              "rmsprop_bias_correction": True,
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}
     argv = ["train", "--print-config"]
     for wrapper in values["env_wrappers"]:
@@ -268,3 +269,24 @@ def test_preflight_refuses_before_the_run_folder_exists(tmp_path, read_only, cap
     assert main([*base[:3], "--runs-dir", str(tmp_path / "ro")]) == 2
     assert "not writable (Permission denied)" in capsys.readouterr().err
     assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_evaluate_leaves_its_workers_their_cores(tmp_path, monkeypatch):
+    """``fwrl evaluate`` sets torch's threads by the learner's rule, not torch's every-core default (which
+    made a Pong evaluation 15-20x slower on 2 busy cores)."""
+    import torch
+
+    from fwrl.runner import build
+
+    monkeypatch.setattr(build, "allowed_cores", lambda: 8)
+    assert build.torch_threads(0, 2, "local") == 6 and build.torch_threads(0, 16, "local") == 4
+    assert build.torch_threads(0, 16, "ray") == 8 and build.torch_threads(5, 2, "local") == 5
+    run, threads = tmp_path / "run", torch.get_num_threads()
+    assert main(["train", "--env", "memory:cue_delay?delay=2", "--core", "feedforward", "--total-steps", "64",
+                 "--batch-size", "2", "--unroll-length", "4", "--num-workers", "1", "--envs-per-worker", "1",
+                 "--runs-dir", str(tmp_path), "--name", "run"]) == 0
+    torch.set_num_threads(threads)  # the training set this process's threads: put them back
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "2"]) == 0
+    assert seen == [6], seen
