@@ -217,8 +217,7 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
             after = forward()
         if update == 0:
             result.init_grad_norm = norm
-            d_logit = (after["policy_logits"] - out["policy_logits"]).abs()
-            d_value = (after["baseline"] - out["baseline"]).abs()
+            d_logit, d_value = _changes(after, out)
             result.first_logit_change, result.first_logit_change_mean = d_logit.max().item(), d_logit.mean().item()
             result.first_value_change, result.first_value_change_mean = d_value.max().item(), d_value.mean().item()
         result.entropy.append(_mean_entropy(after["policy_logits"][:-1], action_dims))
@@ -243,8 +242,14 @@ def _steady_step(model: nn.Module, batch: dict[str, Tensor], out: dict[str, Tens
     optimizer.step()
     with torch.no_grad():
         after, _ = twin(batch, twin.initial_state(out["baseline"].shape[1]))
-    return ((after["policy_logits"] - out["policy_logits"]).abs().mean().item(),
-            (after["baseline"] - out["baseline"]).abs().mean().item())
+    d_logit, d_value = _changes(after, out)
+    return d_logit.mean().item(), d_value.mean().item()
+
+
+def _changes(after: dict[str, Tensor], before: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """|change| of every logit and of every value between two forwards over the same batch."""
+    return ((after["policy_logits"] - before["policy_logits"]).abs(),
+            (after["baseline"] - before["baseline"]).abs())
 
 
 def format_probe(result: ProbeResult, title: str) -> str:
