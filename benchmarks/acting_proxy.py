@@ -18,6 +18,13 @@ Side by side with an earlier commit (``--baseline REV``, checked out from this r
 history into a temporary folder), each in its own process::
 
     python benchmarks/acting_proxy.py --baseline 971d846 --out benchmarks/results/acting_proxy.md
+
+``--threads 1 2`` measures this checkout's acting with that many acting threads instead (each its
+own loop over a slice of the workers, as ``fwrl train --acting-threads N`` runs them, one torch
+thread each): the wall microseconds per agent step of all threads together, the figure several
+threads can lower where one thread's host work is the bottleneck; the CPU figures add up the threads::
+
+    python benchmarks/acting_proxy.py --threads 1 2 --out benchmarks/results/acting_threads_proxy.md
 """
 
 from __future__ import annotations
@@ -61,10 +68,11 @@ class ZeroCostPool:
                                 "final_obs": np.zeros_like(obs)})
         self.step = 0
 
-    def wait(self, timeout=None):
+    def wait(self, timeout=None, workers=None):
         self.step += 1
         out = []
-        for w, arrays in enumerate(self.arrays):
+        for w in range(self.num_workers) if workers is None else workers:
+            arrays = self.arrays[w]
             cut = (self.step + w) % CUT_EVERY == 0
             arrays["truncated"][:] = cut
             arrays["done"][:] = cut
@@ -100,12 +108,10 @@ def _api():
     return make_result, make_spec
 
 
-def measure(setting: str, steps: int) -> dict:
-    import threading
-
+def _parts(setting: str):
+    """(pool, model, store) of ``setting``, one torch thread."""
     import torch
 
-    from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.model import AgentNet
     from fwrl.agents.rollouts import RolloutStore
 
@@ -117,6 +123,17 @@ def measure(setting: str, steps: int) -> dict:
     model = AgentNet(shape, actions, core, options, stem=stem).eval()
     store = RolloutStore(make_spec(UNROLL, k, shape, dtype, actions), workers, torch.device("cpu"),
                          model.initial_state(1))
+    return pool, model, store
+
+
+def measure(setting: str, steps: int) -> dict:
+    import threading
+
+    import torch
+
+    from fwrl.agents.inference import InferenceLoop
+
+    pool, model, store = _parts(setting)
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0)
     for _ in range(30):  # warm-up: first pages, allocator
         loop.step(0.0, on_rollout=store.release)
@@ -129,10 +146,50 @@ def measure(setting: str, steps: int) -> dict:
             loop.step(0.0, on_rollout=store.release)
     ops = sum(1 for e in prof.events() if e.name.startswith("aten::")  # those not called by another op
               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
-    agent_steps = steps * workers * k
-    return {"setting": setting, "slots": workers * k, "cpu_us": round(1e6 * cpu / agent_steps, 2),
-            "wall_us": round(1e6 * wall / agent_steps, 2), "ops": round(ops / (20 * workers * k), 3),
+    agent_steps = steps * pool.num_slots
+    return {"setting": setting, "slots": pool.num_slots, "cpu_us": round(1e6 * cpu / agent_steps, 2),
+            "wall_us": round(1e6 * wall / agent_steps, 2), "ops": round(ops / (20 * pool.num_slots), 3),
             "ops_per_call": round(ops / 20, 1)}
+
+
+def measure_threads(setting: str, steps: int, threads: int) -> dict:
+    """Acting with ``threads`` threads (this checkout): each steps its slice ``steps`` times."""
+    import threading
+
+    import torch
+
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import PolicyWeights
+    from fwrl.envs.worker_pool import PoolSlice, split_workers
+
+    pool, model, store = _parts(setting)
+    weights = PolicyWeights(model)
+    loops = [InferenceLoop(model, PoolSlice(pool, part), store, torch.device("cpu"), weights=weights, batch_wait=0.0)
+             for part in split_workers(pool.num_workers, threads)]
+    cpu = [0.0] * threads
+    start = threading.Barrier(threads + 1)
+
+    def serve(i: int) -> None:
+        torch.set_num_threads(1)
+        for _ in range(30):  # warm-up
+            loops[i].step(0.0, on_rollout=store.release)
+        start.wait()
+        began = time.thread_time()
+        for _ in range(steps):
+            loops[i].step(0.0, on_rollout=store.release)
+        cpu[i] = time.thread_time() - began
+
+    running = [threading.Thread(target=serve, args=(i,)) for i in range(threads)]
+    for thread in running:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in running:
+        thread.join()
+    wall = time.perf_counter() - began
+    agent_steps = steps * pool.num_slots
+    return {"setting": setting, "threads": threads, "slots": pool.num_slots, "cpu_us": round(1e6 * sum(cpu) / agent_steps, 2),
+            "wall_us": round(1e6 * wall / agent_steps, 2)}
 
 
 # ----------------------------------------------------------------------------- side by side
@@ -143,9 +200,10 @@ def _checkout(rev: str, folder: Path) -> Path:
     return folder
 
 
-def _run(path: Path, setting: str, steps: int) -> dict:
+def _run(path: Path, setting: str, steps: int, threads: int = 0) -> dict:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps)], env=env,
+    extra = ["--measure-threads", str(threads)] if threads else []
+    out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps), *extra], env=env,
                          capture_output=True, text=True, check=True, cwd=path).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -162,11 +220,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="acting calls measured per setting")
     parser.add_argument("--repeats", type=int, default=3, help="runs per checkout and setting, alternated; medians")
     parser.add_argument("--out", help="markdown report to write")
+    parser.add_argument("--threads", type=int, nargs="+", help="measure this checkout with these numbers of acting "
+                        "threads instead (wall and CPU us per agent step)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure, args.steps)))
+        print(json.dumps(measure_threads(args.measure, args.steps, args.measure_threads) if args.measure_threads
+                         else measure(args.measure, args.steps)))
         return 0
+    if args.threads:
+        return _threads_report(args)
     with tempfile.TemporaryDirectory(prefix="fwrl-proxy-") as tmp:
         checkouts = {f"this ({_commit()})": ROOT}
         if args.baseline:
@@ -200,6 +264,33 @@ def main() -> int:
                                   f"`python benchmarks/acting_proxy.py {' '.join(sys.argv[1:])}`: medians of "
                                   f"{args.repeats} alternated runs of {args.steps} acting calls each, one torch "
                                   f"thread (benchmarks/acting_proxy.py says what is measured).\n\n{table}\n")
+    return 0
+
+
+def _threads_report(args) -> int:
+    results: dict[tuple[str, int], list[dict]] = {}
+    for setting in args.settings:
+        for _ in range(args.repeats):
+            for threads in args.threads:  # alternated, so drift hits each count alike
+                results.setdefault((setting, threads), []).append(_run(ROOT, setting, args.steps, threads))
+                print(setting, threads, results[(setting, threads)][-1], file=sys.stderr, flush=True)
+    lines = ["| setting | acting threads | slots | wall us / agent step | CPU us / agent step (all threads) | "
+             "steps/s vs 1 thread |", "|---|---|---|---|---|---|"]
+    for setting in args.settings:
+        med = {t: {key: sorted(r[key] for r in results[(setting, t)])[len(results[(setting, t)]) // 2]
+                   for key in ("wall_us", "cpu_us")} for t in args.threads}
+        one = med[args.threads[0]]["wall_us"]
+        for t in args.threads:
+            lines.append(f"| {setting} | {t} | {results[(setting, t)][0]['slots']} | {med[t]['wall_us']} | "
+                         f"{med[t]['cpu_us']} | {one / med[t]['wall_us']:.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(f"# Acting threads on the CPU proxy ({time.strftime('%Y-%m-%d')}, {_commit()}, "
+                                  f"{os.cpu_count()} cores)\n\n`python benchmarks/acting_proxy.py "
+                                  f"{' '.join(sys.argv[1:])}`: medians of {args.repeats} alternated runs of "
+                                  f"{args.steps} acting calls per thread, one torch thread each "
+                                  f"(benchmarks/acting_proxy.py says what is measured).\n\n{table}\n")
     return 0
 
 

@@ -61,6 +61,7 @@ GOALS = {
     "vs_fla": 1.3,  # delta rule fused vs FLA fused_recurrent_delta_rule, RL shapes
     "lstm_of_ceiling": 0.70,  # lstm agent steps/s / env ceiling
     "rdn_of_lstm": 0.80,  # rdn agent steps/s / lstm's
+    "rdn_steps": 18_800.0,  # rdn x8 agent steps/s on the whole box: 2x c7ffd00's 9,397 (issue 36)
 }
 # (row label, core, envs per worker, extra flags) in the order the learner part runs them, the goals'
 # rows first. The first GPU run (H200, 16 workers x 2 envs) found the acting thread busy with the eager
@@ -68,11 +69,15 @@ GOALS = {
 # within 10% of each other: a cost per acting step, not per slot. So lstm and rdn run again with 8 envs
 # per worker (each forward then serves 4x the slots; their env ceiling is measured at that width too),
 # and with the forward replayed as CUDA graphs (--inference-graph). The dry run (CPU) skips the graph rows.
+# The x8 rows act with the threads the box chooses (--acting-threads 0: 2 on a 16-CPU box), their
+# "1 thread" twins with one: the gain of several acting threads side by side (issue 36).
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
 LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
+                ("lstm x8 1 thread", "lstm", WIDE_ENVS_PER_WORKER, ("--acting-threads", "1")),
+                ("rdn x8 1 thread", "rdn", WIDE_ENVS_PER_WORKER, ("--acting-threads", "1")),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
                 ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
@@ -534,6 +539,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         ceiling = ceilings.get(envs)
         shares = record["shares"]
         rows.append({"core": label, "envs_per_worker": envs, "env_path": record.get("env_path"),
+                     "acting_threads": record.get("acting_threads"),
                      "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
@@ -550,6 +556,9 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
                             rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
                             GOALS["rdn_of_lstm"], "")]
+    rdn_wide = by.get("rdn x8")
+    goals.append(goal_line("rdn x8 agent steps/s (c7ffd00: 9,397)", rdn_wide and rdn_wide["agent_steps_per_s"],
+                           GOALS["rdn_steps"], ""))
     env_paths = _env_path_ceilings(part, workers, _learner_width(LEARNER_ENVS_PER_WORKER, part.dry))
     overhead = _multi_learner_overhead(part)
     write_csv(part.out / "learner.csv", rows, meta)
@@ -568,7 +577,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     md += table(goals, ("goal", "target", "measured", "met"))
     md += ("\n## Agent steps/s and where the time goes (shares of each thread's wall time; of_ceiling: of the "
            "env ceiling at the row's envs per worker)\n\n")
-    md += table(rows, ("core", "envs_per_worker", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
+    md += table(rows, ("core", "envs_per_worker", "acting_threads", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
                        "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))

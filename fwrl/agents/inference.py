@@ -19,6 +19,11 @@ stays on the learner's device:
 
 The acting weights are a :class:`~fwrl.agents.policy_weights.PolicyWeights`
 the learner publishes into; each stored row carries their version.
+
+A loop may step a slice of a pool (:class:`~fwrl.envs.worker_pool.PoolSlice`):
+its state holds only the slice's slots, while the store and the pool name
+workers by their number in the whole pool (``fwrl.runner.acting`` runs one
+loop per acting thread).
 """
 
 from __future__ import annotations
@@ -127,6 +132,10 @@ class InferenceLoop:
         self.greedy = greedy
         self.state = self.model.initial_state(pool.num_slots, self.device)
         self.k = pool.envs_per_worker
+        # a worker's number in the pool -> its place in this loop's slots (a slice holds some of them)
+        workers = np.asarray(getattr(pool, "workers", range(pool.num_workers)))
+        self._place = np.full(workers.max() + 1, -1, np.int64)
+        self._place[workers] = np.arange(len(workers))
         self.timer = timer if timer is not None else StageTimer(self.device)
         self._staging = _Staging(self.device, pool.num_slots, store.spec.record if store is not None else None)
         self._no_values = torch.zeros(pool.num_slots, device=self.device)
@@ -198,7 +207,7 @@ class InferenceLoop:
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
             env = self._staging.upload(results)
-            slots = torch.from_numpy((np.asarray(workers)[:, None] * k + self._offsets).ravel()).to(
+            slots = torch.from_numpy((self._place[workers][:, None] * k + self._offsets).ravel()).to(
                 self.device, non_blocking=True)
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             cut = (np.flatnonzero(self._staging.column(self._staging.host, TRUNCATED)) if self.store is not None

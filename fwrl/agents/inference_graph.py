@@ -15,7 +15,8 @@ which CUDA graphs can capture; every replay draws fresh noise.
 Requirements: a CUDA device, and a forward free of host syncs at T = 1 (the
 cores are; the fused kernels make no host sync). Shapes that were never
 seen are captured on first use: a few warm-up calls on a side stream, then
-the capture (about as long as a few dozen forwards).
+the capture (about as long as a few dozen forwards). Each acting thread has
+its own graphs (its loop's ``GraphedActing``), captured on its own stream.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class GraphedActing:
                 self._forward(static_inputs, static_state)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=side):
+        # thread_local: the learner's and the other acting threads' CUDA calls (an allocation, a
+        # sync) go on during a capture; only this thread's calls must be capturable
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             outputs, state_out = self._forward(static_inputs, static_state)
         current.wait_stream(side)
         return _Captured(graph, static_inputs, static_state, outputs, state_out)

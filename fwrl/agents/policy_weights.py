@@ -7,12 +7,15 @@ its weights into the acting copy and increments ``version``; rows of the
 rollout store are stamped with the version that acted, so the learner can log
 ``policy_lag`` (its version minus the acting one).
 
-On CUDA, inference and learning run on two streams. Under ``lock``:
+Several acting threads may act with the one copy at once: ``lock`` is a
+:class:`SharedLock`, which the forwards hold together (``acting()``) and the
+learner's ``publish()`` alone (``with lock:``). On CUDA each acting thread has
+its own stream (``DeviceStreams.acting``) and the learner its own. Then:
 
-- ``acting()`` (inference) enqueues the forward on the inference stream;
+- ``acting()`` (inference) enqueues the forward on its thread's acting stream;
 - ``publish()`` (learner) makes its own stream wait for everything enqueued on
-  the inference stream so far (the forwards reading the old weights), copies,
-  and makes the inference stream wait for the copy before anything enqueued
+  every acting stream so far (the forwards reading the old weights), copies,
+  and makes each acting stream wait for the copy before anything enqueued
   after it (the next forward, or a snapshot taken on that stream).
 
 On the CPU the lock alone orders them.
@@ -46,14 +49,69 @@ def acting_copy(model: nn.Module) -> nn.Module:
     return acting
 
 
-class DeviceStreams:
-    """The inference and learner streams of ``device`` (None on the CPU)."""
+class SharedLock:
+    """A lock that readers share and a writer holds alone: ``with lock.shared():`` for a reader,
+    ``with lock:`` for a writer (and for any caller that takes it as a plain lock). A waiting writer
+    goes before readers that come after it, so the forwards of several acting threads cannot keep
+    the learner's publish out."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self) -> None:
+        self._turn = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._turn:
+            while self._writing or self._writers_waiting:
+                self._turn.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._readers -= 1
+                if not self._readers:
+                    self._turn.notify_all()
+
+    def acquire(self) -> bool:
+        with self._turn:
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._turn.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writing = True
+        return True
+
+    def release(self) -> None:
+        with self._turn:
+            self._writing = False
+            self._turn.notify_all()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class DeviceStreams:
+    """The acting streams (one per acting thread; ``inference`` is the first) and the learner
+    stream of ``device`` (None on the CPU)."""
+
+    def __init__(self, device: torch.device, acting_threads: int = 1):
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self.inference = torch.cuda.Stream(self.device) if cuda else None
+        self.acting = tuple(torch.cuda.Stream(self.device) for _ in range(acting_threads)) if cuda else ()
+        self.inference = self.acting[0] if cuda else None
         self.learner = torch.cuda.Stream(self.device) if cuda else None
+
+    def acting_stream(self, thread: int) -> "torch.cuda.Stream | None":
+        """Acting thread ``thread``'s stream (None on the CPU)."""
+        return self.acting[thread] if self.acting else None
 
     def make_current(self, stream: "torch.cuda.Stream | None") -> "torch.cuda.Stream | None":
         """Make ``stream`` this thread's current stream; returns the one it replaces (None on the
@@ -71,20 +129,23 @@ class DeviceStreams:
 
 
 class PolicyWeights:
-    """The acting model, the version of its weights, and the lock that guards both."""
+    """The acting model, the version of its weights, and the lock that guards both (a
+    :class:`SharedLock` unless a plain lock is given)."""
 
     def __init__(self, model: nn.Module, streams: DeviceStreams | None = None,
-                 lock: threading.Lock | None = None, version: int = 0):
+                 lock: "threading.Lock | SharedLock | None" = None, version: int = 0):
         self.model = model
         self.streams = streams
-        self.lock = lock if lock is not None else threading.Lock()
+        self.lock = lock if lock is not None else SharedLock()
         self.version = version
         self._targets = list(model.state_dict().values())
 
     @contextlib.contextmanager
     def acting(self) -> Iterator[int]:
-        """Hold the weights for one forward; yields their version."""
-        with self.lock:
+        """Hold the weights for one forward (shared with the other acting threads' forwards where the
+        lock is a :class:`SharedLock`); yields their version."""
+        shared = getattr(self.lock, "shared", None)
+        with shared() if shared is not None else self.lock:
             yield self.version
 
     @torch.no_grad()
@@ -92,11 +153,11 @@ class PolicyWeights:
         """Copy ``source``'s weights into the acting model; returns the new version."""
         sources = list(source.state_dict().values())
         with self.lock:
-            inference = self.streams.inference if self.streams is not None else None
-            if inference is not None:
-                torch.cuda.current_stream(self.streams.device).wait_stream(inference)
+            acting = self.streams.acting if self.streams is not None else ()
+            for stream in acting:
+                torch.cuda.current_stream(self.streams.device).wait_stream(stream)
             torch._foreach_copy_(self._targets, sources)
-            if inference is not None:
-                inference.wait_stream(torch.cuda.current_stream(self.streams.device))
+            for stream in acting:
+                stream.wait_stream(torch.cuda.current_stream(self.streams.device))
             self.version += 1
             return self.version

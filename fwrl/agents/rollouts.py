@@ -181,6 +181,9 @@ class Batch:
 class RolloutStore:
     """Preallocated rollout pages on ``device``, written in place by the inference loop.
 
+Several acting threads may write it at once, each for its own workers (whose pages and
+cursors only it touches); the free pages and the counters are shared under a lock.
+
     ``state_template`` holds one slot's core state (``model.initial_state(1)``):
     its shapes and dtypes size the initial-state buffers. ``capacity`` pages
     must cover every worker's page in progress, the finished rollouts waiting
@@ -222,7 +225,7 @@ class RolloutStore:
         self._life = np.zeros(num_workers, np.int64)
         self._versions = [[0] * T1 for _ in range(self.capacity)]  # host copy of the version column
         self._unread = [0] * self.capacity  # columns of a handed-off page not yet gathered
-        self._entries_now: tuple[np.ndarray, Tensor] | None = None  # record_env's (workers, entries)
+        self._thread = threading.local()  # .entries: this thread's last record_env (workers, entries)
         self.dropped_steps = 0  # slot steps of partial rollouts dropped on worker restarts
         self.state_copies = 0  # slot states copied into the store (rollout starts x K)
 
@@ -256,7 +259,8 @@ class RolloutStore:
         lives = np.asarray(lives)
         restarted = lives != self._life[workers]
         if restarted.any():  # a restarted worker's partial rollout is dropped
-            self.dropped_steps += int(self._cursor[workers[restarted]].sum()) * k
+            with self._lock:
+                self.dropped_steps += int(self._cursor[workers[restarted]].sum()) * k
             self._life[workers[restarted]] = lives[restarted]
             self._cursor[workers[restarted]] = 0
         rows = self._cursor[workers]
@@ -272,18 +276,19 @@ class RolloutStore:
         starting = np.flatnonzero((rows == 0) | (rows == T))
         if len(starting):
             self._copy_state(starting, self.columns_of(workers), state_in)
-        self._entries_now = (workers, entries) if not len(finishing) else None
+        self._thread.entries = (workers, entries) if not len(finishing) else None
 
     def record_agent(self, workers: Sequence[int], agent: dict[str, Tensor], version: int) -> None:
         """Write the agent output computed from the obs just recorded (it belongs to the next
         row) and the ``version`` of the weights that computed it."""
         workers = np.asarray(workers)
         rows = self._cursor[workers] + 1
-        if self._entries_now is not None and np.array_equal(self._entries_now[0], workers):
-            entries = self._entries_now[1] + self._width  # the same slots, one row down
+        now = getattr(self._thread, "entries", None)
+        if now is not None and np.array_equal(now[0], workers):
+            entries = now[1] + self._width  # the same slots, one row down
         else:  # pages turned since record_env (or it was not called): compute them
             entries = self._to_device(np.repeat(rows, self.k) * self._width + self.columns_of(workers))
-        self._entries_now = None
+        self._thread.entries = None
         n = len(entries)
         floats = torch.cat([_rows(agent["policy_logits"], n), agent["baseline"].float().view(n, 1)], 1)
         self._flat[AGENT_FLOATS].index_copy_(0, entries, floats)
@@ -299,7 +304,8 @@ class RolloutStore:
         dest, take_t = self._to_device(cols[take]), self._to_device(take)
         for name, value in state_in.items():
             self.initial_state[name].index_copy_(0, dest, value.index_select(0, take_t))
-        self.state_copies += len(take)
+        with self._lock:
+            self.state_copies += len(take)
 
     def _turn_pages(self, workers: np.ndarray, on_rollout: Callable[[Rollout], None] | None) -> None:
         """Row T of ``workers``' pages is written: start each one's next page with the overlap row

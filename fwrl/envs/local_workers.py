@@ -23,7 +23,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -156,13 +156,14 @@ class LocalWorkerPool(WorkerPool):
         return None if w is None else w.process.pid
 
     # ------------------------------------------------------------------ stepping
-    def wait(self, timeout: float | None = None) -> list[StepResult]:
-        pending = {w.conn: i for i, w in enumerate(self._workers) if w is not None and w.sent_at is not None}
+    def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
+        workers = range(self.num_workers) if workers is None else workers
+        pending = {w.conn: i for i in workers if (w := self._workers[i]) is not None and w.sent_at is not None}
         if not pending:
             return []
         # Wake up by the earliest step/start deadline at the latest, so a hang is
         # detected even when every pending worker hangs (or timeout is None).
-        deadline = min(self._deadline(w) for w in self._workers if w is not None and w.sent_at is not None)
+        deadline = min(self._deadline(self._workers[i]) for i in pending.values())
         until_deadline = max(0.0, deadline - time.monotonic()) + 0.01  # just past it
         timeout = until_deadline if timeout is None else min(timeout, until_deadline)
         ready = wait_connections(list(pending), timeout)
@@ -181,7 +182,7 @@ class LocalWorkerPool(WorkerPool):
             self._workers[worker].answered = True
             sl = self.slots_of(worker)
             results.append(self._result(worker, {name: a[sl] for name, a in self.arrays.items()}, payload))
-        self._check_hangs()
+        self._check_hangs(workers)
         return results
 
     def _death(self, worker: int) -> str:
@@ -193,9 +194,11 @@ class LocalWorkerPool(WorkerPool):
     def _deadline(self, w: _Worker) -> float:
         return w.sent_at + (self.settings.step_timeout if w.answered else self.settings.start_timeout)
 
-    def _check_hangs(self) -> None:
+    def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
-        for i, w in enumerate(self._workers):
+        workers = range(self.num_workers) if workers is None else workers
+        for i in workers:
+            w = self._workers[i]
             if w is None or w.sent_at is None:
                 continue
             # An answer that arrived after wait_connections returned is not a hang

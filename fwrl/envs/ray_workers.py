@@ -255,15 +255,16 @@ class RayWorkerPool(WorkerPool):
         return {worker: str(where["node_id"]) for worker, where in self._where.items()}
 
     # ------------------------------------------------------------------ stepping
-    def wait(self, timeout: float | None = None) -> list[StepResult]:
+    def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
         ray = self._ray
-        pending = {a.pending: i for i, a in enumerate(self._actors) if a is not None and a.pending is not None}
+        workers = range(self.num_workers) if workers is None else workers
+        pending = {a.pending: i for i in workers if (a := self._actors[i]) is not None and a.pending is not None}
         if not pending:
             return []
         refs = list(pending)
         # Wake up by the earliest step deadline (or the start_timeout check) at the latest,
         # so a hang is detected even when every pending actor hangs or timeout is None.
-        until = self._next_deadline() - time.monotonic()
+        until = self._next_deadline(workers) - time.monotonic()
         timeout = max(0.0, until) + 0.01 if timeout is None else max(0.0, min(timeout, until + 0.01))
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
@@ -292,16 +293,17 @@ class RayWorkerPool(WorkerPool):
                     print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) runs on node "
                           f"{where['node_id']} ({where['ip']}, pid {where['pid']})", file=sys.stderr)
             results.append(self._result(worker, self.record.unpack(arrays, self.envs_per_worker), episodes))
-        self._check_hangs()
+        self._check_hangs(workers)
         return results
 
-    def _next_deadline(self) -> float:
-        steps = [a.sent_at + self.settings.step_timeout for a in self._actors
-                 if a is not None and a.pending is not None and a.answered]
+    def _next_deadline(self, workers: Sequence[int]) -> float:
+        steps = [a.sent_at + self.settings.step_timeout for i in workers
+                 if (a := self._actors[i]) is not None and a.pending is not None and a.answered]
         return min(steps + [self._last_running + self.settings.start_timeout])
 
-    def _check_hangs(self) -> None:
+    def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
+        workers = range(self.num_workers) if workers is None else workers
         if any(a is not None and a.answered for a in self._actors):
             self._last_running = now
         elif now - self._last_running > self.settings.start_timeout:
@@ -312,7 +314,8 @@ class RayWorkerPool(WorkerPool):
                 f"{_short_resources(self._ray.cluster_resources())}). Add env nodes and resume the run "
                 "with --resume."
             )
-        for i, a in enumerate(self._actors):
+        for i in workers:
+            a = self._actors[i]
             if a is None or a.pending is None or not a.answered:
                 continue  # an actor waiting for a node is not hung; see start_timeout above
             # an answer that arrived after ray.wait returned is not a hang (the learner may

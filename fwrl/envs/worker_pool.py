@@ -17,6 +17,10 @@ What a worker returns per slot is its step record (``fwrl.envs.step_record``: th
 observation, reward, episode ends with ``truncated`` where a time limit cut the
 episode, and the cut episode's final observation for bootstrapping).
 
+Several acting threads may share a pool, each waiting on its own workers
+(:class:`PoolSlice`, ``wait(timeout, workers)``): a worker is waited on, acted
+for and restarted by one thread only.
+
 A worker that crashes, raises or hangs past ``step_timeout`` is restarted by
 the pool. Its next result has a new ``life`` number, every slot marked
 ``done`` (a fresh episode) and ``restarted=True``, so the learner resets
@@ -25,8 +29,9 @@ those slots' core state and drops their partial rollouts.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
@@ -111,6 +116,39 @@ class StepSource(Protocol):
     def act(self, worker: int, actions: np.ndarray) -> None: ...
 
 
+class PoolSlice:
+    """The workers ``workers`` of ``pool`` as a step source of their own: what one of several acting
+    threads steps (``fwrl.runner.acting``). Results and ``act`` name workers by their number in
+    the whole pool; ``workers`` is the slice's list of them, in order."""
+
+    def __init__(self, pool: "WorkerPool", workers: Sequence[int]):
+        self.pool = pool
+        self.workers = tuple(int(w) for w in workers)
+        if not self.workers or len(set(self.workers)) != len(self.workers) or \
+                not all(0 <= w < pool.num_workers for w in self.workers):
+            raise ValueError(f"a pool slice needs distinct workers of 0..{pool.num_workers - 1}, got {workers}")
+        self.num_workers = len(self.workers)
+        self.envs_per_worker = pool.envs_per_worker
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_workers * self.envs_per_worker
+
+    def wait(self, timeout: float | None = None) -> list[StepResult]:
+        return self.pool.wait(timeout, self.workers)
+
+    def act(self, worker: int, actions: np.ndarray) -> None:
+        self.pool.act(worker, actions)
+
+
+def split_workers(num_workers: int, parts: int) -> list[range]:
+    """``num_workers`` workers in ``parts`` contiguous slices whose sizes differ by at most one."""
+    if not 1 <= parts <= num_workers:
+        raise ValueError(f"cannot split {num_workers} workers into {parts} slices")
+    bounds = [num_workers * i // parts for i in range(parts + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 class WorkersLost(Exception):
     """Raised by ``wait`` when no env worker can run any more (e.g. every env node of a
     Ray cluster is gone); training then stops with a final checkpoint. Subclasses of
@@ -158,6 +196,7 @@ class WorkerPool:
         self._lives = [0] * self.num_workers
         self._restarted = [False] * self.num_workers  # the next result is the first of a new life
         self._start_failures = [0] * self.num_workers  # lives in a row that died before their first result
+        self._counts_lock = threading.Lock()  # restarts and errors: several acting threads may restart workers
 
     @property
     def num_slots(self) -> int:
@@ -175,8 +214,9 @@ class WorkerPool:
         and for a Ray actor until its first result told where it runs)."""
         raise NotImplementedError
 
-    def wait(self, timeout: float | None = None) -> list[StepResult]:
-        """Results of the workers that are ready (may be empty on timeout)."""
+    def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
+        """Results of the workers that are ready (may be empty on timeout): of every worker, or of
+        ``workers`` only (a :class:`PoolSlice`: only those are checked for hangs and restarted)."""
         raise NotImplementedError
 
     def act(self, worker: int, actions: np.ndarray) -> None:
@@ -215,8 +255,9 @@ class WorkerPool:
         cannot be made, a missing ROM) would be respawned forever: after
         ``max_start_failures`` such lives in a row this raises ``FwrlError``.
         """
-        self.restarts += 1
-        self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+        with self._counts_lock:
+            self.restarts += 1
+            self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
         if not self._answered(worker):
             self._start_failures[worker] += 1
         self._kill(worker)

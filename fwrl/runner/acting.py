@@ -1,19 +1,31 @@
-"""The acting loop: the work of a run's acting thread.
+"""The acting loop: the work of a run's acting threads.
 
-Each :meth:`ActingLoop.step` serves the env workers that are ready: one batched forward with
-the acting weights, the step written into the device rollout store, the actions sent back
-(``fwrl.agents.inference.InferenceLoop``). A rollout that its last row completes goes to the
-learner's queue, which blocks while it is full (back pressure on acting). Acting stops once the
-rollouts of the step budget's last batch are handed over.
+The env workers are split into as many contiguous slices as the run has acting threads
+(``acting_threads``: :func:`fwrl.runner.build.acting_threads`); each thread serves its slice
+with its own :class:`~fwrl.agents.inference.InferenceLoop` (its slots' core state, its staging
+buffers, its forward with the shared acting weights, its CUDA stream and its stage timer) and
+writes the same rollout store, whose pages of a worker only that worker's thread touches. The
+calling thread serves the first slice (:meth:`ActingLoop.step`, between the run's periodic jobs);
+:meth:`ActingLoop.start` starts a thread for each other slice.
+
+Each step serves the ready workers of a slice: one batched forward with the acting weights, the
+step written into the device rollout store, the actions sent back. A rollout that its last row
+completes goes to the learner's queue, which blocks while it is full (back pressure on acting).
+Acting stops once the rollouts of the step budget's last batch are handed over. Finished
+episodes reach ``on_episode`` in the calling thread only (the other threads queue them), so
+the episode log has one writer.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import Callable
 
 from fwrl.agents.inference import InferenceLoop
+from fwrl.agents.policy_weights import DeviceStreams
 from fwrl.agents.rollouts import Rollout
-from fwrl.envs.worker_pool import EpisodeRecord
+from fwrl.envs.worker_pool import EpisodeRecord, PoolSlice, StepSource, WorkersLost, split_workers
 from fwrl.runner.build import Run
 from fwrl.runner.run_metrics import Mean
 from fwrl.runner.stopping import Stop
@@ -26,32 +38,74 @@ class ActingLoop:
         self.run = run
         self.stop = stop
         self.on_episode = on_episode
-        self.inference = InferenceLoop(run.acting_model, run.pool, run.store, run.device, weights=run.weights,
-                                       timer=run.actor_timer, graph=run.config.inference_graph)
+        threads = len(run.actor_timers)
+        sources: list[StepSource] = [run.pool] if threads == 1 else [
+            PoolSlice(run.pool, workers) for workers in split_workers(run.pool.num_workers, threads)]
+        self.loops = [InferenceLoop(run.acting_model, source, run.store, run.device, weights=run.weights,
+                                    timer=timer, graph=run.config.inference_graph)
+                      for source, timer in zip(sources, run.actor_timers)]
         self.columns_needed = run.columns_needed()
         self.columns_done = 0  # rollout columns handed to the learner's queue in this session
         self.acted_before = int(run.resumed.get("acted_steps", 0))  # by the sessions before a resume
         self.queue_depth = Mean()
+        self.lost: WorkersLost | None = None  # set by a thread that found no worker able to run
+        self._columns_lock = threading.Lock()
+        self._finished: deque[EpisodeRecord] = deque()  # episodes of the other threads, not yet delivered
+        self._threads: list[threading.Thread] = []
 
     @property
     def done(self) -> bool:
         """The rollouts of the budget's last batch are handed over: no more acting."""
         return self.columns_done >= self.columns_needed
 
+    def start(self) -> None:
+        """Start a thread for each slice but the first (the caller's): it acts until the run stops
+        or the budget's rollouts are done."""
+        for index, loop in enumerate(self.loops[1:], 1):
+            thread = threading.Thread(target=self._serve, args=(index, loop), name=f"fwrl-acting-{index}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, index: int, loop: InferenceLoop) -> None:
+        try:
+            with DeviceStreams.use(self.run.streams.acting_stream(index)):
+                while not self.stop.is_set() and not self.done:
+                    loop.step(0.1, on_rollout=self._hand_over, on_episode=self._finished.append)
+        except WorkersLost as exc:  # the run stops cleanly: final checkpoint, then the message
+            self.lost = self.lost or exc
+            self.stop.request("workers lost")
+        except BaseException as exc:  # noqa: BLE001 - re-raised by train() once the run has stopped
+            self.stop.fail(exc)
+
     def step(self) -> None:
-        """Serve the ready workers once (waiting up to 0.1 s for one); raises ``WorkersLost`` when
-        no worker can run any more."""
-        self.inference.step(0.1, on_rollout=self._hand_over, on_episode=self.on_episode)
+        """Serve the first slice's ready workers once (waiting up to 0.1 s for one) and deliver the
+        episodes the other threads finished; raises ``WorkersLost`` when no worker can run any more."""
+        self.loops[0].step(0.1, on_rollout=self._hand_over, on_episode=self.on_episode)
+        self.deliver()
         self.queue_depth.add(self.run.rollouts.qsize())
+
+    def deliver(self) -> None:
+        """Hand the episodes the other acting threads finished to ``on_episode`` (calling thread)."""
+        while self._finished:
+            self.on_episode(self._finished.popleft())
+
+    def join(self) -> None:
+        """Wait for the other acting threads (after the run's stop is set) and deliver their last episodes."""
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+        self.deliver()
 
     def _hand_over(self, rollout: Rollout) -> None:
         if self.run.rollouts.put(rollout, self.stop.event):
-            self.columns_done += rollout.columns
+            with self._columns_lock:
+                self.columns_done += rollout.columns
 
     @property
     def acted_steps(self) -> int:
         """Agent steps acted, the sessions before a resume included."""
-        return self.acted_before + self.inference.agent_steps
+        return self.acted_before + sum(loop.agent_steps for loop in self.loops)
 
     def report(self) -> dict[str, int]:
         """This part's counters for the metrics rows."""

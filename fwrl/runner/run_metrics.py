@@ -5,7 +5,8 @@ A metrics row (one per ``log_interval``) holds the counters (``time``,
 ``agent_steps``, ``acted_steps``, ``updates``, ``episodes``), the last
 update's losses and policy entropy per step, episode means of the last 100 episodes (per task and
 normalised where the family has constants), and how the pipeline spent the
-interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread), ``policy_lag_*``,
+interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread; several acting
+threads are summed, so their shares are those of the mean acting thread), ``policy_lag_*``,
 ``rollout_queue`` and ``peak_memory_mb``.
 """
 
@@ -15,7 +16,7 @@ import math
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -113,10 +114,17 @@ class Mean:
         return value
 
 
-def pipeline_row(actor_timer: StageTimer, learner_timer: StageTimer, queue_depth: Mean,
+def pipeline_row(actor_timers: Sequence[StageTimer], learner_timer: StageTimer, queue_depth: Mean,
                  device: torch.device) -> dict[str, Any]:
-    """Where the time of the last interval went, the queue depth and the peak memory."""
-    actor, actor_wall = actor_timer.collect()
+    """Where the time of the last interval went (the acting threads' stages summed over them, so the
+    shares are those of the mean acting thread), the queue depth and the peak memory."""
+    actor: dict[str, float] = {}
+    actor_wall = 0.0
+    for timer in actor_timers:
+        seconds, wall = timer.collect()
+        actor_wall += wall
+        for name, value in seconds.items():
+            actor[name] = actor.get(name, 0.0) + value
     learner, learner_wall = learner_timer.collect()
     row = shares(actor, actor_wall, ACTOR_SHARES, rest="actor_other")
     row.update(shares(learner, learner_wall, LEARNER_SHARES, rest="learner_other"))

@@ -3,7 +3,7 @@ row holds).
 
 Each part owns its counters and reports them through one call: the learner loop (agent steps,
 updates, the last update's losses), the acting loop (acted steps, rollout columns, worker
-restarts, dropped steps), the episodes (means of the last 100, per task), the two threads' stage
+restarts, dropped steps), the episodes (means of the last 100, per task), the threads' stage
 timers (where the time went) and, on rank 0 of several learners, the other ranks' acting
 counters (added to its own).
 """
@@ -48,5 +48,5 @@ class RunStats:
             **learner,
             **episodes.per_task(),
         }
-        row.update(pipeline_row(run.actor_timer, run.learner_timer, self.acting.queue_depth, run.device))
+        row.update(pipeline_row(run.actor_timers, run.learner_timer, self.acting.queue_depth, run.device))
         return row

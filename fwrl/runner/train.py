@@ -2,15 +2,16 @@
 
 The run is made of named parts (``ARCHITECTURE.md``), built by :func:`fwrl.runner.build.build_run`:
 
-- the acting thread (this one, :class:`~fwrl.runner.acting.ActingLoop`): batched inference for
-  every env slot, rollouts written into the store on the device and handed to the learner's
-  queue; after each step, the periodic jobs (:mod:`fwrl.runner.schedule`: metrics rows,
-  checkpoints, milestones, evaluations) and the stop checks;
+- the acting threads (this one and ``acting_threads - 1`` more, :class:`~fwrl.runner.acting.ActingLoop`):
+  batched inference for their slices of the env slots, rollouts written into the store on the
+  device and handed to the learner's queue; this thread runs, after each of its steps, the
+  periodic jobs (:mod:`fwrl.runner.schedule`: metrics rows, checkpoints, milestones,
+  evaluations) and the stop checks;
 - the learner thread (:class:`~fwrl.runner.learning.LearnerLoop`): B rollout columns gathered
   on the device -> loss -> optimiser step -> publish weights (and their version) to the acting copy;
 - the checkpoint thread (:class:`~fwrl.runner.checkpointing.CheckpointWriter`): writes snapshots.
 
-On CUDA each thread issues its work on its own stream (``fwrl.agents.policy_weights``). Every
+On CUDA each acting thread and the learner issue their work on their own streams (``fwrl.agents.policy_weights``). Every
 metrics row (:class:`~fwrl.runner.stats.RunStats`) says where the time went (``share/...``), how
 stale the acting policy was (``policy_lag_mean`` / ``_max``, in updates), the mean rollout queue
 depth and the peak memory. SIGINT, SIGTERM and SIGHUP stop the run cleanly with a final
@@ -91,6 +92,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             else:  # start-up took the whole time limit: no workers are started, the run stops at once
                 stop.request("time limit")
             learning.start()
+            acting.start()
             run.clock.start()
             acting_until = run.clock.started + acting_seconds if acting_seconds else math.inf
             if config.eval_every > 0 and run.main:
@@ -102,6 +104,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             lost = _act(run, acting, learning, stop, limit, schedule, acting_until)
             stop.set()
             learning.join()
+            acting.join()
             if learning.peers.stopped and stop.reason == "budget":
                 stop.reason = "another learner rank"
             if run.main:
@@ -120,6 +123,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     finally:
         stop.set()
         learning.join()
+        acting.join()
         if evaluator is not None:
             evaluator.close()
         run.pool.close()
@@ -138,8 +142,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
 
 def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit: TimeLimit,
          schedule: Schedule | None, acting_until: float) -> WorkersLost | None:
-    """The acting thread's loop until the run stops; returns the loss of every worker, if that
-    stopped it (raised once the final checkpoint is written)."""
+    """The calling acting thread's loop until the run stops; returns the loss of every worker, if
+    that stopped it (raised once the final checkpoint is written)."""
     while not stop.is_set():
         if not acting.done:
             try:
@@ -148,6 +152,7 @@ def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit:
                 stop.request("workers lost")
                 return exc
         else:  # the rollouts of the budget's last batch are done: wait for the learner
+            acting.deliver()
             learning.join(0.1)
         now = time.monotonic()
         if limit.must_stop(now) or now >= acting_until:
@@ -155,7 +160,7 @@ def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit:
             break
         if schedule is not None:
             schedule.run_due(now, run.learner.stats.agent_steps)
-    return None
+    return acting.lost  # another acting thread's, if that stopped the run
 
 
 def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, learning: LearnerLoop,

@@ -91,6 +91,7 @@ class TrainConfig(Settings):
     device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
     num_threads: int = Field(0, ge=0, description=THREADS_HELP)
     inference_graph: bool = Field(False, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
+    acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: chosen from the device and the cores (1 on the CPU; on CUDA one per 8 cores, at most 4 and at most one per worker)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")
     dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend of the learner ranks; auto: nccl with one GPU per rank, else gloo")
@@ -122,6 +123,12 @@ class TrainConfig(Settings):
         if self.eval_every > 0 and self.eval_episodes < 1:
             raise FwrlError(f"setting eval_episodes={self.eval_episodes} is not valid with eval_every="
                             f"{self.eval_every}: each evaluation needs at least 1 episode (or eval_every 0: none).")
+        per_rank = self.num_workers // self.learners
+        if per_rank >= 1 and self.acting_threads > per_rank:
+            ranks = f" shared by {self.learners} learner ranks ({per_rank} each)" if self.learners > 1 else ""
+            raise FwrlError(f"setting acting_threads={self.acting_threads} is more than the env workers of a learner: "
+                            f"num_workers={self.num_workers}{ranks}; each acting thread serves its own workers: use "
+                            f"1..{per_rank}, or 0 to choose from the box.")
         return self
 
     # ------------------------------------------------------------- the sections each part takes
@@ -263,7 +270,7 @@ CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0}
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph", "learners", "dist_timeout", "dist_backend",
+    "eval_every", "eval_episodes", "inference_graph", "acting_threads", "learners", "dist_timeout", "dist_backend",
 }
 
 

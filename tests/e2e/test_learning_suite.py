@@ -34,29 +34,31 @@ def test_the_grids_name_the_suites_games_and_cores():
     small, large = {"batch_size": 8, "learning_rate": 0.0012}, {"batch_size": 32, "learning_rate": 0.0006}
     cores = [{"label": "lstm", "core": "lstm", **small}, {"label": "rdn", "core": "rdn", **large},
              {"label": "delta_net", "core": "delta_net", **large}, {"label": "srwm", "core": "srwm", **large},
-             {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl", **small},
+             {"label": "delta_rnn", "core": "delta_rnn", **large}, {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl", **small},
              {"label": "feedforward", "core": "feedforward", **small}]
-    assert cpu["env"] == ["minatar:breakout", "minatar:space_invaders"] and cpu["seed"] == [1]
+    assert cpu["env"] == ["minatar:breakout", "minatar:space_invaders"] and cpu["seed"] == [1, 2, 3]
     assert cpu["core"] == cores and full["core"] == cores
     assert cpu["total_steps"] == 1_000_000 and full["total_steps"] == 5_000_000 and full["seed"] == [1, 2, 3]
     assert sorted(full["env"]) == [f"minatar:{g}" for g in ("asterix", "breakout", "freeway", "seaquest",
                                                              "space_invaders")]
-    same = {k: v for k, v in cpu.items() if k not in ("env", "seed", "total_steps")}
-    assert same == {k: v for k, v in full.items() if k not in ("env", "seed", "total_steps")}
+    same = {k: v for k, v in cpu.items() if k not in ("env", "total_steps")}
+    assert same == {k: v for k, v in full.items() if k not in ("env", "total_steps")}
 
 
 def test_dry_run_trains_evaluates_and_reports_every_cell(tmp_path):
-    sweep = tmp_path / "suite"
-    run = _fwrl("sweep", str(sweep), "--grid", str(SUITE / "minatar-cpu.yaml"), *TINY, "--evaluate",
-                "--eval-episodes", "2", "--parallel", "2")
+    """The CPU grid's games and cores, one seed (the seeds are the same cells again)."""
+    sweep, grid = tmp_path / "suite", tmp_path / "one-seed.yaml"
+    grid.write_text(yaml.safe_dump({**yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text()), "seed": [1]}))
+    run = _fwrl("sweep", str(sweep), "--grid", str(grid), *TINY, "--evaluate", "--eval-episodes", "2",
+                "--parallel", "2")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     statuses = [json.loads(p.read_text()) for p in (sweep / "status").glob("*.json")]
-    assert len(statuses) == 12 and all(s["state"] == "done" for s in statuses), statuses
+    assert len(statuses) == 14 and all(s["state"] == "done" for s in statuses), statuses
     report = _fwrl("report", str(sweep), "--random-episodes", "5", "--reps", "200")
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     result = json.loads((sweep / "report" / "report.json").read_text())
     groups = {row["group"] for row in result["per_game"]}
-    assert groups == {"feedforward", "lstm", "delta_net", "rdn", "srwm", "elstm-rtrl"}
+    assert groups == {"feedforward", "lstm", "delta_net", "rdn", "srwm", "delta_rnn", "elstm-rtrl"}
     assert {g["game"] for g in result["games"]} == {"minatar:breakout", "minatar:space_invaders"}
     assert all(g["random"] is not None for g in result["games"])
     assert "| minatar:breakout |" in report.stdout

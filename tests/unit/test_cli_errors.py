@@ -200,6 +200,8 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--load-vision-from", "missing.pt"], "load_vision_from", "missing.pt"),
                      (["--env", "memory:cue_delay?delay=x"], "delay", "x"),
                      (["--eval-every", "10", "--eval-episodes", "0"], "eval_episodes", "0"),
+                     (["--num-workers", "2", "--acting-threads", "3"], "acting_threads", "3"),
+                     (["--num-workers", "4", "--learners", "2", "--acting-threads", "3"], "acting_threads", "3"),
                      (["--sticky-actions"], "sticky_actions", "true"),
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),

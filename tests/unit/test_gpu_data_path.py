@@ -1,4 +1,5 @@
-"""The GPU data path: rollout store on a CUDA device, two streams, CUDA-graph acting.
+"""The GPU data path: rollout store on a CUDA device, acting and learner streams, CUDA-graph acting,
+several acting threads.
 
 The sampler test runs everywhere; the rest needs a CUDA GPU (the GPU suite,
 ``benchmarks/gpu/run.sh``, runs them) and skips without one.
@@ -113,8 +114,14 @@ def test_replay_on_cuda_with_streams(core, graph):
     finally:
         pool.close()
         streams.make_current(previous)
+    assert _replay_single_version_rollouts([data for data, _ in rollouts], core, snapshots, device) >= 2
+
+
+def _replay_single_version_rollouts(rollouts, core, snapshots, device) -> int:
+    """Replays each rollout whose rows one weights version acted (``snapshots[version]``: those weights)
+    from its initial state and checks the stored logits; returns how many it replayed."""
     replayed = 0
-    for data, _ in rollouts:
+    for data in rollouts:
         versions = data.tensors["policy_version"][:, 0].tolist()
         if len(set(versions[1:])) != 1:
             continue  # the weights changed inside this rollout: a single replay cannot match it
@@ -126,11 +133,80 @@ def test_replay_on_cuda_with_streams(core, graph):
         torch.testing.assert_close(out["policy_logits"][:-1].cpu(), data.tensors["policy_logits"][1:],
                                    rtol=1e-4, atol=1e-4)
         replayed += 1
-    assert replayed >= 2
+    return replayed
 
 
 @needs_cuda
-def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
+@pytest.mark.parametrize("graph", [False, True])
+def test_replay_on_cuda_with_two_acting_threads(graph):
+    """Two acting threads, each on its own stream with its own loop (and graphs) over half of the
+    workers, write one store on the device while this thread publishes weights from the learner
+    stream: every rollout that one weights version acted replays to the outputs stored for it."""
+    import threading
+
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
+    from fwrl.envs.local_workers import LocalWorkerPool
+    from fwrl.envs.step_record import StepRecord
+    from fwrl.envs.worker_pool import PoolSettings, PoolSlice, split_workers
+
+    torch.manual_seed(0)
+    device, T, workers = torch.device("cuda"), 6, 4
+    pool = LocalWorkerPool(PoolSettings("memory:cue_delay?delay=2&num_cues=3", workers, 2, seed=5))
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").to(device).eval()
+    learner_model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").to(device)
+    streams = DeviceStreams(device, acting_threads=2)
+    weights = PolicyWeights(model, streams)
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), workers, device,
+                         model.initial_state(1, device))
+    loops = [InferenceLoop(model, PoolSlice(pool, part), store, device, weights=weights, graph=graph)
+             for part in split_workers(workers, 2)]
+    snapshots = {0: {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    rollouts, kept, enough, errors = [], threading.Lock(), threading.Event(), []
+
+    def keep(r):
+        data = store.export(r)
+        store.release(r)
+        with kept:
+            rollouts.append(data)
+            if len(rollouts) >= 16:
+                enough.set()
+
+    def serve(index):
+        try:
+            with torch.cuda.stream(streams.acting[index]):
+                while not enough.is_set():
+                    loops[index].step(5.0, on_rollout=keep)
+        except BaseException as exc:  # noqa: BLE001 - failed below
+            errors.append(exc)
+            enough.set()
+
+    pool.start()
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        with torch.cuda.stream(streams.learner):
+            while not enough.wait(0.05):  # publish as the learner thread does, and keep what was published
+                version = weights.publish(learner_model)
+                snapshots[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                with torch.no_grad():
+                    learner_model.policy.weight.add_(0.1)
+        for thread in threads:
+            thread.join(60)
+    finally:
+        pool.close()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    replayed = _replay_single_version_rollouts(rollouts, "lstm", snapshots, device)
+    assert replayed >= 2 and {r.worker for r in rollouts} == set(range(workers))
+    assert len(snapshots) > 2, "the weights were published while the threads acted"
+
+
+@needs_cuda
+@pytest.mark.parametrize("acting_threads", [1, 2])
+def test_train_on_cuda_logs_where_the_time_goes(tmp_path, acting_threads):
     import csv
 
     from fwrl.settings.config import TrainConfig
@@ -138,7 +214,8 @@ def test_train_on_cuda_logs_where_the_time_goes(tmp_path):
 
     config = TrainConfig(env="memory:cue_delay?delay=3", core="lstm", core_options={"hidden_size": 32},
                          num_workers=2, envs_per_worker=4, batch_size=8, unroll_length=10, total_steps=6000,
-                         device="cuda", log_interval=1.0, inference_graph=True, num_threads=1)
+                         device="cuda", log_interval=1.0, inference_graph=True, num_threads=1,
+                         acting_threads=acting_threads)
     result = train(config, tmp_path / "run")
     assert result.stopped_by == "budget"
     rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))

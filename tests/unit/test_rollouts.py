@@ -20,7 +20,7 @@ from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import Rollout, RolloutData, RolloutSpec, RolloutStore, store_capacity
 from fwrl.envs.local_workers import LocalWorkerPool
 from fwrl.envs.step_record import StepRecord
-from fwrl.envs.worker_pool import PoolSettings
+from fwrl.envs.worker_pool import PoolSettings, PoolSlice, split_workers
 
 T = 6
 CUE = "memory:cue_delay?delay=2&num_cues=3"  # 4-step episodes: ends inside rollouts of 6
@@ -36,10 +36,14 @@ CORES = {
 
 
 def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None, workers: int = 2,
-             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp")):
+             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp"), threads: int = 1):
     """At least ``n`` rollouts (and more until ``until(rollouts)``) of acting with the model through a
     pool of ``backend`` (default: local), copied out of the store (each page is handed back as soon
-    as it is copied). ``obs``: the env's (observation shape, dtype, actions) and the model's stem."""
+    as it is copied). ``obs``: the env's (observation shape, dtype, actions) and the model's stem.
+    ``threads`` > 1: that many acting threads, each with its own loop over a slice of the workers,
+    writing the one store at once (``fwrl.runner.acting``); the last value is then the list of loops."""
+    if threads > 1:
+        return _collect_threaded(core, core_options, n, env, workers, until, obs, threads)
     torch.manual_seed(0)
     shape, dtype, actions, stem = obs
     pool = (backend.pool(env, workers, 2, seed=5, step_timeout=30.0) if backend is not None
@@ -63,6 +67,50 @@ def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None
     return model, rollouts, store, loop
 
 
+def _collect_threaded(core, core_options, n, env, workers, until, obs, threads):
+    torch.manual_seed(0)
+    shape, dtype, actions, stem = obs
+    pool = LocalWorkerPool(PoolSettings(env, workers, 2, seed=5, step_timeout=30.0))
+    model = AgentNet(shape, actions, core, core_options, stem=stem)
+    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions),
+                         workers, torch.device("cpu"), model.initial_state(1))
+    weights = PolicyWeights(model)  # one acting copy, read by every thread's forwards at once
+    loops = [InferenceLoop(model, PoolSlice(pool, part), store, torch.device("cpu"), weights=weights)
+             for part in split_workers(workers, threads)]
+    rollouts: list[RolloutData] = []
+    kept = threading.Lock()
+    enough, errors = threading.Event(), []
+
+    def keep(rollout: Rollout) -> None:
+        with kept:
+            rollouts.append(store.export(rollout))
+            store.release(rollout)
+            if len(rollouts) >= n and until(rollouts):
+                enough.set()
+
+    def serve(loop: InferenceLoop) -> None:
+        try:
+            while not enough.is_set():
+                loop.step(0.5, on_rollout=keep)
+        except BaseException as exc:  # noqa: BLE001 - failed the test below
+            errors.append(exc)
+            enough.set()
+
+    pool.start()
+    try:
+        running = [threading.Thread(target=serve, args=(loop,)) for loop in loops]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in running), "acting threads did not stop"
+    finally:
+        pool.close()
+    if errors:
+        raise errors[0]
+    return model, rollouts, store, loops
+
+
 def _assert_replay_matches(model, rollouts: list[RolloutData]) -> bool:
     """Replays every rollout; returns whether some episode ended inside one."""
     saw_inner_reset = False
@@ -83,6 +131,25 @@ def test_replay_from_initial_state_matches_acting(core):
     assert _assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
     assert loop.restarts_seen >= 1 and store.dropped_steps > 0
     assert {r.life for r in rollouts if r.worker == 0} >= {0, 1}, "rollouts of two lives of worker 0"
+
+
+# every worker raises on every 9th step of each life: restarts in both acting threads' slices
+RESTARTING_ALL = "chaos:cue_delay?delay=2&num_cues=3&raise_every=9"
+
+
+@pytest.mark.parametrize("core", ["lstm", "delta_net"])
+def test_replay_matches_acting_with_two_acting_threads(core):
+    """Two acting threads, each stepping its own slice of the workers, write one store at once
+    (``fwrl.runner.acting``): every rollout still replays from its initial state to the very
+    outputs acting computed, across episode ends and worker restarts in both slices."""
+    model, rollouts, store, loops = _collect(
+        core, CORES[core], 12, env=RESTARTING_ALL, workers=4, threads=2,
+        until=lambda rs: {r.worker for r in rs if r.life > 0} >= {0, 3})
+    assert _assert_replay_matches(model, rollouts)
+    assert {r.worker for r in rollouts} == {0, 1, 2, 3}
+    assert all(loop.restarts_seen >= 1 for loop in loops), "each thread saw a restart of one of its workers"
+    assert store.dropped_steps > 0
+    assert sum(loop.agent_steps for loop in loops) >= 12 * T * 2
 
 
 def test_replay_matches_acting_on_atari_frames():

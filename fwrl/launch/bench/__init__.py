@@ -501,11 +501,20 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config)
 
 
+def _acting_threads(config: TrainConfig) -> int:
+    """The acting threads ``config``'s run had (``acting_threads`` 0: as the run chose them)."""
+    from fwrl.runner.agent import pick_device
+    from fwrl.runner.build import acting_threads
+
+    return acting_threads(config.acting_threads, config.num_workers, pick_device(config.device))
+
+
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
     """What ``--json-path`` writes for one measured config."""
     from fwrl.envs.groups import env_path
 
-    return {"config": config.to_dict(), "env_path": env_path(config.env), "seconds": result.seconds,
+    return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
+            "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
@@ -525,7 +534,10 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
                  ("env ceiling per worker CPU second", _number(ceiling.steps_per_cpu_second)),
                  ("ratio to the env ceiling", f"{result.steps_per_second / ceiling.steps_per_second:.1%}")]
     workers = f"{config.num_workers} x {config.envs_per_worker} ({config.backend} backend)"
+    threads = _acting_threads(config)
     rows += [("workers x envs per worker", workers),
+             ("acting threads", f"{threads}" + ("" if config.acting_threads else " (chosen from the box)")
+              + ("; shares: the mean acting thread" if threads > 1 else "")),
              ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
              ("updates in the window", f"{result.updates} in {result.seconds:.1f} s"),
              ("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}"),
