@@ -131,20 +131,19 @@ def torch_threads(num_threads: int, num_workers: int, backend: str) -> int:
 
 
 def acting_threads(requested: int, num_workers: int, device: torch.device) -> int:
-    """Acting threads of one learner rank: ``requested`` where > 0 (at most one per env worker),
-    else 1 on the CPU, where the forward's own threads use the cores, and on CUDA one per 8
-    allowed cores, at most 4 and at most one per worker: there the acting thread's host work
-    (launches, staging, store writes) is what several threads spread (issue 36: one thread
-    capped a 16-CPU box at 9.4 k agent steps/s while two runs side by side made 11.1 k)."""
+    """Acting threads of one learner rank: ``requested`` where > 0 (at most one per env worker), else 1.
+
+    One is the default on every device, because the acting path is mostly Python, which threads
+    share through the GIL: on the CPU proxy (``benchmarks/results/acting_threads_proxy.md``) two
+    threads made a compute-bound forward (nature stem, Pong frames) 2.03x as fast but an
+    overhead-bound one (a tiny MLP: per-call costs, what a GPU's acting thread pays) 0.51x, each
+    thread's half-size batches paying the per-call costs twice. The GPU suite's learner part
+    measures two threads against one on the box (its ``x8`` rows) before any default changes."""
     if requested > num_workers:
         raise FwrlError(f"acting_threads={requested} is more than the {num_workers} env worker(s) of this "
                         f"learner rank: each acting thread serves its own workers; use 1..{num_workers} "
-                        "(or 0 to choose from the box).")
-    if requested > 0:
-        return requested
-    if torch.device(device).type != "cuda":
-        return 1
-    return max(1, min(4, allowed_cores() // 8, num_workers))
+                        "(or 0 for the default, 1).")
+    return requested if requested > 0 else 1
 
 
 def seed_everything(seed: int) -> None:

@@ -91,7 +91,7 @@ class TrainConfig(Settings):
     device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
     num_threads: int = Field(0, ge=0, description=THREADS_HELP)
     inference_graph: bool = Field(False, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
-    acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: chosen from the device and the cores (1 on the CPU; on CUDA one per 8 cores, at most 4 and at most one per worker)")
+    acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (two threads speed up a compute-bound forward, but slow an overhead-bound one: benchmarks/results/acting_threads_proxy.md)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")
     dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend of the learner ranks; auto: nccl with one GPU per rank, else gloo")
@@ -128,7 +128,7 @@ class TrainConfig(Settings):
             ranks = f" shared by {self.learners} learner ranks ({per_rank} each)" if self.learners > 1 else ""
             raise FwrlError(f"setting acting_threads={self.acting_threads} is more than the env workers of a learner: "
                             f"num_workers={self.num_workers}{ranks}; each acting thread serves its own workers: use "
-                            f"1..{per_rank}, or 0 to choose from the box.")
+                            f"1..{per_rank}, or 0 for the default (1).")
         return self
 
     # ------------------------------------------------------------- the sections each part takes

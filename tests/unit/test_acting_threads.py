@@ -103,8 +103,8 @@ def test_a_waiting_writer_goes_before_later_readers():
     assert order == ["write", "late read"]
 
 
-def test_acting_threads_from_the_box_or_as_asked():
-    assert acting_threads(0, 8, torch.device("cpu")) == 1
+def test_acting_threads_one_by_default_or_as_asked():
+    assert acting_threads(0, 8, torch.device("cpu")) == 1 == acting_threads(0, 16, torch.device("cuda"))
     assert acting_threads(3, 8, torch.device("cpu")) == 3
     with pytest.raises(FwrlError, match=r"acting_threads=5 .* 2 env worker.*1\.\.2"):
         acting_threads(5, 2, torch.device("cpu"))

@@ -502,7 +502,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
 
 def _acting_threads(config: TrainConfig) -> int:
-    """The acting threads ``config``'s run had (``acting_threads`` 0: as the run chose them)."""
+    """The acting threads ``config``'s run had (``acting_threads`` 0: the default)."""
     from fwrl.runner.agent import pick_device
     from fwrl.runner.build import acting_threads
 
@@ -536,8 +536,7 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
     workers = f"{config.num_workers} x {config.envs_per_worker} ({config.backend} backend)"
     threads = _acting_threads(config)
     rows += [("workers x envs per worker", workers),
-             ("acting threads", f"{threads}" + ("" if config.acting_threads else " (chosen from the box)")
-              + ("; shares: the mean acting thread" if threads > 1 else "")),
+             ("acting threads", f"{threads}" + ("; shares: the mean acting thread" if threads > 1 else "")),
              ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
              ("updates in the window", f"{result.updates} in {result.seconds:.1f} s"),
              ("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}"),
