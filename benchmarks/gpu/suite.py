@@ -99,6 +99,7 @@ PONG_ENVS_PER_WORKER = WIDE_ENVS_PER_WORKER
 PONG_AGENTS = {"rdn": ("--preset", "pong-cpu", "--core", "rdn"), "lstm": ("--preset", "pong-cpu")}
 PONG_GOAL_AGENT = "rdn"
 PONG_RANDOM_EXIT = -19.0  # a mean return above this has left random play (random: about -20.3)
+PONG_LSTM_TARGET, PONG_LSTM_SECONDS = 18.0, 300  # issue 36: the lstm's mean return >= 18 within 5 minutes
 PONG_EVAL_EPISODES = 4
 # The register-cap A/B (fwrl bench kernels --maxnreg) at the large goal shape, fp32: the kernels' default
 # maxnreg (255 up to 8 warps) leaves 1-2 programs per SM; a cap of 128 compiles the delta rule's backward
@@ -701,7 +702,10 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
             agents[name]["trained"] = ok
     goal = agents[PONG_GOAL_AGENT]
     goals = [goal_line(f"{PONG_GOAL_AGENT}: mean return (last 100 episodes) above 0 within {seconds} s",
-                       goal["final"][2] if goal["final"] else None, 1e-9, "")]
+                       goal["final"][2] if goal["final"] else None, 1e-9, ""),
+             goal_line(f"lstm: best mean return (last 100 episodes) within {PONG_LSTM_SECONDS} s, on "
+                       f"{workers} workers (the issue asks it of the whole box)",
+                       agents["lstm"]["best_within_target_seconds"], PONG_LSTM_TARGET, "")]
     summary = {"meta": meta, "seconds": seconds, "workers_per_agent": workers,
                "commands": {name: "fwrl " + " ".join(map(str, args)) for name, args in train.items()},
                "goals": goals, "agents": agents}
@@ -747,6 +751,8 @@ def _pong_summary(rows: list[dict[str, str]], probe: dict[str, Any] | None,
         "final": curve[-1] if curve else None,
         "left_random": next(((t, s) for t, s, v in curve if v > PONG_RANDOM_EXIT), None),
         "first_positive": next(((t, s) for t, s, v in curve if v > 0), None),
+        "reached_target": next(((t, s) for t, s, v in curve if v >= PONG_LSTM_TARGET), None),
+        "best_within_target_seconds": max((v for t, s, v in curve if t <= PONG_LSTM_SECONDS), default=None),
         "steps_per_second": round(sum(rates[1:]) / len(rates[1:])) if len(rates) > 1 else None,  # past the first row
         "entropy_first_min_last": [entropy[0][1], min(e for _, e in entropy), entropy[-1][1]] if entropy else None,
         "grad_norm_first_max_last": [grad_norms[0], max(grad_norms), grad_norms[-1]] if grad_norms else None,
@@ -776,6 +782,7 @@ def _pong_report(summary: dict[str, Any], meta: dict[str, Any], episodes: int) -
                      "agent steps": f"{final[1]:,}" if final else "-", "steps/s": a["steps_per_second"],
                      "mean return (last 100)": round(final[2], 2) if final else None,
                      f"left random (> {PONG_RANDOM_EXIT:g})": at(a["left_random"]), "above 0": at(a["first_positive"]),
+                     f"reached {PONG_LSTM_TARGET:g}": at(a["reached_target"]),
                      "entropy first / min / last": triple(a["entropy_first_min_last"], ".3f"),
                      "grad norm first / max / last": triple(a["grad_norm_first_max_last"], ".3g"),
                      "init grad norm": round(probe["init_grad_norm"], 3) if probe else None,

@@ -111,6 +111,7 @@ def _check_pong_part(folder: Path) -> None:
     summary = json.loads((folder / "pong.json").read_text())
     assert sorted(summary["agents"]) == ["lstm", "rdn"]  # the rdn agent and its control, side by side
     assert summary["goals"][0]["goal"].startswith("rdn: mean return")
+    assert summary["goals"][1]["goal"].startswith("lstm: best mean return") and summary["goals"][1]["met"] == "NO"
     for name, agent in summary["agents"].items():
         assert agent["trained"] and agent["final"][1] > 0, (name, agent)  # agent steps were trained
         assert agent["evaluation_mean"] is not None and -21 <= agent["evaluation_mean"] <= 21
