@@ -243,9 +243,7 @@ def main() -> int:
                     print(name, setting, results[(name, setting)][-1], file=sys.stderr, flush=True)
     rows = []
     for (name, setting), runs in results.items():
-        med = {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in ("cpu_us", "wall_us", "ops",
-                                                                              "ops_per_call")}
-        rows.append((setting, name, runs[0]["slots"], med))
+        rows.append((setting, name, runs[0]["slots"], _medians(runs, ("cpu_us", "wall_us", "ops", "ops_per_call"))))
     lines = ["| setting | checkout | slots per call | CPU us / agent step | wall us / agent step | torch ops / agent "
              "step | torch ops / call |", "|---|---|---|---|---|---|---|"]
     for setting, name, slots, med in sorted(rows):
@@ -257,13 +255,8 @@ def main() -> int:
             base = next(m for s, n, _, m in rows if s == setting and n.startswith("baseline"))
             this = next(m for s, n, _, m in rows if s == setting and n.startswith("this"))
             lines.append(f"| {setting} | {this['cpu_us'] / base['cpu_us']:.2f} | {this['ops'] / base['ops']:.2f} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(f"# Acting path per agent step on the CPU ({time.strftime('%Y-%m-%d')})\n\n"
-                                  f"`python benchmarks/acting_proxy.py {' '.join(sys.argv[1:])}`: medians of "
-                                  f"{args.repeats} alternated runs of {args.steps} acting calls each, one torch "
-                                  f"thread (benchmarks/acting_proxy.py says what is measured).\n\n{table}\n")
+    _publish(args, f"Acting path per agent step on the CPU ({time.strftime('%Y-%m-%d')})",
+             "acting calls each, one torch thread", lines)
     return 0
 
 
@@ -277,21 +270,29 @@ def _threads_report(args) -> int:
     lines = ["| setting | acting threads | slots | wall us / agent step | CPU us / agent step (all threads) | "
              "steps/s vs 1 thread |", "|---|---|---|---|---|---|"]
     for setting in args.settings:
-        med = {t: {key: sorted(r[key] for r in results[(setting, t)])[len(results[(setting, t)]) // 2]
-                   for key in ("wall_us", "cpu_us")} for t in args.threads}
+        med = {t: _medians(results[(setting, t)], ("wall_us", "cpu_us")) for t in args.threads}
         one = med[args.threads[0]]["wall_us"]
         for t in args.threads:
             lines.append(f"| {setting} | {t} | {results[(setting, t)][0]['slots']} | {med[t]['wall_us']} | "
                          f"{med[t]['cpu_us']} | {one / med[t]['wall_us']:.2f}x |")
+    _publish(args, f"Acting threads on the CPU proxy ({time.strftime('%Y-%m-%d')}, {_commit()}, "
+                   f"{os.cpu_count()} cores)", "acting calls per thread, one torch thread each", lines)
+    return 0
+
+
+def _medians(runs: list[dict], keys) -> dict:
+    """The median of each of ``keys`` over ``runs``."""
+    return {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in keys}
+
+
+def _publish(args, title: str, calls: str, lines: list[str]) -> None:
+    """Print the table of ``lines``; with ``--out``, write it under ``title`` and the command that made it."""
     table = "\n".join(lines)
     print(table)
     if args.out:
-        Path(args.out).write_text(f"# Acting threads on the CPU proxy ({time.strftime('%Y-%m-%d')}, {_commit()}, "
-                                  f"{os.cpu_count()} cores)\n\n`python benchmarks/acting_proxy.py "
-                                  f"{' '.join(sys.argv[1:])}`: medians of {args.repeats} alternated runs of "
-                                  f"{args.steps} acting calls per thread, one torch thread each "
+        Path(args.out).write_text(f"# {title}\n\n`python benchmarks/acting_proxy.py {' '.join(sys.argv[1:])}`: "
+                                  f"medians of {args.repeats} alternated runs of {args.steps} {calls} "
                                   f"(benchmarks/acting_proxy.py says what is measured).\n\n{table}\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ class PolicyWeights:
         self.model = model
         self.streams = streams
         self.lock = lock if lock is not None else SharedLock()
+        # what a forward holds: the shared side of a SharedLock, a plain lock whole
+        self._hold = self.lock.shared if isinstance(self.lock, SharedLock) else lambda: self.lock
         self.version = version
         self._targets = list(model.state_dict().values())
 
@@ -144,8 +146,7 @@ class PolicyWeights:
     def acting(self) -> Iterator[int]:
         """Hold the weights for one forward (shared with the other acting threads' forwards where the
         lock is a :class:`SharedLock`); yields their version."""
-        shared = getattr(self.lock, "shared", None)
-        with shared() if shared is not None else self.lock:
+        with self._hold():
             yield self.version
 
     @torch.no_grad()

@@ -181,8 +181,8 @@ class Batch:
 class RolloutStore:
     """Preallocated rollout pages on ``device``, written in place by the inference loop.
 
-Several acting threads may write it at once, each for its own workers (whose pages and
-cursors only it touches); the free pages and the counters are shared under a lock.
+    Several acting threads may write it at once, each for its own workers (whose pages and
+    cursors only it touches); the free pages and the counters are shared under a lock.
 
     ``state_template`` holds one slot's core state (``model.initial_state(1)``):
     its shapes and dtypes size the initial-state buffers. ``capacity`` pages

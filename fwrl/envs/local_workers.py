@@ -157,7 +157,7 @@ class LocalWorkerPool(WorkerPool):
 
     # ------------------------------------------------------------------ stepping
     def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
-        workers = range(self.num_workers) if workers is None else workers
+        workers = self._chosen(workers)
         pending = {w.conn: i for i in workers if (w := self._workers[i]) is not None and w.sent_at is not None}
         if not pending:
             return []
@@ -196,7 +196,7 @@ class LocalWorkerPool(WorkerPool):
 
     def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
-        workers = range(self.num_workers) if workers is None else workers
+        workers = self._chosen(workers)
         for i in workers:
             w = self._workers[i]
             if w is None or w.sent_at is None:

@@ -257,7 +257,7 @@ class RayWorkerPool(WorkerPool):
     # ------------------------------------------------------------------ stepping
     def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
         ray = self._ray
-        workers = range(self.num_workers) if workers is None else workers
+        workers = self._chosen(workers)
         pending = {a.pending: i for i in workers if (a := self._actors[i]) is not None and a.pending is not None}
         if not pending:
             return []
@@ -303,7 +303,7 @@ class RayWorkerPool(WorkerPool):
 
     def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
-        workers = range(self.num_workers) if workers is None else workers
+        workers = self._chosen(workers)
         if any(a is not None and a.answered for a in self._actors):
             self._last_running = now
         elif now - self._last_running > self.settings.start_timeout:

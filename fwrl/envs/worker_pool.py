@@ -202,6 +202,10 @@ class WorkerPool:
     def num_slots(self) -> int:
         return self.num_workers * self.envs_per_worker
 
+    def _chosen(self, workers: Sequence[int] | None) -> Sequence[int]:
+        """``workers`` (a slice's), or every worker where None."""
+        return range(self.num_workers) if workers is None else workers
+
     def slots_of(self, worker: int) -> slice:
         k = self.envs_per_worker
         return slice(worker * k, (worker + 1) * k)

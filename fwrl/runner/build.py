@@ -130,7 +130,7 @@ def torch_threads(num_threads: int, num_workers: int, backend: str) -> int:
     return max(1, cores - reserved)
 
 
-def acting_threads(requested: int, num_workers: int, device: torch.device) -> int:
+def acting_threads(requested: int, num_workers: int) -> int:
     """Acting threads of one learner rank: ``requested`` where > 0 (at most one per env worker), else 1.
 
     One is the default on every device, because the acting path is mostly Python, which threads
@@ -207,7 +207,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     if ranks.is_main:
         save_config(config, run_dir / "config.yaml")
 
-    threads = acting_threads(config.acting_threads, num_workers, device)
+    threads = acting_threads(config.acting_threads, num_workers)
     streams = DeviceStreams(device, threads)
     weights = PolicyWeights(acting_model, streams, version=counters["updates"])
     record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)

@@ -5,7 +5,6 @@ rollouts row by row: ``tests/unit/test_rollouts.py``; whole runs: ``tests/e2e/te
 import threading
 
 import pytest
-import torch
 
 from fwrl.agents.policy_weights import SharedLock
 from fwrl.envs.worker_pool import PoolSlice, split_workers
@@ -104,7 +103,7 @@ def test_a_waiting_writer_goes_before_later_readers():
 
 
 def test_acting_threads_one_by_default_or_as_asked():
-    assert acting_threads(0, 8, torch.device("cpu")) == 1 == acting_threads(0, 16, torch.device("cuda"))
-    assert acting_threads(3, 8, torch.device("cpu")) == 3
+    assert acting_threads(0, 8) == 1 == acting_threads(0, 16)
+    assert acting_threads(3, 8) == 3
     with pytest.raises(FwrlError, match=r"acting_threads=5 .* 2 env worker.*1\.\.2"):
-        acting_threads(5, 2, torch.device("cpu"))
+        acting_threads(5, 2)

@@ -503,10 +503,9 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
 def _acting_threads(config: TrainConfig) -> int:
     """The acting threads ``config``'s run had (``acting_threads`` 0: the default)."""
-    from fwrl.runner.agent import pick_device
     from fwrl.runner.build import acting_threads
 
-    return acting_threads(config.acting_threads, config.num_workers, pick_device(config.device))
+    return acting_threads(config.acting_threads, config.num_workers)
 
 
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
