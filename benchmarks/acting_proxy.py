@@ -25,6 +25,12 @@ thread each): the wall microseconds per agent step of all threads together, the 
 threads can lower where one thread's host work is the bottleneck; the CPU figures add up the threads::
 
     python benchmarks/acting_proxy.py --threads 1 2 --out benchmarks/results/acting_threads_proxy.md
+
+``--processes 2`` (beside ``--threads``) measures that many acting processes too, each one thread
+over its share of the workers, as the ranks of ``fwrl train --learners N`` act: started together,
+the wall microseconds run from the first one's start to the last one's end::
+
+    python benchmarks/acting_proxy.py --threads 1 2 --processes 2 --out benchmarks/results/acting_threads_proxy.md
 """
 
 from __future__ import annotations
@@ -192,6 +198,31 @@ def measure_threads(setting: str, steps: int, threads: int) -> dict:
             "wall_us": round(1e6 * wall / agent_steps, 2)}
 
 
+def measure_process(setting: str, steps: int, processes: int, index: int) -> dict:
+    """One of ``processes`` acting processes (as ``fwrl train --learners N`` runs them, each rank
+    its own acting thread over its share of the workers): acts on slice ``index``, after a warm-up
+    says "ready" and waits for "go" on stdin so that every process measures at the same time."""
+    import torch
+
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import PolicyWeights
+    from fwrl.envs.worker_pool import PoolSlice, split_workers
+
+    pool, model, store = _parts(setting)
+    part = PoolSlice(pool, split_workers(pool.num_workers, processes)[index])
+    loop = InferenceLoop(model, part, store, torch.device("cpu"), weights=PolicyWeights(model), batch_wait=0.0)
+    for _ in range(30):  # warm-up
+        loop.step(0.0, on_rollout=store.release)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    began_cpu, began = time.thread_time(), time.time()
+    for _ in range(steps):
+        loop.step(0.0, on_rollout=store.release)
+    cpu, ended = time.thread_time() - began_cpu, time.time()
+    slots = len(part.workers) * pool.envs_per_worker
+    return {"began": began, "ended": ended, "cpu": cpu, "agent_steps": steps * slots, "slots": slots}
+
+
 # ----------------------------------------------------------------------------- side by side
 
 def _checkout(rev: str, folder: Path) -> Path:
@@ -208,6 +239,32 @@ def _run(path: Path, setting: str, steps: int, threads: int = 0) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _run_processes(setting: str, steps: int, processes: int) -> dict:
+    """``processes`` acting processes of this checkout, measuring together: wall from the first
+    start to the last end over all their agent steps; CPU summed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, __file__, "--measure", setting, "--steps", str(steps),
+                               "--measure-process", f"{i}/{processes}"], env=env, cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for i in range(processes)]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"an acting process of {setting} failed before its warm-up ended")
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        parts = [json.loads(proc.communicate()[0].strip().splitlines()[-1]) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    agent_steps = sum(p["agent_steps"] for p in parts)
+    wall = max(p["ended"] for p in parts) - min(p["began"] for p in parts)
+    return {"setting": setting, "processes": processes, "slots": sum(p["slots"] for p in parts),
+            "cpu_us": round(1e6 * sum(p["cpu"] for p in parts) / agent_steps, 2),
+            "wall_us": round(1e6 * wall / agent_steps, 2)}
+
+
 def _commit() -> str:
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip() or "working tree"
@@ -222,9 +279,18 @@ def main() -> int:
     parser.add_argument("--out", help="markdown report to write")
     parser.add_argument("--threads", type=int, nargs="+", help="measure this checkout with these numbers of acting "
                         "threads instead (wall and CPU us per agent step)")
+    parser.add_argument("--processes", type=int, nargs="+", help="with --threads: also these numbers of acting "
+                        "processes (one thread each, as learner ranks act), side by side")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-process", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.processes and not args.threads:
+        parser.error("--processes is measured beside --threads (e.g. --threads 1 2 --processes 2)")
+    if args.measure and args.measure_process:
+        index, processes = map(int, args.measure_process.split("/"))
+        print(json.dumps(measure_process(args.measure, args.steps, processes, index)))
+        return 0
     if args.measure:
         print(json.dumps(measure_threads(args.measure, args.steps, args.measure_threads) if args.measure_threads
                          else measure(args.measure, args.steps)))
@@ -261,22 +327,24 @@ def main() -> int:
 
 
 def _threads_report(args) -> int:
-    results: dict[tuple[str, int], list[dict]] = {}
+    layouts = [(f"{t} thread{'s' if t > 1 else ''}", lambda s, t=t: _run(ROOT, s, args.steps, t)) for t in args.threads]
+    layouts += [(f"{n} processes", lambda s, n=n: _run_processes(s, args.steps, n)) for n in args.processes or ()]
+    results: dict[tuple[str, str], list[dict]] = {}
     for setting in args.settings:
         for _ in range(args.repeats):
-            for threads in args.threads:  # alternated, so drift hits each count alike
-                results.setdefault((setting, threads), []).append(_run(ROOT, setting, args.steps, threads))
-                print(setting, threads, results[(setting, threads)][-1], file=sys.stderr, flush=True)
-    lines = ["| setting | acting threads | slots | wall us / agent step | CPU us / agent step (all threads) | "
-             "steps/s vs 1 thread |", "|---|---|---|---|---|---|"]
+            for name, run in layouts:  # alternated, so drift hits each layout alike
+                results.setdefault((setting, name), []).append(run(setting))
+                print(setting, name, results[(setting, name)][-1], file=sys.stderr, flush=True)
+    first = layouts[0][0]
+    lines = ["| setting | acting layout | slots | wall us / agent step | CPU us / agent step (all threads) | "
+             f"steps/s vs {first} |", "|---|---|---|---|---|---|"]
     for setting in args.settings:
-        med = {t: _medians(results[(setting, t)], ("wall_us", "cpu_us")) for t in args.threads}
-        one = med[args.threads[0]]["wall_us"]
-        for t in args.threads:
-            lines.append(f"| {setting} | {t} | {results[(setting, t)][0]['slots']} | {med[t]['wall_us']} | "
-                         f"{med[t]['cpu_us']} | {one / med[t]['wall_us']:.2f}x |")
-    _publish(args, f"Acting threads on the CPU proxy ({time.strftime('%Y-%m-%d')}, {_commit()}, "
-                   f"{os.cpu_count()} cores)", "acting calls per thread, one torch thread each", lines)
+        med = {name: _medians(results[(setting, name)], ("wall_us", "cpu_us")) for name, _ in layouts}
+        for name, _ in layouts:
+            lines.append(f"| {setting} | {name} | {results[(setting, name)][0]['slots']} | {med[name]['wall_us']} | "
+                         f"{med[name]['cpu_us']} | {med[first]['wall_us'] / med[name]['wall_us']:.2f}x |")
+    _publish(args, f"Acting threads and processes on the CPU proxy ({time.strftime('%Y-%m-%d')}, {_commit()}, "
+                   f"{os.cpu_count()} cores)", "acting calls per thread or process, one torch thread each", lines)
     return 0
 
 

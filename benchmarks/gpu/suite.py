@@ -69,16 +69,19 @@ GOALS = {
 # within 10% of each other: a cost per acting step, not per slot. So lstm and rdn run again with 8 envs
 # per worker (each forward then serves 4x the slots; their env ceiling is measured at that width too),
 # and with the forward replayed as CUDA graphs (--inference-graph). The dry run (CPU) skips the graph rows.
-# The x8 rows act with one thread (the default), their "2 threads" twins with two (--acting-threads 2,
-# each over half the workers): whether several acting threads pay on the box, side by side (issue 36;
-# on the CPU proxy two threads helped a compute-bound forward and hurt an overhead-bound one).
+# The x8 rows act with one thread (the default), their "2 threads" twin with two (--acting-threads 2,
+# each over half the workers), the "2 learners" twin in two processes (--learners 2 sharing the GPU, each
+# rank acting over half the workers with B / 2, so an update still takes B x T agent steps): which acting
+# layout pays on the box, side by side (issue 36; on the CPU proxy, benchmarks/results/
+# acting_threads_proxy.md, two threads helped a compute-bound forward and halved an overhead-bound one,
+# two processes helped both; 971d846's two runs side by side beat one run by 18%).
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
 LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
-                ("lstm x8 2 threads", "lstm", WIDE_ENVS_PER_WORKER, ("--acting-threads", "2")),
                 ("rdn x8 2 threads", "rdn", WIDE_ENVS_PER_WORKER, ("--acting-threads", "2")),
+                ("rdn x8 2 learners", "rdn", WIDE_ENVS_PER_WORKER, ("--learners", "2")),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
                 ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
@@ -510,18 +513,21 @@ def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 
 def part_learner(part: Part, meta: dict[str, Any]) -> None:
     workers = 2 if part.dry else (os.cpu_count() or 2)
+    batch = 2 if part.dry else 32  # rfwp-atari's
     if part.dry:
         common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
-                  "--batch-size", 2, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
+                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
-                  "--num-workers", workers, "--seconds", 30, "--warmup", 10]
+                  "--num-workers", workers, "--batch-size", batch, "--seconds", 30, "--warmup", 10]
     rows: list[dict[str, Any]] = []
     ceilings: dict[int, float] = {}  # envs per worker -> the env ceiling of those workers
     for label, core, envs, extra in LEARNER_RUNS:
         if part.dry and "--inference-graph" in extra:
             continue
         envs = _learner_width(envs, part.dry)
+        if "--learners" in extra:  # B per rank: every update still takes B x T agent steps
+            extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
         # the first row (eager lstm) runs 5 s more under torch.profiler, left out of its figures
@@ -541,7 +547,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         ceiling = ceilings.get(envs)
         shares = record["shares"]
         rows.append({"core": label, "envs_per_worker": envs, "env_path": record.get("env_path"),
-                     "acting_threads": record.get("acting_threads"),
+                     "acting_threads": record.get("acting_threads"), "learners": record.get("learners", 1),
                      "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
@@ -558,8 +564,9 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
                             rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
                             GOALS["rdn_of_lstm"], "")]
-    wide = [by[label]["agent_steps_per_s"] for label in ("rdn x8", "rdn x8 2 threads") if label in by]
-    goals.append(goal_line("rdn x8 agent steps/s, the better thread count (c7ffd00: 9,397)",
+    wide = [by[label]["agent_steps_per_s"] for label in ("rdn x8", "rdn x8 2 threads", "rdn x8 2 learners")
+            if label in by]
+    goals.append(goal_line("rdn x8 agent steps/s, the best acting layout (c7ffd00: 9,397)",
                            max(wide) if wide else None, GOALS["rdn_steps"], ""))
     env_paths = _env_path_ceilings(part, workers, _learner_width(LEARNER_ENVS_PER_WORKER, part.dry))
     overhead = _multi_learner_overhead(part)
@@ -579,7 +586,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     md += table(goals, ("goal", "target", "measured", "met"))
     md += ("\n## Agent steps/s and where the time goes (shares of each thread's wall time; of_ceiling: of the "
            "env ceiling at the row's envs per worker)\n\n")
-    md += table(rows, ("core", "envs_per_worker", "acting_threads", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
+    md += table(rows, ("core", "envs_per_worker", "acting_threads", "learners", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
                        "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))

@@ -22,16 +22,24 @@ from typing import Sequence
 from fwrl.errors import FwrlError
 
 
+def learner_launch(count: int):
+    """The elastic launcher's settings for ``count`` local learner ranks: a local rendezvous on a
+    free port, no restarts (a ``torch.distributed.launcher.api.LaunchConfig``)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if count < 2:
+        raise FwrlError(f"learner ranks are launched for 2 or more learners, got {count}.")
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"fwrl-{uuid.uuid4().hex[:8]}",
+                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+
+
 def launch_learners(count: int, argv: Sequence[str]) -> int:
     """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks; returns the exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    if count < 2:
-        raise FwrlError(f"launch_learners needs at least 2 ranks, got {count}.")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"fwrl-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    config = learner_launch(count)
     try:
         elastic_launch(config, sys.executable)("-m", "fwrl.launch.cli", *argv)
     except ChildFailedError as exc:

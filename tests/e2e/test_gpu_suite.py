@@ -86,10 +86,11 @@ def _check_learner_part(folder: Path) -> None:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
     # the CUDA-graph rows ("lstm graph", "rdn graph") need a GPU: the dry run leaves them out
-    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "lstm x8 2 threads", "rdn x8 2 threads",
+    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "rdn x8 2 threads", "rdn x8 2 learners",
                                          "delta_net", "srwm", "elstm rtrl"]
     assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 2, 2, 1, 1, 1]  # the dry run's widths
-    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 2, 2, 1, 1, 1]
+    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1]
+    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1]  # two ranks, each acting in its process
     for row in rows:
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())

@@ -230,6 +230,23 @@ def test_bench_throughput_shares_sum_to_100_percent_per_thread(tmp_path):
     assert " 0 steps/s" not in err
 
 
+def test_bench_throughput_measures_learner_ranks_acting_in_their_processes(tmp_path):
+    """``--learners 2``: two ranks, each acting in its own process over half the workers; the rate
+    counts both ranks' steps (rank 0's rows), the record and the table say how many ranks."""
+    out = tmp_path / "bench.json"
+    code, stdout, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2],
+                                 "--stem", "auto", "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 3,
+                                 "--num-workers", 2, "--learners", 2, "--json-path", out])
+    assert code == 0, err
+    record = json.loads(out.read_text())
+    assert record["learners"] == 2 and record["acting_threads"] == 1
+    assert record["steps_per_second"] > 0 and record["updates"] > 0
+    per_update = record["config"]["batch_size"] * record["config"]["unroll_length"] * 2  # every rank's B x T
+    assert record["agent_steps"] % per_update == 0, record
+    assert record["shares"]["share/learner_allreduce"] > 0  # the ranks summed their gradients
+    assert re.search(r"learner ranks\s+│\s+2", stdout), stdout
+
+
 def test_bench_throughput_profiles_the_acting_thread_per_step(tmp_path):
     report = tmp_path / "profile" / "acting.md"
     code, _, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2], "--stem", "auto",
@@ -249,6 +266,7 @@ def test_bench_throughput_profiles_the_acting_thread_per_step(tmp_path):
 @pytest.mark.parametrize("flags, needle", [
     (["--profile-seconds", 0], "profile_seconds=0 is not valid"),
     (["--paths", "all"], "--profile-path profiles one measured run"),
+    (["--learners", 2], "--learners 2 runs 2: drop --learners or --profile-path"),
 ])
 def test_bench_throughput_refuses_a_profile_it_cannot_take(tmp_path, flags, needle):
     report = tmp_path / "p.md"

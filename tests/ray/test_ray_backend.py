@@ -172,12 +172,15 @@ def _check_resume(runs: Path, env: dict, extra: list[str], target: int, saved_co
     """``--resume`` continues from the checkpoint with a monotonic step count and the same config."""
     run = runs / "r"
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
-    rows_before = len(_metrics_steps(run))
+    # rows a killed run wrote after its checkpoint are dropped on resume (those steps are acted again)
+    kept = [s for s in _metrics_steps(run) if s <= ckpt["agent_steps"]]
     done = subprocess.run(_train_cmd(runs, "--resume", "--total-steps", str(target), *extra), env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    new = _metrics_steps(run)[rows_before:]
-    assert new and new[0] >= ckpt["agent_steps"] and new == sorted(new) and new[-1] >= target
+    steps = _metrics_steps(run)
+    new = steps[len(kept):]
+    assert steps[:len(kept)] == kept, "resume changed the rows up to the checkpoint"
+    assert new and new[0] > ckpt["agent_steps"] and new == sorted(new) and new[-1] >= target
     final = torch.load(run / "checkpoint.pt", weights_only=True)
     assert final["agent_steps"] >= target and final["updates"] > ckpt["updates"]
     resumed_config = yaml.safe_load((run / "config.yaml").read_text())

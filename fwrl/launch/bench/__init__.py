@@ -10,7 +10,9 @@ module ``kernels`` of this package.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -491,8 +493,11 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
             progress.update = update
         profiled = profiler.stop - profiler.start if profiler is not None else 0.0
         try:
-            train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled)  # the window counts from
-            # the workers' start, not the command's (max_seconds would count start-up too)
+            if config.learners > 1:
+                _train_ranks(config, run, warmup + seconds, warmup)
+            else:
+                train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled)  # the window counts
+                # from the workers' start, not the command's (max_seconds would count start-up too)
         finally:
             if profiler is not None:
                 profiler.finish()
@@ -501,11 +506,56 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config)
 
 
+def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: float) -> None:
+    """``--learners N``: train ``config`` as N learner ranks on this machine (processes started
+    like ``fwrl train --learners N``'s, each acting for ``acting_seconds`` with its own share of the
+    workers); rank 0 writes ``run``'s metrics, whose agent steps count every rank's."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from fwrl.runner.learners import describe_exit, learner_launch
+
+    # a failed rank says why in its own line, not in the launcher's traceback and the other ranks' SIGTERM
+    logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        elastic_launch(learner_launch(config.learners), _bench_rank)(config.to_dict(), str(run), acting_seconds,
+                                                                     warmup)
+    except ChildFailedError as exc:
+        rank, failure = sorted(exc.failures.items())[0]
+        raise FwrlError(f"learner rank {rank} of {config.learners} {describe_exit(int(failure.exitcode))} "
+                        f"(its own line above says why).") from None
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+
+
+def _bench_rank(config: dict, run: str, acting_seconds: float, warmup: float) -> None:
+    """One learner rank of :func:`_train_ranks` (a process of its own; rank 0 shows the progress)."""
+    from rich.console import Console
+
+    from fwrl.agents.distributed import ranks_from_env
+    from fwrl.runner.rundir import prepare_run_dir
+    from fwrl.runner.train import train
+
+    ranks = ranks_from_env()
+    try:
+        path = prepare_run_dir(Path(run), resume=False, clean=ranks.is_main)
+        progress = _BenchProgress(Console(stderr=True), warmup, acting_seconds - warmup) if ranks.is_main else None
+        train(TrainConfig.from_dict(config, "the bench's learner ranks"), path, progress=progress,
+              acting_seconds=acting_seconds)
+    except FwrlError as exc:  # said in one line, as the CLI says it, not as a traceback of the launcher's
+        print(f"fwrl: error: learner rank {ranks.rank}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def _acting_threads(config: TrainConfig) -> int:
     """The acting threads ``config``'s run had (``acting_threads`` 0: the default)."""
     from fwrl.runner.build import acting_threads
 
-    return acting_threads(config.acting_threads, config.num_workers)
+    return acting_threads(config.acting_threads, config.num_workers // config.learners)
 
 
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
@@ -513,7 +563,7 @@ def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, resu
     from fwrl.envs.groups import env_path
 
     return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
-            "seconds": result.seconds,
+            "learners": config.learners, "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
@@ -535,7 +585,10 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
     workers = f"{config.num_workers} x {config.envs_per_worker} ({config.backend} backend)"
     threads = _acting_threads(config)
     rows += [("workers x envs per worker", workers),
-             ("acting threads", f"{threads}" + ("; shares: the mean acting thread" if threads > 1 else "")),
+             ("acting threads", f"{threads}" + ("; shares: the mean acting thread" if threads > 1 else "")
+              + (" per learner rank" if config.learners > 1 else "")),
+             ("learner ranks", f"{config.learners}" + ("; shares: rank 0's, B per rank" if config.learners > 1
+                                                        else "")),
              ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
              ("updates in the window", f"{result.updates} in {result.seconds:.1f} s"),
              ("policy lag (updates)", f"mean {result.policy_lag_mean:.2f}, max {result.policy_lag_max}"),
@@ -573,6 +626,9 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     if profile_path and (len(configs) > 1 or rounds > 1):
         raise FwrlError(f"--profile-path profiles one measured run; this command measures {len(configs)} env "
                         f"path(s) x {rounds} round(s): drop --paths / --rounds, or --profile-path.")
+    if profile_path and config.learners > 1:
+        raise FwrlError(f"--profile-path profiles the acting thread of one process; --learners {config.learners} "
+                        f"runs {config.learners}: drop --learners or --profile-path.")
     profiler = None
     if profile_path:
         from fwrl.agents.stage_profile import WindowProfiler
