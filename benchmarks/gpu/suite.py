@@ -516,7 +516,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     batch = 2 if part.dry else 32  # rfwp-atari's
     if part.dry:
         common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
-                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 3, "--warmup", 3]
+                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 5, "--warmup", 3]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
                   "--num-workers", workers, "--batch-size", batch, "--seconds", 30, "--warmup", 10]

@@ -180,7 +180,7 @@ def _check_resume(runs: Path, env: dict, extra: list[str], target: int, saved_co
     steps = _metrics_steps(run)
     new = steps[len(kept):]
     assert steps[:len(kept)] == kept, "resume changed the rows up to the checkpoint"
-    assert new and new[0] > ckpt["agent_steps"] and new == sorted(new) and new[-1] >= target
+    assert new and new[0] >= ckpt["agent_steps"] and new == sorted(new) and new[-1] >= target
     final = torch.load(run / "checkpoint.pt", weights_only=True)
     assert final["agent_steps"] >= target and final["updates"] > ckpt["updates"]
     resumed_config = yaml.safe_load((run / "config.yaml").read_text())
