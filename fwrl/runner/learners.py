@@ -15,9 +15,12 @@ learner.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import uuid
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from fwrl.errors import FwrlError
 
@@ -33,6 +36,23 @@ def learner_launch(count: int):
                         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
 
 
+@contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """The elastic launcher installs its own handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT
+    (they stop the ranks) and leaves them behind; this puts back the ones before it on the way out,
+    so a process that goes on (a test run, a caller of the bench) keeps its own."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    before = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))} \
+        if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, handler)
+
+
 def launch_learners(count: int, argv: Sequence[str]) -> int:
     """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks; returns the exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -41,7 +61,8 @@ def launch_learners(count: int, argv: Sequence[str]) -> int:
 
     config = learner_launch(count)
     try:
-        elastic_launch(config, sys.executable)("-m", "fwrl.launch.cli", *argv)
+        with kept_signal_handlers():
+            elastic_launch(config, sys.executable)("-m", "fwrl.launch.cli", *argv)
     except ChildFailedError as exc:
         for rank, failure in sorted(exc.failures.items()):
             print(f"fwrl train: learner rank {rank} of {count} {describe_exit(int(failure.exitcode))}",

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -234,10 +235,13 @@ def test_bench_throughput_measures_learner_ranks_acting_in_their_processes(tmp_p
     """``--learners 2``: two ranks, each acting in its own process over half the workers; the rate
     counts both ranks' steps (rank 0's rows), the record and the table say how many ranks."""
     out = tmp_path / "bench.json"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     code, stdout, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2],
                                  "--stem", "auto", "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 3,
                                  "--num-workers", 2, "--learners", 2, "--json-path", out])
     assert code == 0, err
+    # the ranks' launcher left this process's own signal handlers in place (it installs its own)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     record = json.loads(out.read_text())
     assert record["learners"] == 2 and record["acting_threads"] == 1
     assert record["steps_per_second"] > 0 and record["updates"] > 0
