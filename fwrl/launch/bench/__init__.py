@@ -510,6 +510,9 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
     """``--learners N``: train ``config`` as N learner ranks on this machine (processes started
     like ``fwrl train --learners N``'s, each acting for ``acting_seconds`` with its own share of the
     workers); rank 0 writes ``run``'s metrics, whose agent steps count every rank's."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
@@ -528,6 +531,10 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
         rank, failure = sorted(exc.failures.items())[0]
         raise FwrlError(f"learner rank {rank} of {config.learners} {describe_exit(int(failure.exitcode))} "
                         f"(its own line above says why).") from None
+    except SignalException as exc:  # the launcher stopped the ranks on a signal to this process
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(128 + int(exc.sigval)) from None  # the shell's convention, as fwrl train --learners
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)
