@@ -25,19 +25,24 @@ from typing import Iterator, Sequence
 from fwrl.errors import FwrlError
 
 
-def learner_launch(count: int):
-    """The elastic launcher's settings for ``count`` local learner ranks: a local rendezvous on a
-    free port, no restarts (a ``torch.distributed.launcher.api.LaunchConfig``)."""
-    from torch.distributed.launcher.api import LaunchConfig
+def launch_ranks(count: int, entrypoint, *args) -> None:
+    """Run ``entrypoint(*args)`` as ``count`` local learner ranks with torch's elastic launcher (a
+    local rendezvous on a free port, no restarts): ``entrypoint`` is an executable (its arguments
+    follow) or a picklable function. A failed rank raises the launcher's ``ChildFailedError``, a
+    signal to this process its ``SignalException``; this process's signal handlers are the same
+    after it as before."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if count < 2:
         raise FwrlError(f"learner ranks are launched for 2 or more learners, got {count}.")
-    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"fwrl-{uuid.uuid4().hex[:8]}",
-                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=f"fwrl-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    with _kept_signal_handlers():
+        elastic_launch(config, entrypoint)(*args)
 
 
 @contextlib.contextmanager
-def kept_signal_handlers() -> Iterator[None]:
+def _kept_signal_handlers() -> Iterator[None]:
     """The elastic launcher installs its own handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT
     (they stop the ranks) and leaves them behind; this puts back the ones before it on the way out,
     so a process that goes on (a test run, a caller of the bench) keeps its own."""
@@ -57,12 +62,9 @@ def launch_learners(count: int, argv: Sequence[str]) -> int:
     """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks; returns the exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
-    config = learner_launch(count)
     try:
-        with kept_signal_handlers():
-            elastic_launch(config, sys.executable)("-m", "fwrl.launch.cli", *argv)
+        launch_ranks(count, sys.executable, "-m", "fwrl.launch.cli", *argv)
     except ChildFailedError as exc:
         for rank, failure in sorted(exc.failures.items()):
             print(f"fwrl train: learner rank {rank} of {count} {describe_exit(int(failure.exitcode))}",

@@ -514,9 +514,8 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
-    from fwrl.runner.learners import describe_exit, kept_signal_handlers, learner_launch
+    from fwrl.runner.learners import describe_exit, launch_ranks
 
     # a failed rank says why in its own line, not in the launcher's traceback and the other ranks' SIGTERM
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
@@ -524,9 +523,7 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
     for log in logs:
         log.setLevel(logging.CRITICAL)
     try:
-        with kept_signal_handlers():
-            elastic_launch(learner_launch(config.learners), _bench_rank)(config.to_dict(), str(run), acting_seconds,
-                                                                         warmup)
+        launch_ranks(config.learners, _bench_rank, config.to_dict(), str(run), acting_seconds, warmup)
     except ChildFailedError as exc:
         rank, failure = sorted(exc.failures.items())[0]
         raise FwrlError(f"learner rank {rank} of {config.learners} {describe_exit(int(failure.exitcode))} "
