@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
-from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore
+from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore, host_to_device
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED, ColumnGroup, StepRecord
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
@@ -139,6 +139,7 @@ class InferenceLoop:
         self.timer = timer if timer is not None else StageTimer(self.device)
         self._staging = _Staging(self.device, pool.num_slots, store.spec.record if store is not None else None)
         self._no_values = torch.zeros(pool.num_slots, device=self.device)
+        self._action_host: tuple[torch.Tensor, np.ndarray] | None = None  # (tensor, its numpy view)
         self._graphed = None
         if graph:
             from fwrl.agents.inference_graph import GraphedActing
@@ -171,9 +172,9 @@ class InferenceLoop:
                   if key in staging.record.names}
         if len(cut) == 0:
             return inputs, state_in
-        index = torch.from_numpy(cut).to(self.device, non_blocking=True)
-        extra = {key: torch.from_numpy(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut]).to(
-                     self.device) for key in (OBS, OBS_EXTRA) if key in inputs}
+        index = host_to_device(cut, self.device)
+        extra = {key: host_to_device(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut], self.device)
+                 for key in (OBS, OBS_EXTRA) if key in inputs}
         extra[REWARD] = inputs[REWARD].index_select(0, index)
         extra[DONE] = torch.zeros(len(cut), dtype=torch.bool, device=self.device)
         inputs = {key: torch.cat([value, extra[key]]) for key, value in inputs.items()}
@@ -186,8 +187,19 @@ class InferenceLoop:
         if len(cut) == 0:
             return self._no_values[:n]  # never written: the store copies it
         values = torch.zeros(n, device=self.device)
-        values.index_copy_(0, torch.from_numpy(cut).to(self.device), baseline[n:].float())
+        values.index_copy_(0, host_to_device(cut, self.device), baseline[n:].float())
         return values
+
+    def _actions_to_host(self, action: torch.Tensor) -> np.ndarray:
+        """``action`` [n, ...] copied into this loop's host buffer (pinned on a GPU; allocated once):
+        its numpy view, valid until the next step (the pools copy actions when they send them)."""
+        if self._action_host is None:
+            host = torch.empty((self._no_values.shape[0], *action.shape[1:]), dtype=action.dtype,
+                               pin_memory=self.device.type == "cuda")
+            self._action_host = (host, host.numpy())
+        host, view = self._action_host
+        host[:len(action)].copy_(action)
+        return view[:len(action)]
 
     @torch.no_grad()
     def step(
@@ -207,8 +219,7 @@ class InferenceLoop:
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
             env = self._staging.upload(results)
-            slots = torch.from_numpy((self._place[workers][:, None] * k + self._offsets).ravel()).to(
-                self.device, non_blocking=True)
+            slots = host_to_device((self._place[workers][:, None] * k + self._offsets).ravel(), self.device)
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             cut = (np.flatnonzero(self._staging.column(self._staging.host, TRUNCATED)) if self.store is not None
                    else np.empty(0, np.int64))  # evaluation bootstraps nothing
@@ -224,7 +235,7 @@ class InferenceLoop:
                 self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
             # the step's rows (T = 1) of the outputs, the riders' left out
             agent = {key: out[key][0] if not len(cut) else out[key][0, :n] for key in AGENT_KEYS}
-            actions = agent["action"].cpu().numpy()
+            actions = self._actions_to_host(agent["action"])
         if self.store is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)

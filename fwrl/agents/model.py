@@ -228,18 +228,24 @@ class AgentNet(nn.Module):
         obs = inputs[OBS]
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *obs.shape[2:])
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        x = x / 255.0 if x.dtype == torch.uint8 else as_dtype(x, torch.float32)  # one op each: the division casts
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         parts = [self.stem(x).view(T, B, -1)]
         if self.extra_size:
-            parts.append(inputs[OBS_EXTRA].float())
-        parts.append(inputs[REWARD].float().clamp(-1.0, 1.0).unsqueeze(-1))
-        core_out, state = self.core(torch.cat(parts, dim=-1), state, inputs[DONE].bool())
+            parts.append(as_dtype(inputs[OBS_EXTRA], torch.float32))
+        parts.append(as_dtype(inputs[REWARD], torch.float32).clamp(-1.0, 1.0).unsqueeze(-1))
+        core_out, state = self.core(torch.cat(parts, dim=-1), state, as_dtype(inputs[DONE], torch.bool))
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
         action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler)
         return {"policy_logits": logits, "baseline": baseline, "action": action}, state
+
+
+def as_dtype(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """``value`` in ``dtype``: itself where it already is (no ``to`` call: on the acting path every
+    torch call is paid per step, and on a GPU per launch)."""
+    return value if value.dtype == dtype else value.to(dtype)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -10,8 +10,9 @@ for the K slots of one worker plus the core state before row 0;
   t, ``episode_return``, ``episode_step``, ``task``; and ``bootstrap_value``:
   the acting weights' value of the cut episode's final obs where ``truncated``) and
   the agent output computed from obs t-1 (``action``, ``policy_logits``,
-  ``baseline``, and ``policy_version``: the version of the weights that acted),
-  i.e. the action that led to obs t;
+  ``baseline``), i.e. the action that led to obs t, and on the host the version
+  of the weights that acted (one per page row: the learner's policy lag reads
+  it there, :meth:`RolloutStore.export` gives it as the ``policy_version`` column);
 - row 0 repeats the previous rollout's row T, and the initial core state is
   the state before obs T was processed.
 
@@ -19,7 +20,7 @@ Storage: ``P`` *pages* of ``K`` columns, one page per rollout of one worker.
 Columns are kept in groups (:meth:`RolloutSpec.groups`): each observation
 alone, the env's scalars of one dtype side by side (``fwrl.envs.step_record``
 ``ColumnGroup``), the bootstrap value, the agent's floats (logits, then the
-baseline), its action and the weights' version. Every group is one
+baseline) and its action. Every group is one
 preallocated tensor ``[T+1, P*K, ...]`` on the device (page p's slot j is
 column ``p*K + j``), written in place at each inference step by index: one
 write per group, not per column; a batch of B columns is one ``index_select``
@@ -103,8 +104,7 @@ class RolloutSpec:
                 StoreGroup(BOOTSTRAP_KEY, torch.float32, (), ((BOOTSTRAP_KEY, None),)),
                 StoreGroup(AGENT_FLOATS, torch.float32, (self.num_actions + 1,),
                            (("policy_logits", slice(0, self.num_actions)), ("baseline", self.num_actions))),
-                StoreGroup("action", torch.int64, action, (("action", None),)),
-                StoreGroup(VERSION_KEY, torch.int64, (), ((VERSION_KEY, None),)))
+                StoreGroup("action", torch.int64, action, (("action", None),)))
 
     def columns(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per-slot (shape, dtype) of every column."""
@@ -223,7 +223,7 @@ class RolloutStore:
         self._page = np.arange(num_workers)  # each worker's page in progress
         self._cursor = np.zeros(num_workers, np.int64)  # its next row
         self._life = np.zeros(num_workers, np.int64)
-        self._versions = [[0] * T1 for _ in range(self.capacity)]  # host copy of the version column
+        self._versions = [[0] * T1 for _ in range(self.capacity)]  # per page row: the acting weights' version
         self._unread = [0] * self.capacity  # columns of a handed-off page not yet gathered
         self._thread = threading.local()  # .entries: this thread's last record_env (workers, entries)
         self.dropped_steps = 0  # slot steps of partial rollouts dropped on worker restarts
@@ -235,7 +235,7 @@ class RolloutStore:
         return (self._page[np.asarray(workers)][:, None] * self.k + self._offsets).ravel()
 
     def _to_device(self, index: np.ndarray) -> Tensor:
-        return torch.from_numpy(index).to(self.device, non_blocking=True)
+        return host_to_device(index, self.device)
 
     @staticmethod
     def _group_value(group: StoreGroup, values: dict[str, Tensor]) -> Tensor:
@@ -290,10 +290,11 @@ class RolloutStore:
             entries = self._to_device(np.repeat(rows, self.k) * self._width + self.columns_of(workers))
         self._thread.entries = None
         n = len(entries)
-        floats = torch.cat([_rows(agent["policy_logits"], n), agent["baseline"].float().view(n, 1)], 1)
+        baseline = agent["baseline"]
+        baseline = baseline if baseline.dtype == torch.float32 else baseline.float()
+        floats = torch.cat([_rows(agent["policy_logits"], n), baseline.view(n, 1)], 1)
         self._flat[AGENT_FLOATS].index_copy_(0, entries, floats)
         self._flat["action"].index_copy_(0, entries, _rows(agent["action"], n))
-        self._flat[VERSION_KEY].index_fill_(0, entries, version)
         for page, row in zip(self._page[workers].tolist(), rows.tolist()):
             self._versions[page][row] = version
         self._cursor[workers] = rows
@@ -380,7 +381,9 @@ class RolloutStore:
             rollout.ready.synchronize()
         cols = slice(rollout.page * self.k, (rollout.page + 1) * self.k)
         groups = {n: v[:, cols].cpu().clone() for n, v in self.tensors.items()}
-        return RolloutData({n: v.clone() for n, v in column_views(self.groups, groups).items()},
+        columns = {n: v.clone() for n, v in column_views(self.groups, groups).items()}
+        columns[VERSION_KEY] = torch.tensor(self._versions[rollout.page]).view(-1, 1).repeat(1, self.k)
+        return RolloutData(columns,
                            {n: v[cols].cpu().clone() for n, v in self.initial_state.items()},
                            rollout.worker, rollout.life)
 
@@ -388,6 +391,13 @@ class RolloutStore:
     def free_pages(self) -> int:
         with self._lock:
             return len(self._free)
+
+
+def host_to_device(array: np.ndarray, device: torch.device) -> Tensor:
+    """A host array (an index, a column) as a tensor on ``device``: the array's memory itself on the
+    CPU (no ``to`` call), an asynchronous copy on a GPU."""
+    tensor = torch.from_numpy(array)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def _rows(value: Tensor, n: int) -> Tensor:

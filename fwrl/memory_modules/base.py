@@ -69,12 +69,12 @@ def reset_rows(state: State, initial: State, done_t: Tensor) -> State:
 
 def zero_rows(state: State, done_t: Tensor) -> State:
     """Zero the rows of ``state`` where ``done_t`` [B] is true (a zero initial state)."""
-    out, keeps = {}, {}
+    out, masks = {}, {}
     for name, value in state.items():
-        key = (value.dtype, value.dim())  # one mask serves every state tensor of its dtype and rank
-        if key not in keeps:
-            keeps[key] = (~done_t).to(value.dtype).view(-1, *([1] * (value.dim() - 1)))
-        out[name] = value * keeps[key]
+        rank = value.dim()  # one mask serves every state tensor of its rank
+        if rank not in masks:
+            masks[rank] = done_t.view(-1, *([1] * (rank - 1)))
+        out[name] = value.masked_fill(masks[rank], 0)
     return out
 
 

@@ -69,7 +69,7 @@ class LSTMCore(Core):
         for start, end in zip(bounds[:-1], bounds[1:]):
             state = zero_rows(state, done[start])
             hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())
-            y, (h, c) = self.lstm(x[start:end], hc)
+            y, (h, c) = self.lstm(x if end - start == T else x[start:end], hc)
             outputs.append(y)
             state = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), state

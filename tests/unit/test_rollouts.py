@@ -300,7 +300,8 @@ def test_inference_steps_that_start_no_rollout_leave_core_state_in_place():
 
 def test_policy_versions_are_stamped_and_lag_counts_published_updates():
     """Stamps are monotonic per slot; a rollout that is not learned from lags one more update
-    per publish; the device column and the host copy agree."""
+    per publish; the store keeps them per page row on the host (no device column: the learner reads
+    the host copy) and ``export`` gives them as the ``policy_version`` column."""
     torch.manual_seed(0)
     pool = LocalWorkerPool(PoolSettings(CUE, 2, 2, seed=5))
     model = AgentNet((4,), 3, "lstm", {"hidden_size": 8}, stem="mlp")
@@ -323,8 +324,9 @@ def test_policy_versions_are_stamped_and_lag_counts_published_updates():
     for r in rollouts:
         data = store.export(r)
         host = store._versions[r.page]
-        assert data.tensors["policy_version"][:, 0].tolist() == host
-        assert (data.tensors["policy_version"] == data.tensors["policy_version"][:, :1]).all()
+        assert "policy_version" not in store.tensors
+        assert data.tensors["policy_version"].shape == (T + 1, 2)
+        assert (data.tensors["policy_version"] == torch.tensor(host).view(-1, 1)).all()
         by_worker[r.worker] += host[1:]
     for stamps in by_worker.values():
         assert stamps == sorted(stamps) and stamps[-1] > stamps[0]
