@@ -2,11 +2,12 @@
 
 ``TrainConfig``'s defaults are the papers' Atari settings (REFERENCE §4). On
 MinAtar the learning suite (``benchmarks/learning/README.md``: tuning runs on
-Breakout at 1 M agent steps, then the CPU grid) found other settings, and they
-differ by core: the LSTM (and the eLSTM and feed-forward agents) learn best
-with small batches at a higher rate (B 8, lr 1.2e-3: a training return of 12.5
-where B 32 at lr 6e-4 gives 4.7), the fast-weight cores with the papers' B 32 at
-lr 6e-4 (rdn: 9.9). Every cell ran 2 workers x 8 envs with T 20.
+Breakout at 1 M agent steps, then the CPU grid) found other settings, the same
+for every core: small batches at a higher rate (B 8, lr 1.2e-3; the LSTM's
+training return on Breakout 12.5 where B 32 at lr 6e-4 gives 4.7), 2 workers x
+8 envs, T 20. The fast-weight cores took B 32 at lr 6e-4 until the grid showed
+them better at B 8 too (issue 37: Space Invaders rdn 40.8 against 33.4,
+delta_net 42.2 against 25.2).
 
 A new run takes them for every setting that no layer gives (a preset, a
 ``--config`` file, a flag, a command's own defaults): defaults < family
@@ -20,31 +21,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-# family -> core group -> settings; "all" applies to every core of the family
-FAMILY_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "minatar": {
-        "all": {"num_workers": 2, "envs_per_worker": 8, "unroll_length": 20},
-        "recurrent": {"batch_size": 8, "learning_rate": 0.0012},  # lstm, elstm, feedforward
-        "fast_weight": {"batch_size": 32, "learning_rate": 0.0006},  # the cores of the fast-weight block
-    },
+# family -> settings
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "minatar": {"num_workers": 2, "envs_per_worker": 8, "unroll_length": 20, "batch_size": 8, "learning_rate": 0.0012},
 }
 SOURCE = "benchmarks/learning/README.md"
 
 
-def core_group(core: str) -> str:
-    """``fast_weight`` for the cores built on the fast-weight block (they have ``output_scale``),
-    ``recurrent`` for the others (lstm, elstm, feedforward); from the catalogue, without torch."""
-    from fwrl.settings.core_catalog import core_names, option_names
-
-    if core in core_names() and "output_scale" in option_names(core):
-        return "fast_weight"
-    return "recurrent"
-
-
 def family_defaults(settings: Mapping[str, Any], env: Any, core: Any) -> dict[str, Any]:
-    """The family defaults that merged ``settings`` leave unset, for their ``env`` and ``core``
-    (the settings' own, or the config's defaults); empty where the env's family has none, or the
-    env or core is not a valid name yet (the config's own checks say so)."""
+    """The family defaults that merged ``settings`` leave unset, for their ``env`` (the settings' own,
+    or the config's default; the same for every ``core``); empty where the env's family has none, or
+    the env or core is not a name yet (the config's own checks say so)."""
     from fwrl.envs.spec import parse_env_spec
     from fwrl.errors import FwrlError
 
@@ -54,10 +41,7 @@ def family_defaults(settings: Mapping[str, Any], env: Any, core: Any) -> dict[st
         family = parse_env_spec(env).family
     except FwrlError:
         return {}
-    table = FAMILY_DEFAULTS.get(family)
-    if not table:
-        return {}
-    chosen = {**table.get("all", {}), **table.get(core_group(core), {})}
+    chosen = FAMILY_DEFAULTS.get(family, {})
     return {key: value for key, value in chosen.items() if key not in settings}
 
 

@@ -31,13 +31,11 @@ def _fwrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def test_the_grids_name_the_suites_games_and_cores():
     cpu = yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text())
     full = yaml.safe_load((SUITE / "minatar-full.yaml").read_text())
-    small, large = {"batch_size": 8, "learning_rate": 0.0012}, {"batch_size": 32, "learning_rate": 0.0006}
-    cores = [{"label": "lstm", "core": "lstm", **small}, {"label": "rdn", "core": "rdn", **large},
-             {"label": "delta_net", "core": "delta_net", **large}, {"label": "srwm", "core": "srwm", **large},
-             {"label": "delta_rnn", "core": "delta_rnn", **large}, {"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl", **small},
-             {"label": "feedforward", "core": "feedforward", **small}]
+    cores = [{"label": name, "core": name} for name in ("lstm", "rdn", "delta_net", "srwm", "delta_rnn")]
+    cores += [{"label": "elstm-rtrl", "core": "elstm", "elstm_grad": "rtrl"}, {"label": "feedforward", "core": "feedforward"}]
     assert cpu["env"] == ["minatar:breakout", "minatar:space_invaders"] and cpu["seed"] == [1, 2, 3]
     assert cpu["core"] == cores and full["core"] == cores
+    assert (cpu["batch_size"], cpu["learning_rate"]) == (8, 0.0012)  # one setting for every core
     assert cpu["total_steps"] == 1_000_000 and full["total_steps"] == 5_000_000 and full["seed"] == [1, 2, 3]
     assert sorted(full["env"]) == [f"minatar:{g}" for g in ("asterix", "breakout", "freeway", "seaquest",
                                                              "space_invaders")]

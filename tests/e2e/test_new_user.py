@@ -408,9 +408,9 @@ def printed_config(*argv) -> tuple[dict, str]:
     return yaml.safe_load(out), err
 
 
-@pytest.mark.parametrize("core, batch, lr", [("lstm", 8, 0.0012), ("elstm", 8, 0.0012), ("feedforward", 8, 0.0012),
-                                             ("rdn", 32, 0.0006), ("delta_net", 32, 0.0006), ("srwm", 32, 0.0006)])
-def test_minatar_runs_take_the_learning_suites_settings_per_core(core, batch, lr):
+@pytest.mark.parametrize("core", ["lstm", "elstm", "feedforward", "rdn", "delta_net", "srwm"])
+def test_minatar_runs_take_the_learning_suites_settings(core):
+    batch, lr = 8, 0.0012
     config, err = printed_config("--env", "minatar:breakout", "--core", core)
     assert (config["batch_size"], config["learning_rate"]) == (batch, lr)
     assert (config["num_workers"], config["envs_per_worker"], config["unroll_length"]) == (2, 8, 20)
@@ -424,9 +424,9 @@ def test_the_family_defaults_are_the_learning_suites_grid():
     from fwrl.settings.family_defaults import family_defaults
 
     grid = yaml.safe_load((REPO / "benchmarks" / "learning" / "minatar-cpu.yaml").read_text())
+    expected = {key: grid[key] for key in ("batch_size", "learning_rate", "num_workers", "envs_per_worker",
+                                           "unroll_length")}
     for item in grid["core"]:
-        expected = {"batch_size": item["batch_size"], "learning_rate": item["learning_rate"],
-                    **{key: grid[key] for key in ("num_workers", "envs_per_worker", "unroll_length")}}
         assert family_defaults({}, "minatar:breakout", item["core"]) == expected, item
 
 
@@ -443,10 +443,12 @@ def test_flags_presets_and_other_families_keep_their_settings(tmp_path):
     assert "learning suite" not in err
 
 
-def test_a_sweep_gives_each_core_its_settings(tmp_path):
-    sweep = tiny_sweep(tmp_path / "sw", "--env", "minatar:breakout", "--core", "lstm", "rdn")
-    settings = {cell.config.core: (cell.config.batch_size, cell.config.learning_rate) for cell in sweep.cells}
-    assert settings == {"lstm": (8, 0.0012), "rdn": (32, 0.0006)}
+def test_a_sweep_gives_every_core_the_familys_settings(tmp_path):
+    sweep = tiny_sweep(tmp_path / "sw", "--env", "minatar:breakout", "atari:Pong", "--core", "lstm", "rdn")
+    settings = {(cell.config.env, cell.config.core): (cell.config.batch_size, cell.config.learning_rate)
+                for cell in sweep.cells}
+    assert settings == {("minatar:breakout", "lstm"): (8, 0.0012), ("minatar:breakout", "rdn"): (8, 0.0012),
+                        ("atari:Pong", "lstm"): (32, 0.0006), ("atari:Pong", "rdn"): (32, 0.0006)}
 
 
 def test_bench_without_an_update_in_its_window_says_why_not(tmp_path):
