@@ -81,6 +81,12 @@ class FastWeightLayer(nn.Module):
 LayerFactory = Callable[[FWPConfig, int], FastWeightLayer]
 
 
+def _dropout(p: float) -> nn.Module:
+    """Dropout of probability ``p``; none at 0 (the default), where ``nn.Dropout`` would still be one
+    torch call per use in every forward, acting included. No parameters either way: checkpoints match."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class _Block(nn.Module):
     def __init__(self, config: FWPConfig, fwp: FastWeightLayer):
         super().__init__()
@@ -92,11 +98,11 @@ class _Block(nn.Module):
         self.ff = nn.Sequential(
             nn.Linear(h, config.ff_dim),
             nn.ReLU(),
-            nn.Dropout(config.dropout),
+            _dropout(config.dropout),
             nn.Linear(config.ff_dim, h),
-            nn.Dropout(config.dropout),
+            _dropout(config.dropout),
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = _dropout(config.dropout)
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         y, state = self.fwp(self.norm1(x), state, done)
