@@ -7,7 +7,7 @@ for every core: small batches at a higher rate (B 8, lr 1.2e-3; the LSTM's
 training return on Breakout 12.5 where B 32 at lr 6e-4 gives 4.7), 2 workers x
 8 envs, T 20. The fast-weight cores took B 32 at lr 6e-4 until the grid showed
 them better at B 8 too (issue 37: Space Invaders rdn 40.8 against 33.4,
-delta_net 42.2 against 25.2).
+delta_net 38.8 against 22.2, two seeds each).
 
 A new run takes them for every setting that no layer gives (a preset, a
 ``--config`` file, a flag, a command's own defaults): defaults < family
