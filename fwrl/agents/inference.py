@@ -194,7 +194,7 @@ class InferenceLoop:
         """``action`` [n, ...] copied into this loop's host buffer (pinned on a GPU; allocated once):
         its numpy view, valid until the next step (the pools copy actions when they send them)."""
         if self._action_host is None:
-            host = torch.empty((self._no_values.shape[0], *action.shape[1:]), dtype=action.dtype,
+            host = torch.empty((self.pool.num_slots, *action.shape[1:]), dtype=action.dtype,
                                pin_memory=self.device.type == "cuda")
             self._action_host = (host, host.numpy())
         host, view = self._action_host
