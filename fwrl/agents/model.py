@@ -207,6 +207,9 @@ class AgentNet(nn.Module):
         self.init = init
         if init == "orthogonal":
             init_orthogonal(self.stem, self.policy, self.baseline)
+        for head, gain in zip((self.policy, self.baseline), self.core.head_gains):
+            if gain is not None:  # the core asks for its own head init (fwp_block: policy_head_gain, value_head_gain)
+                _orthogonal(head, gain)
         self.channels_last = len(self.obs_shape) == 3
         if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN
             self.stem.to(memory_format=torch.channels_last)

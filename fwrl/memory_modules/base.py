@@ -50,6 +50,8 @@ class Core(nn.Module):
 
     output_size: int
     config_class: ClassVar[type[CoreConfig]] = CoreConfig
+    # orthogonal gains (policy, value) for the heads that read this core; None: the agent's init scheme
+    head_gains: tuple[float | None, float | None] = (None, None)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> State:
         raise NotImplementedError

@@ -64,6 +64,11 @@ class FWPConfig(CoreConfig):
     output_scale: float | None = Field(None, gt=0, description="the policy and value heads read the residual "
                                        "stream times this (1: the papers' code); default: 0.1 behind an image "
                                        "stem, 1 behind the mlp stem (fwp_block.auto_output_scale)")
+    policy_head_gain: float | None = Field(None, gt=0, description="orthogonal init gain of the policy head that "
+                                           "reads the block (small: a gentle first update at output_scale 1); "
+                                           "default: the agent's init scheme")
+    value_head_gain: float | None = Field(None, gt=0, description="orthogonal init gain of the value head that "
+                                          "reads the block; default: the agent's init scheme")
 
 
 class FastWeightLayer(nn.Module):
@@ -123,6 +128,7 @@ class FWPTransformerCore(Core):
         self.output_size = config.hidden_size
         # None (auto) is resolved by the agent, which knows the stem; a core built alone reads 1
         self.output_scale = 1.0 if config.output_scale is None else float(config.output_scale)
+        self.head_gains = (config.policy_head_gain, config.value_head_gain)  # read by the agent's heads
 
     def initial_state(self, batch_size: int, device=None) -> State:
         state = {}

@@ -541,3 +541,26 @@ def test_agent_stem_and_baselines_match_formula():
     assert count_parameters(AgentNet((4, 84, 84), A, core="feedforward")) == ff
     assert count_parameters(AgentNet((4, 84, 84), A, core="lstm")) == lstm
     assert abs(ff / 1.1e6 - 1) < 0.03 and abs(lstm / 1.6e6 - 1) < 0.03
+
+
+def test_head_gains_give_the_heads_that_read_a_fast_weight_block_their_own_init():
+    """``policy_head_gain`` / ``value_head_gain``: the heads are orthogonal with those gains and zero
+    biases; nothing else changes (the same seed builds the same stem and core)."""
+    small = {"num_heads": 2, "head_dim": 4, "hidden_size": 16, "ff_dim": 16}
+    torch.manual_seed(0)
+    plain = AgentNet((5,), 3, "rdn", small, stem="mlp")
+    torch.manual_seed(0)
+    gained = AgentNet((5,), 3, "rdn", {**small, "policy_head_gain": 0.01, "value_head_gain": 0.1}, stem="mlp")
+    policy, value = gained.policy.weight.detach(), gained.baseline.weight.detach()
+    torch.testing.assert_close(policy @ policy.T, 0.01 ** 2 * torch.eye(3), atol=1e-9, rtol=0)
+    assert value.norm().item() == pytest.approx(0.1, rel=1e-5)
+    assert not gained.policy.bias.any() and not gained.baseline.bias.any()
+    assert plain.policy.weight.norm().item() > 0.5  # PyTorch's default init: far from 0.01
+    heads = ("policy.", "baseline.")
+    for (name, a), (_, b) in zip(plain.named_parameters(), gained.named_parameters()):
+        if not name.startswith(heads):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.manual_seed(1)
+    only_policy = AgentNet((5,), 3, "rdn", {**small, "policy_head_gain": 0.5}, stem="mlp")
+    assert only_policy.policy.weight.norm(dim=1).tolist() == pytest.approx([0.5] * 3, rel=1e-5)
+    assert only_policy.baseline.weight.norm().item() != pytest.approx(0.1, rel=0.01)  # left to the init scheme
