@@ -207,6 +207,9 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--probe", action="store_true", help="run the init probe")
     probe.add_argument("--probe-updates", type=int, default=10, metavar="INT",
                        help="updates on the probe's batch (default 10)")
+    probe.add_argument("--probe-reference", metavar="CORE", default=None,
+                       help="probe this core too (the same settings, its own core options) on the same batch, "
+                            "and print the figures as multiples of its, e.g. lstm")
     probe.add_argument("--json-path", dest="json_path", default=None, metavar="PATH",
                        help="also write the probe's settings and figures to this JSON file")
     add_setting_flags(probe, TrainConfig, ("batch_size", "unroll_length", "learning_rate", "entropy_cost",
@@ -229,12 +232,25 @@ def run_info(args: argparse.Namespace) -> int:
         raise FwrlError("--probe needs an env: pass --env ENV (or --preset NAME).")
     if args.json_path and not args.probe:
         raise FwrlError("--json-path writes the init probe's figures: pass --probe with it.")
+    if args.probe_reference and not args.probe:
+        raise FwrlError("--probe-reference compares the init probe's figures: pass --probe with it.")
+    if args.probe_reference:
+        from fwrl.settings.core_catalog import catalogue  # the registry's cores, without importing torch
+
+        cores = [core["name"] for core in catalogue()["cores"]]
+        if args.probe_reference not in cores:
+            raise FwrlError(f"--probe-reference {args.probe_reference!r} is not a core; valid: {', '.join(cores)}.")
     if describe:  # the env first: a misspelt env or a missing library is said before torch is imported
         from fwrl.settings.config import check_env_first, layered_settings
 
         check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
     if args.preset or settings or options:  # checks core, options, stem, env (over the family's defaults)
         config = build_config(args.preset, {**settings, "core_options": options})
+    reference = None
+    if args.probe_reference:  # the same batch (B, T), the reference core with its own options
+        reference = build_config(args.preset, {**settings, "core": args.probe_reference, "core_options": {},
+                                               "batch_size": config.batch_size,
+                                               "unroll_length": config.unroll_length})
     if args.json_path:
         from fwrl.utils.files import check_writable
 
@@ -276,31 +292,52 @@ def run_info(args: argparse.Namespace) -> int:
         console.print(f"observations {info.obs_shape} {info.obs_dtype}, {info.num_actions} actions, "
                       f"tasks: {', '.join(info.task_names)}")
         if args.probe:
-            _run_probe(config, model, args.probe_updates, args.json_path)
+            _run_probe(config, model, args.probe_updates, args.json_path, reference, info)
     return 0
 
 
-def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None = None) -> None:
+def _probe_with(config: TrainConfig, model, batch, updates: int):
+    """:func:`fwrl.runner.probe.probe` of ``model`` with ``config``'s optimiser and loss settings."""
+    from fwrl.runner.probe import probe
+
+    return probe(model, batch, updates=updates, learning_rate=config.learning_rate,
+                 rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+                 rmsprop_momentum=config.rmsprop_momentum,
+                 rmsprop_bias_correction=config.rmsprop_bias_correction, grad_norm_clip=config.grad_norm_clip,
+                 discount=config.discount, baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
+                 reward_clip=config.reward_clip)
+
+
+def _probe_title(config: TrainConfig, updates: int) -> str:
+    return (f"init probe: {config.env} / {config.core} / B {config.batch_size}, T {config.unroll_length}, "
+            f"lr {config.learning_rate:g}{', bias-corrected RMSProp' if config.rmsprop_bias_correction else ''}, "
+            f"{updates} updates on one batch")
+
+
+def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None = None,
+               reference: TrainConfig | None = None, info=None) -> None:
+    """The init probe of ``model``; with ``reference``, that config's agent probed on the same batch too
+    (built from the same seed) and the figures printed as multiples of its."""
     import json
 
     import torch
 
-    from fwrl.runner.probe import collect_batch, format_probe, probe
+    from fwrl.runner.agent import build_model
+    from fwrl.runner.probe import collect_batch, format_probe, format_reference
 
     torch.manual_seed(config.seed)
     print(f"probe: acting {config.batch_size} envs x {config.unroll_length + 1} steps with the fresh agent ...",
           file=sys.stderr, flush=True)
     batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed)
-    result = probe(model, batch, updates=updates, learning_rate=config.learning_rate,
-                   rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
-                   rmsprop_momentum=config.rmsprop_momentum,
-                   rmsprop_bias_correction=config.rmsprop_bias_correction, grad_norm_clip=config.grad_norm_clip,
-                   discount=config.discount, baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
-                   reward_clip=config.reward_clip)
-    print(format_probe(result, f"init probe: {config.env} / {config.core} / B {config.batch_size}, "
-                               f"T {config.unroll_length}, lr {config.learning_rate:g}"
-                               f"{', bias-corrected RMSProp' if config.rmsprop_bias_correction else ''}, "
-                               f"{updates} updates on one batch"))
+    result = _probe_with(config, model, batch, updates)
+    print(format_probe(result, _probe_title(config, updates)))
+    reference_result = None
+    if reference is not None:
+        torch.manual_seed(reference.seed)
+        reference_result = _probe_with(reference, build_model(reference, info), batch, updates)
+        print(format_probe(reference_result, "reference " + _probe_title(reference, updates)))
+        print(format_reference(result, reference_result, f"{config.core} against {reference.core} on the same "
+                               f"batch (the reference's figure -> {config.core}'s as a multiple of it):"))
     if json_path:
         from fwrl.utils.files import atomic_write_text
 
@@ -309,6 +346,9 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
                     "learning_rate": config.learning_rate, "updates": updates, "seed": config.seed}
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         record = {"settings": settings, **result.to_dict()}
+        if reference_result is not None:
+            record["reference"] = {"core": reference.core, "core_options": reference.core_options,
+                                   "learning_rate": reference.learning_rate, **reference_result.to_dict()}
         atomic_write_text(Path(json_path), json.dumps(record, indent=2, default=str) + "\n")
         print(f"wrote {json_path}")
 

@@ -252,6 +252,24 @@ def _changes(after: dict[str, Tensor], before: dict[str, Tensor]) -> tuple[Tenso
             (after["baseline"] - before["baseline"]).abs())
 
 
+REFERENCE_FIGURES = (  # (label, ProbeResult field) that format_reference compares
+    ("gradient norm", "init_grad_norm"), ("heads' input rms", "head_input_rms"),
+    ("first dlogit", "first_logit_change_mean"), ("first dV", "first_value_change_mean"),
+    ("steady dlogit", "steady_logit_change_mean"), ("steady dV", "steady_value_change_mean"))
+
+
+def format_reference(result: ProbeResult, reference: ProbeResult, title: str) -> str:
+    """The probed agent's figures as multiples of a reference core's on the same batch: the absolute
+    numbers depend on the env, stem and init; the ratios say whether a start is harder (> 1) or softer
+    (< 1) than the reference's."""
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2g}x" if b > 0 else "n/a"
+
+    lines = [title] + [f"  {label}: {getattr(reference, key):.4g} -> {ratio(getattr(result, key), getattr(reference, key))}"
+                       for label, key in REFERENCE_FIGURES]
+    return "\n".join(lines)
+
+
 def format_probe(result: ProbeResult, title: str) -> str:
     """The probe as a few lines of text (what ``fwrl info --probe`` prints)."""
     lines = [title,

@@ -420,6 +420,26 @@ def test_info_probe_writes_its_figures_to_json(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["rdn.json"]
 
 
+def test_info_probe_reference_probes_a_second_core_on_the_same_batch(tmp_path):
+    """``--probe-reference lstm``: the LSTM probed too, and each figure printed as a multiple of its."""
+    out = tmp_path / "rdn.json"
+    code, stdout, err = run_cli(["info", "--env", "memory:cue_delay?delay=3", "--core", "rdn", "--probe",
+                                 "--probe-updates", "1", "--batch-size", "2", "--unroll-length", "6",
+                                 "--probe-reference", "lstm", "--json-path", out])
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    reference = data["reference"]
+    assert reference["core"] == "lstm" and data["settings"]["core"] == "rdn"
+    assert reference["init_grad_norm"] > 0 and reference["init_grad_norm"] != data["init_grad_norm"]
+    assert "reference init probe: memory:cue_delay?delay=3 / lstm / B 2, T 6" in stdout
+    ratio = data["init_grad_norm"] / reference["init_grad_norm"]
+    assert f"gradient norm: {reference['init_grad_norm']:.4g} -> {ratio:.2g}x" in stdout, stdout
+    code, _, err = run_cli(["info", "--env", "memory:cue_delay", "--probe", "--probe-reference", "lsmt"])
+    assert_refused(code, err, "'lsmt'", "lstm", "rdn")
+    code, _, err = run_cli(["info", "--env", "memory:cue_delay", "--probe-reference", "lstm"])
+    assert_refused(code, err, "--probe-reference", "--probe")
+
+
 def test_info_json_path_needs_probe(tmp_path):
     code, _, err = run_cli(["info", "--env", "memory:cue_delay", "--json-path", tmp_path / "p.json"])
     assert_refused(code, err, "--json-path", "--probe")
