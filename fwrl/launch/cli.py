@@ -235,11 +235,11 @@ def run_info(args: argparse.Namespace) -> int:
     if args.probe_reference and not args.probe:
         raise FwrlError("--probe-reference compares the init probe's figures: pass --probe with it.")
     if args.probe_reference:
-        from fwrl.settings.core_catalog import catalogue  # the registry's cores, without importing torch
+        from fwrl.errors import unknown_choice
+        from fwrl.settings.core_catalog import core_names  # the registry's cores, without importing torch
 
-        cores = [core["name"] for core in catalogue()["cores"]]
-        if args.probe_reference not in cores:
-            raise FwrlError(f"--probe-reference {args.probe_reference!r} is not a core; valid: {', '.join(cores)}.")
+        if args.probe_reference not in core_names():
+            raise unknown_choice("core", args.probe_reference, core_names(), "given to --probe-reference")
     if describe:  # the env first: a misspelt env or a missing library is said before torch is imported
         from fwrl.settings.config import check_env_first, layered_settings
 
