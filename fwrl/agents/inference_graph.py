@@ -10,7 +10,20 @@ acting weights are read in place, so a publish (an in-place copy into the
 same parameter tensors) is seen by the next replay.
 
 Sampling uses Gumbel noise from ``torch.rand`` (``AgentNet`` ``sampler="gumbel"``),
-which CUDA graphs can capture; every replay draws fresh noise.
+which CUDA graphs can capture; every replay draws fresh noise. Each ``GraphedActing``
+draws it from a CUDA generator of its own, registered with each of its graphs: a
+graph reads its generator's seed and offset from device tensors that each replay
+refills on the replaying stream, so two acting threads replaying graphs of one
+shared generator on two streams could read each other's offset and draw the same
+noise.
+
+Several acting threads: PyTorch registers the default CUDA generator with every
+graph, and while one thread captures, that generator is in capture mode; a
+replay in another thread then fails ("Offset increment outside graph capture
+encountered unexpectedly", seen with ``--acting-threads 2`` on an H200). So
+captures and replays take one process-wide lock: a replay holds it for its
+launch (microseconds), a capture (once per batch size and thread) for its
+duration.
 
 Requirements: a CUDA device, and a forward free of host syncs at T = 1 (the
 cores are; the fused kernels make no host sync). Shapes that were never
@@ -21,6 +34,7 @@ its own graphs (its loop's ``GraphedActing``), captured on its own stream.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +43,8 @@ from torch import Tensor, nn
 from fwrl.envs.step_record import REWARD
 
 WARMUP_CALLS = 3
+# held by every capture and replay in this process (the module docstring says why)
+_CAPTURE_OR_REPLAY = threading.Lock()
 
 
 @dataclass
@@ -52,21 +68,27 @@ class GraphedActing:
         self.greedy = greedy
         self.graphs: dict[int, _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every batch size
+        # this object's own noise (module docstring), seeded from torch's global CPU generator, so
+        # a seeded run is repeatable and two acting threads' loops draw different streams
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
 
     def __call__(self, inputs: dict[str, Tensor], state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         n = inputs[REWARD].shape[1]
         captured = self.graphs.get(n)
         if captured is None:
-            captured = self.graphs[n] = self._capture(inputs, state)
+            with _CAPTURE_OR_REPLAY:
+                captured = self.graphs[n] = self._capture(inputs, state)
         for key, value in inputs.items():
             captured.inputs[key].copy_(value)
         for key, value in state.items():
             captured.state[key].copy_(value)
-        captured.graph.replay()
+        with _CAPTURE_OR_REPLAY:
+            captured.graph.replay()
         return captured.outputs, captured.state_out
 
     def _forward(self, inputs: dict[str, Tensor], state: dict[str, Tensor]):
-        return self.model(inputs, state, greedy=self.greedy, sampler="gumbel")
+        return self.model(inputs, state, greedy=self.greedy, sampler="gumbel", generator=self.generator)
 
     @torch.no_grad()
     def _capture(self, inputs: dict[str, Tensor], state: dict[str, Tensor]) -> _Captured:
@@ -80,6 +102,7 @@ class GraphedActing:
                 self._forward(static_inputs, static_state)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.generator)
         # thread_local: the learner's and the other acting threads' CUDA calls (an allocation, a
         # sync) go on during a capture; only this thread's calls must be capturable
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):

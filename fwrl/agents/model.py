@@ -218,7 +218,8 @@ class AgentNet(nn.Module):
         return self.core.initial_state(batch_size, device)
 
     def forward(
-        self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False, sampler: str = "multinomial"
+        self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False, sampler: str = "multinomial",
+        generator: torch.Generator | None = None,
     ) -> tuple[dict[str, Tensor], State]:
         """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool), and obs_extra
         [T, B, extra_size] when the model has extras.
@@ -226,7 +227,8 @@ class AgentNet(nn.Module):
         Actions ([T, B], or [T, B, D] for D action dimensions) are the argmax of
         the logits (``greedy``) or a sample of softmax(logits): ``torch.multinomial``,
         or with ``sampler="gumbel"`` the argmax of logits plus Gumbel noise (the same
-        distribution from ``torch.rand`` alone, so it can be captured in a CUDA graph).
+        distribution from ``torch.rand`` alone, so it can be captured in a CUDA graph), drawn
+        from ``generator`` (default: torch's global one).
         """
         obs = inputs[OBS]
         T, B = obs.shape[:2]
@@ -241,7 +243,7 @@ class AgentNet(nn.Module):
         core_out, state = self.core(torch.cat(parts, dim=-1), state, as_dtype(inputs[DONE], torch.bool))
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
-        action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler)
+        action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler, generator=generator)
         return {"policy_logits": logits, "baseline": baseline, "action": action}, state
 
 

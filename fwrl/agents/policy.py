@@ -50,24 +50,26 @@ def entropy(logits: Tensor, action_dims: Sequence[int] | None = None) -> Tensor:
 
 
 def sample(logits: Tensor, action_dims: Sequence[int] | None = None, greedy: bool = False,
-           sampler: str = "multinomial") -> Tensor:
+           sampler: str = "multinomial", generator: torch.Generator | None = None) -> Tensor:
     """Actions from ``logits [T, B, sum(dims)]``: ``[T, B]`` for one dimension, else ``[T, B, D]``.
 
     ``greedy``: the argmax per dimension. Else a sample: ``multinomial`` draws from
     softmax(logits); ``gumbel`` takes the argmax of logits plus Gumbel noise (the same
-    distribution from ``torch.rand`` alone, which a CUDA graph can capture).
+    distribution from ``torch.rand`` alone, which a CUDA graph can capture). ``generator``:
+    the random numbers' source (default: torch's global one for the logits' device).
     """
     parts = (logits,) if action_dims is None or len(action_dims) == 1 else _split(logits, action_dims)
-    actions = [_sample_one(part, greedy, sampler) for part in parts]
+    actions = [_sample_one(part, greedy, sampler, generator) for part in parts]
     return actions[0] if len(actions) == 1 else torch.stack(actions, dim=-1)
 
 
-def _sample_one(logits: Tensor, greedy: bool, sampler: str) -> Tensor:
+def _sample_one(logits: Tensor, greedy: bool, sampler: str, generator: torch.Generator | None) -> Tensor:
     if greedy:
         return logits.argmax(dim=-1)
     if sampler == "gumbel":
-        noise = -torch.log(-torch.log(torch.rand_like(logits).clamp_(min=1e-20)))
+        uniform = torch.rand(logits.shape, dtype=logits.dtype, device=logits.device, generator=generator)
+        noise = -torch.log(-torch.log(uniform.clamp_(min=1e-20)))
         return (logits + noise).argmax(dim=-1)
     lead = logits.shape[:-1]
     flat = F.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
-    return torch.multinomial(flat, 1).view(lead)
+    return torch.multinomial(flat, 1, generator=generator).view(lead)

@@ -5,6 +5,7 @@ The sampler test runs everywhere; the rest needs a CUDA GPU (the GPU suite,
 ``benchmarks/gpu/run.sh``, runs them) and skips without one.
 """
 
+import time
 
 import pytest
 import torch
@@ -37,6 +38,22 @@ def test_gumbel_sampler_draws_from_the_softmax():
     stderr = (probs * (1 - probs) / n).sqrt()
     assert ((freq - probs).abs() <= 5 * stderr).all(), (freq, probs)
     assert (probs > 0.05).all()  # a real mixture, not a near-deterministic policy
+
+
+@pytest.mark.parametrize("sampler", ["gumbel", "multinomial"])
+def test_a_sampler_given_a_generator_draws_from_it_alone(sampler):
+    """Graphed acting gives each loop its own generator: the samples follow that generator's seed and
+    leave torch's global generator where it was."""
+    from fwrl.agents.policy import sample
+
+    logits = torch.zeros(1, 512, 6)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    first = sample(logits, sampler=sampler, generator=torch.Generator().manual_seed(3))
+    again = sample(logits, sampler=sampler, generator=torch.Generator().manual_seed(3))
+    other = sample(logits, sampler=sampler, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(first, again) and not torch.equal(first, other)
 
 
 @needs_cuda
@@ -170,7 +187,9 @@ def test_replay_on_cuda_with_two_acting_threads(graph):
         store.release(r)
         with kept:
             rollouts.append(data)
-            if len(rollouts) >= 16:
+            # both threads' workers must have delivered: a thread's first forward (its cuBLAS handle,
+            # its graphs) can take longer than the other thread's first 16 rollouts
+            if len(rollouts) >= 16 and {d.worker for d in rollouts} == set(range(workers)):
                 enough.set()
 
     def serve(index):
@@ -187,8 +206,12 @@ def test_replay_on_cuda_with_two_acting_threads(graph):
     try:
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + 60
         with torch.cuda.stream(streams.learner):
             while not enough.wait(0.05):  # publish as the learner thread does, and keep what was published
+                if time.monotonic() > deadline:
+                    enough.set()
+                    break
                 version = weights.publish(learner_model)
                 snapshots[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 with torch.no_grad():
@@ -199,8 +222,10 @@ def test_replay_on_cuda_with_two_acting_threads(graph):
         pool.close()
     assert not errors, errors
     torch.cuda.synchronize()
+    served = {r.worker for r in rollouts}
+    assert served == set(range(workers)), f"in 60 s only workers {sorted(served)} delivered a rollout"
     replayed = _replay_single_version_rollouts(rollouts, "lstm", snapshots, device)
-    assert replayed >= 2 and {r.worker for r in rollouts} == set(range(workers))
+    assert replayed >= 2
     assert len(snapshots) > 2, "the weights were published while the threads acted"
 
 
