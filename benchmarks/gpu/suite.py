@@ -69,23 +69,33 @@ GOALS = {
 # within 10% of each other: a cost per acting step, not per slot. So lstm and rdn run again with 8 envs
 # per worker (each forward then serves 4x the slots; their env ceiling is measured at that width too),
 # and with the forward replayed as CUDA graphs (--inference-graph). The dry run (CPU) skips the graph rows.
-# The x8 rows act with one thread (the default), their "2 threads" twin with two (--acting-threads 2,
-# each over half the workers), the "2 learners" twin in two processes (--learners 2 sharing the GPU, each
-# rank acting over half the workers with B / 2, so an update still takes B x T agent steps): which acting
-# layout pays on the box, side by side (issue 36; on the CPU proxy, benchmarks/results/
-# acting_threads_proxy.md, two threads helped a compute-bound forward and halved an overhead-bound one,
-# two processes helped both; 971d846's two runs side by side beat one run by 18%).
+# The H200 run at ed3df79 (benchmarks/results/gpu/learner-h200-ed3df79) measured the eager rows: 8 envs
+# per worker 2.4x (lstm) and 2.8x (rdn) the 2-env rate, still 0.40 of the env ceiling; two acting
+# threads 0.83x one (the forward's share rose from 57% to 70%: the two threads' launches contend), two
+# learner processes 1.03x; and, before the part's budget ran out, "lstm graph" at about 8,000 agent
+# steps/s against the eager 4,571 (1.75x). So the graphed rows now run right after the two eager 2-env
+# rows (which give the ceiling and the profile), at both widths and with two learner processes, and
+# the eager x8 layouts after them. "2 threads" acts with two threads (--acting-threads 2, each over half
+# the workers), "2 learners" in two processes (--learners 2 sharing the GPU, each rank acting over half
+# the workers with B / 2, so an update still takes B x T agent steps).
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
+GRAPH = ("--inference-graph",)
+TWO_LEARNERS = ("--learners", "2")
 LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
+                ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, GRAPH),
+                ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, GRAPH),
+                ("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
+                ("rdn x8 2 learners", "rdn", WIDE_ENVS_PER_WORKER, TWO_LEARNERS),
                 ("rdn x8 2 threads", "rdn", WIDE_ENVS_PER_WORKER, ("--acting-threads", "2")),
-                ("rdn x8 2 learners", "rdn", WIDE_ENVS_PER_WORKER, ("--learners", "2")),
-                ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
-                ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, ("--inference-graph",)),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
+# the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners", "rdn x8 2 threads")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
@@ -107,7 +117,9 @@ PONG_EVAL_EPISODES = 4
 # The register-cap A/B (fwrl bench kernels --maxnreg) at the large goal shape, fp32: the kernels' default
 # maxnreg (255 up to 8 warps) leaves 1-2 programs per SM; a cap of 128 compiles the delta rule's backward
 # without a spill at twice the programs per SM (kernels-h100/analysis.md, sections 2, 4 and 6). delta_lstm's
-# streamed backward needs 248 registers: left out.
+# streamed backward needs 248 registers: left out. On the H200 at ed3df79 the cap made the large shape's
+# fwd+bwd 1.44x faster for the delta rule (1.08x rdn, 1.09x srwm); the same A/B at the small goal shape
+# follows it, since a default chosen by shape needs both.
 REGISTER_CAPS = (255, 128)
 REGISTER_CAP_CORES = ("delta_rule", "rdn", "srwm")
 # pytest -k expression of the GPU tests in tests/*/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)
@@ -352,11 +364,13 @@ def write_kernel_report(out: Path, meta: dict[str, Any], summary: str, tests: st
 
 def _resumed_rows(source: Path, meta: dict[str, Any], retime: Collection[str] = ()) -> list[dict[str, Any]]:
     """The timed rows of an earlier kernels part's JSON but those of the cores in ``retime``, each
-    noted with that run's commit; records where they came from in ``meta`` (the report's header
-    says so)."""
+    noted with the commit, GPU and date that timed it (a row that run had itself resumed keeps its
+    own note); records where they came from in ``meta`` (the report's header says so)."""
     earlier = json.loads(source.read_text())
     commit = str(earlier["meta"].get("commit", "unknown"))
-    timed = [{**row, "note": f"timed at {commit[:7]}, {earlier['meta'].get('date', '')}".rstrip(", ")}
+    where = ", ".join(str(v) for v in (earlier["meta"].get("gpu"), earlier["meta"].get("date")) if v)
+    note = f"timed at {commit[:7]}" + (f", {where}" if where else "")
+    timed = [{**row, "note": row["note"] if str(row.get("note", "")).startswith("timed at ") else note}
              for row in earlier["rows"]
              if (row.get("fwd_bwd_ms") or row.get("fwd_ms")) and row["core"] not in retime]
     meta["resumed_from"] = {"path": str(source), "commit": commit, "gpu": earlier["meta"].get("gpu"),
@@ -392,7 +406,8 @@ def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[s
     """``(core, implementations, dtypes, shapes, register caps)`` of each ``fwrl bench kernels``
     call, most wanted first, each small enough that one slow compile or autotune costs only its
     own call: the goals (fused against eager at the two goal shapes, fp32; the delta rule against
-    FLA's fused recurrent kernel at the RL shape), the register-cap A/B at the large shape, then
+    FLA's fused recurrent kernel at the RL shape), the register-cap A/B at the large shape and then
+    at the small one, then
     bf16, each core's other preset shapes, FLA's chunked kernel and last ``torch.compile`` of
     the reference (compiles are slow)."""
     from fwrl.launch.bench.kernels import CORE_SHAPES
@@ -405,6 +420,8 @@ def _kernel_passes() -> list[tuple[str, tuple[str, ...], tuple[str, ...], list[s
     passes = [(core, eager_fused, ("fp32",), goal, ()) for core in KERNEL_CORES]
     passes.append(("delta_rule", ("fla_recurrent",), ("fp32",), goal[:1], ()))
     passes += [(core, ("triton",), ("fp32",), goal[1:], REGISTER_CAPS) for core in REGISTER_CAP_CORES]
+    # the cap at the small shape, where fewer programs than SMs run: a default picked by shape needs both
+    passes += [(core, ("triton",), ("fp32",), goal[:1], REGISTER_CAPS) for core in REGISTER_CAP_CORES]
     passes += [(core, eager_fused, ("bf16",), goal, ()) for core in KERNEL_CORES]
     for core in KERNEL_CORES:
         presets = [shape for shape in text(CORE_SHAPES[core]) if shape not in goal]
@@ -555,7 +572,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
     by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
     goals = []
-    for forward in ("", " x8", " graph"):
+    for forward in ("", " x8", " graph", " x8 graph"):
         lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
         if forward and not (lstm or rdn):
             continue
@@ -564,8 +581,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                   goal_line(f"rdn{forward} agent steps/s / lstm{forward}'s",
                             rdn["agent_steps_per_s"] / lstm["agent_steps_per_s"] if rdn and lstm else None,
                             GOALS["rdn_of_lstm"], "")]
-    wide = [by[label]["agent_steps_per_s"] for label in ("rdn x8", "rdn x8 2 threads", "rdn x8 2 learners")
-            if label in by]
+    wide = [by[label]["agent_steps_per_s"] for label in WIDE_RDN_ROWS if label in by]
     goals.append(goal_line("rdn x8 agent steps/s, the best acting layout (c7ffd00: 9,397)",
                            max(wide) if wide else None, GOALS["rdn_steps"], ""))
     env_paths = _env_path_ceilings(part, workers, _learner_width(LEARNER_ENVS_PER_WORKER, part.dry))

@@ -85,12 +85,12 @@ def _check_learner_part(folder: Path) -> None:
     with (folder / "learner.csv").open() as f:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
-    # the CUDA-graph rows ("lstm graph", "rdn graph") need a GPU: the dry run leaves them out
-    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "rdn x8 2 threads", "rdn x8 2 learners",
+    # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out
+    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "rdn x8 2 learners", "rdn x8 2 threads",
                                          "delta_net", "srwm", "elstm rtrl"]
     assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 2, 2, 1, 1, 1]  # the dry run's widths
-    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1]
-    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1]  # two ranks, each acting in its process
+    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1]
+    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1]  # two ranks, each acting in its process
     for row in rows:
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())
@@ -187,9 +187,10 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
                if not suite._pass_timed(rows, core, impls, dtypes, shapes, caps)]
     passes = suite._kernel_passes()
     assert len(pending) == len(passes) - 10
-    # the register-cap A/B passes came after that run: pending, in goal order, before delta_rnn's bf16
-    assert pending[:3] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")]
-    assert pending[3] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
+    # the register-cap A/B passes (large shape, then small) came after that run: pending, in goal order,
+    # before delta_rnn's bf16
+    assert pending[:6] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")] * 2
+    assert pending[6] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
     # --retime delta_lstm drops that core's rows: its fp32 goal pass is pending again
     retimed: dict = {}
     kept = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", retimed, {"delta_lstm"})
@@ -198,6 +199,13 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
     assert not suite._pass_timed(kept, "delta_lstm", ("reference", "triton"), ("fp32",),
                                  ["32,51,4,32", "256,101,8,64"])
     assert suite._pass_timed(kept, "rdn", ("reference", "triton"), ("fp32",), ["32,51,4,32", "256,101,8,64"])
+    # a run that resumed keeps each row's own origin: the H200 run at ed3df79 timed four cores and
+    # resumed the H100's other rows from c7ffd00
+    again = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h200-ed3df79/kernels.json", {})
+    origins = {r["core"]: r["note"] for r in again
+               if r["impl"].startswith("triton") and r["dtype"] == "fp32" and r["shape"] == "32x51x4x32"}
+    assert origins["delta_rule"].startswith("timed at c7ffd00"), origins
+    assert origins["rdn"].startswith("timed at ed3df79, NVIDIA H200"), origins
 
 
 def test_register_cap_rows_compare_each_cap_with_the_default():
