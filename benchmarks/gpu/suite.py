@@ -82,6 +82,7 @@ PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm 
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
 GRAPH = ("--inference-graph",)
+EAGER = ("--no-inference-graph",)  # what every other row adds: graphs are the default on CUDA since ed3df79
 TWO_LEARNERS = ("--learners", "2")
 LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, GRAPH),
@@ -542,6 +543,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     for label, core, envs, extra in LEARNER_RUNS:
         if part.dry and "--inference-graph" in extra:
             continue
+        if "--inference-graph" not in extra:
+            extra = (*extra, *EAGER)
         envs = _learner_width(envs, part.dry)
         if "--learners" in extra:  # B per rank: every update still takes B x T agent steps
             extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))

@@ -65,6 +65,7 @@ class Run:
     store: RolloutStore
     learner: Learner
     actor_timers: tuple[StageTimer, ...]  # one per acting thread
+    inference_graph: bool  # the acting forward replays CUDA graphs (acting_graph)
     learner_timer: StageTimer
     episodes: Episodes
     pool: WorkerPool
@@ -146,6 +147,23 @@ def acting_threads(requested: int, num_workers: int) -> int:
     return requested if requested > 0 else 1
 
 
+def acting_graph(requested: bool | None, device: torch.device, threads: int) -> bool:
+    """Whether the acting forward replays CUDA graphs (``inference_graph``): ``requested`` where given
+    (true needs a CUDA device), else on for a CUDA device with one acting thread.
+
+    A T = 1 forward on a GPU is bound by its kernel launches (the H200's profile: 27 per acting step
+    at 6.4 us each, an eager forward of 3.1 ms on the CPU for 0.32 ms on the GPU); one graph replay
+    launches them all, and the graphed lstm acted about 1.75x as many agent steps/s as the eager one
+    (``benchmarks/results/gpu/learner-h200-ed3df79``). Several acting threads keep the eager forward
+    unless asked: their graphed path (one lock for capture and replay, a generator per loop) was
+    fixed after that box and has not yet run on a GPU."""
+    if requested is None:
+        return device.type == "cuda" and threads == 1
+    if requested and device.type != "cuda":
+        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
+    return requested
+
+
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -178,8 +196,6 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
                         f"{ranks.world_size} without an env worker; use num_workers >= {ranks.world_size}.")
     torch.set_num_threads(learner_threads(config.model_copy(update={"num_workers": num_workers})))
     device = rank_device(pick_device(config.device), ranks)
-    if config.inference_graph and device.type != "cuda":
-        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
     config = resolve_core_options(config, info)  # the run records the output_scale it trains with
     group = LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed else None
@@ -208,6 +224,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
         save_config(config, run_dir / "config.yaml")
 
     threads = acting_threads(config.acting_threads, num_workers)
+    graph = acting_graph(config.inference_graph, device, threads)
     streams = DeviceStreams(device, threads)
     weights = PolicyWeights(acting_model, streams, version=counters["updates"])
     record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
@@ -226,7 +243,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     return Run(config=config, run_dir=run_dir, ranks=ranks, device=device, info=info, group=group, model=model,
                optimizer=optimizer, scheduler=scheduler, steps_per_update=steps_per_update, streams=streams,
                weights=weights, acting_model=acting_model, rollouts=rollouts, store=store, learner=learner,
-               actor_timers=actor_timers, learner_timer=learner_timer, episodes=episodes, pool=pool,
+               actor_timers=actor_timers, inference_graph=graph, learner_timer=learner_timer, episodes=episodes, pool=pool,
                clock=Clock(counters["elapsed_seconds"]), resumed=counters)
 
 

@@ -90,7 +90,7 @@ class TrainConfig(Settings):
     truncation: Literal["auto", "bootstrap", "terminate"] = Field("auto", description="episodes cut by a time limit: bootstrap from the final observation's value, or end the return there; auto: terminate on atari (the torchbeast protocol), else bootstrap")
     device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
     num_threads: int = Field(0, ge=0, description=THREADS_HELP)
-    inference_graph: bool = Field(False, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only)")
+    inference_graph: bool | None = Field(None, description="replay the acting forward as CUDA graphs, one per batch size (CUDA only); default: on where a learner rank acts on a CUDA device with one acting thread (an H200 box: 1.75x the eager forward's agent steps/s, benchmarks/results/gpu/learner-h200-ed3df79), else off")
     acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (two threads speed up a compute-bound forward, but slow an overhead-bound one: benchmarks/results/acting_threads_proxy.md)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")

@@ -5,11 +5,12 @@ rollouts row by row: ``tests/unit/test_rollouts.py``; whole runs: ``tests/e2e/te
 import threading
 
 import pytest
+import torch
 
 from fwrl.agents.policy_weights import SharedLock
 from fwrl.envs.worker_pool import PoolSlice, split_workers
 from fwrl.errors import FwrlError
-from fwrl.runner.build import acting_threads
+from fwrl.runner.build import acting_graph, acting_threads
 
 
 @pytest.mark.parametrize("workers,parts", [(1, 1), (4, 2), (5, 2), (16, 3), (7, 7)])
@@ -107,3 +108,11 @@ def test_acting_threads_one_by_default_or_as_asked():
     assert acting_threads(3, 8) == 3
     with pytest.raises(FwrlError, match=r"acting_threads=5 .* 2 env worker.*1\.\.2"):
         acting_threads(5, 2)
+
+
+def test_graphed_acting_is_the_default_on_cuda_with_one_acting_thread():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert acting_graph(None, cuda, 1) and not acting_graph(None, cuda, 2) and not acting_graph(None, cpu, 1)
+    assert acting_graph(True, cuda, 2) and not acting_graph(False, cuda, 1)
+    with pytest.raises(FwrlError, match=r"--inference-graph .* CUDA device; this run uses cpu"):
+        acting_graph(True, cpu, 1)

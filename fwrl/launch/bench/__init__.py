@@ -563,12 +563,21 @@ def _acting_threads(config: TrainConfig) -> int:
     return acting_threads(config.acting_threads, config.num_workers // config.learners)
 
 
+def _acting_graph(config: TrainConfig) -> bool:
+    """Whether ``config``'s run replayed its acting forward as CUDA graphs (``inference_graph`` unset:
+    the default for its device and acting threads)."""
+    from fwrl.runner.agent import pick_device
+    from fwrl.runner.build import acting_graph
+
+    return acting_graph(config.inference_graph, pick_device(config.device), _acting_threads(config))
+
+
 def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
     """What ``--json-path`` writes for one measured config."""
     from fwrl.envs.groups import env_path
 
     return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
-            "learners": config.learners, "seconds": result.seconds,
+            "inference_graph": _acting_graph(config), "learners": config.learners, "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
@@ -592,6 +601,7 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
     rows += [("workers x envs per worker", workers),
              ("acting threads", f"{threads}" + ("; shares: the mean acting thread" if threads > 1 else "")
               + (" per learner rank" if config.learners > 1 else "")),
+             ("acting forward", "CUDA graphs" if _acting_graph(config) else "eager"),
              ("learner ranks", f"{config.learners}" + ("; shares: rank 0's, B per rank" if config.learners > 1
                                                         else "")),
              ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
