@@ -196,6 +196,8 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
                         f"{ranks.world_size} without an env worker; use num_workers >= {ranks.world_size}.")
     torch.set_num_threads(learner_threads(config.model_copy(update={"num_workers": num_workers})))
     device = rank_device(pick_device(config.device), ranks)
+    threads = acting_threads(config.acting_threads, num_workers)
+    graph = acting_graph(config.inference_graph, device, threads)  # before any work: it may refuse the device
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
     config = resolve_core_options(config, info)  # the run records the output_scale it trains with
     group = LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed else None
@@ -223,8 +225,6 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     if ranks.is_main:
         save_config(config, run_dir / "config.yaml")
 
-    threads = acting_threads(config.acting_threads, num_workers)
-    graph = acting_graph(config.inference_graph, device, threads)
     streams = DeviceStreams(device, threads)
     weights = PolicyWeights(acting_model, streams, version=counters["updates"])
     record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
