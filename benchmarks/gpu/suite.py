@@ -75,28 +75,41 @@ GOALS = {
 # learner processes 1.03x; and, before the part's budget ran out, "lstm graph" at about 8,000 agent
 # steps/s against the eager 4,571 (1.75x). So the graphed rows now run right after the two eager 2-env
 # rows (which give the ceiling and the profile), at both widths and with two learner processes, and
-# the eager x8 layouts after them. "2 threads" acts with two threads (--acting-threads 2, each over half
+# the eager x8 layouts after them. The H100 at 5902696 ran the graphed rows (graphs 1.56x / 1.77x eager at
+# 2 envs per worker, 1.19x / 1.28x at 8; rdn x8 graph 10,187 agent steps/s, 0.54 of its ceiling): the
+# wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. "2 threads" acts with two threads (--acting-threads 2, each over half
 # the workers), "2 learners" in two processes (--learners 2 sharing the GPU, each rank acting over half
 # the workers with B / 2, so an update still takes B x T agent steps).
-PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the eager lstm row, op by op
+PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the first lstm row run, op by op
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
 GRAPH = ("--inference-graph",)
 EAGER = ("--no-inference-graph",)  # what every other row adds: graphs are the default on CUDA since ed3df79
 TWO_LEARNERS = ("--learners", "2")
-LEARNER_RUNS = (("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
+# Double-buffered sampling (--worker-splits 2, sample-factory's worker_num_splits): each worker process
+# steps its envs in two splits in turn, one while the learner acts for the other. The H100 at 5902696
+# (learner-h100-5902696) left the graphed acting thread waiting for envs 37-42% of its time at 8 envs per
+# worker while each worker, stepping at half its ceiling rate, waited for the forward's round trip.
+# "x16 ... split2": 16 envs per worker in two splits of 8 (each split as wide as an x8 row's worker).
+SPLIT2 = ("--worker-splits", "2")
+LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("lstm x8 graph split2", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
+                ("rdn x8 graph split2", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
+                ("rdn x16 graph split2", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
+                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
+                ("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, GRAPH),
                 ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, GRAPH),
-                ("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
-                ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
-                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
                 ("rdn x8 2 learners", "rdn", WIDE_ENVS_PER_WORKER, TWO_LEARNERS),
                 ("rdn x8 2 threads", "rdn", WIDE_ENVS_PER_WORKER, ("--acting-threads", "2")),
+                ("rdn x8 split2", "rdn", WIDE_ENVS_PER_WORKER, SPLIT2),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
-WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners", "rdn x8 2 threads")
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
+                 "rdn x8 2 threads", "rdn x8 split2")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
 PONG_SECONDS = 480
@@ -550,7 +563,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
             extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
-        # the first row (eager lstm) runs 5 s more under torch.profiler, left out of its figures
+        # the first row run (lstm x8 graph; in the dry run, which skips graphs, eager lstm) runs 5 s more
+        # under torch.profiler, left out of its figures
         profile = (["--profile-path", part.out / PROFILE_FILE, "--profile-seconds", 2 if part.dry else 5]
                    if not rows else [])
         try:
@@ -568,6 +582,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         shares = record["shares"]
         rows.append({"core": label, "envs_per_worker": envs, "env_path": record.get("env_path"),
                      "acting_threads": record.get("acting_threads"), "learners": record.get("learners", 1),
+                     "worker_splits": record.get("worker_splits", 1),
                      "agent_steps_per_s": record["steps_per_second"],
                      "of_ceiling": record["steps_per_second"] / ceiling if ceiling else None,
                      "updates": record["updates"], "policy_lag": record["policy_lag_mean"],
@@ -575,7 +590,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
     by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
     goals = []
-    for forward in ("", " x8", " graph", " x8 graph"):
+    for forward in ("", " x8", " graph", " x8 graph", " x8 graph split2"):
         lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
         if forward and not (lstm or rdn):
             continue
@@ -605,13 +620,13 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     md += table(goals, ("goal", "target", "measured", "met"))
     md += ("\n## Agent steps/s and where the time goes (shares of each thread's wall time; of_ceiling: of the "
            "env ceiling at the row's envs per worker)\n\n")
-    md += table(rows, ("core", "envs_per_worker", "acting_threads", "learners", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
+    md += table(rows, ("core", "envs_per_worker", "worker_splits", "acting_threads", "learners", "agent_steps_per_s", "of_ceiling", "updates", "policy_lag",
                        "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
     if (part.out / PROFILE_FILE).exists():
-        md += (f"\nThe acting thread of the lstm row, op by op (5 s after its window, under torch.profiler): "
-               f"`{PROFILE_FILE}`.\n")
+        md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
+               f"torch.profiler): `{PROFILE_FILE}`.\n")
     if env_paths:
         md += (f"\n## Env ceiling by env path (random actions, the same {workers} workers)\n\n"
                f"`{env_paths['command']}`; per CPU s: env steps per second of the worker processes' CPU time\n\n")
@@ -631,7 +646,7 @@ def _learner_width(envs: int, dry: bool) -> int:
     rows and 2 for the wide ones, so that the wide rows still get a ceiling of their own."""
     if not dry:
         return envs
-    return 1 if envs == LEARNER_ENVS_PER_WORKER else 2
+    return 1 if envs == LEARNER_ENVS_PER_WORKER else 2 if envs == WIDE_ENVS_PER_WORKER else 4
 
 
 def _env_path_ceilings(part: Part, workers: int, envs_per_worker: int) -> dict[str, Any] | None:

@@ -7,9 +7,14 @@ Processes are started with ``spawn`` (no torch state is forked) and die with
 the learner: each asks Linux for SIGKILL when its parent dies and also exits
 on a closed pipe.
 
+With ``worker_splits`` S > 1 a process hosts S consecutive workers (splits)
+and steps them in turn, one ``("step", split)`` command each, so it steps
+one split while the learner acts for another.
+
 Faults: a worker that dies, raises, or takes longer than ``step_timeout`` for
 one step is killed and restarted with fresh envs (new seeds); its result is
-marked ``restarted`` and every one of its slots ``done``.
+marked ``restarted`` and every one of its slots ``done`` (with splits: every
+split of its process).
 """
 
 from __future__ import annotations
@@ -54,7 +59,10 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(settings: PoolSettings, worker: int, life: int, raw, specs, conn: Connection, parent_pid: int):
+def _worker_main(settings: PoolSettings, process: int, life: int, raw, specs, conn: Connection, parent_pid: int):
+    """Process ``process`` of the pool: its ``worker_splits`` workers' envs, reset in turn (each
+    answered as soon as it is ready), then one step per ``("step", split)`` command, in the order
+    the commands came."""
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(0)
@@ -63,23 +71,25 @@ def _worker_main(settings: PoolSettings, worker: int, life: int, raw, specs, con
 
     silence_env_noise()
     views = _views(raw, specs, settings.num_slots)
-    k = settings.envs_per_worker
-    lo, hi = worker * k, (worker + 1) * k
-    out = {name: v[lo:hi] for name, v in views.items()}
-    group = None
+    k, splits = settings.envs_per_worker, settings.worker_splits
+    workers = range(process * splits, (process + 1) * splits)
+    outs = [{name: v[w * k:(w + 1) * k] for name, v in views.items()} for w in workers]
+    groups = []
     try:
-        group = make_group(settings, worker, life)
-        group.reset(out)
-        conn.send(("ok", []))
+        for split, (worker, out) in enumerate(zip(workers, outs)):
+            groups.append(make_group(settings, worker, life))
+            groups[-1].reset(out)
+            conn.send(("ok", split, []))
         while True:
             try:
                 command = conn.recv()
             except (EOFError, OSError):
                 break
-            if command != "step":
+            if not (isinstance(command, tuple) and command[0] == "step"):
                 break
-            episodes = group.step(out["action"], out)
-            conn.send(("ok", episodes))
+            split = command[1]
+            episodes = groups[split].step(outs[split]["action"], outs[split])
+            conn.send(("ok", split, episodes))
     except KeyboardInterrupt:
         pass
     except Exception:
@@ -88,16 +98,19 @@ def _worker_main(settings: PoolSettings, worker: int, life: int, raw, specs, con
         except (OSError, BrokenPipeError):
             pass
     finally:
-        if group is not None:
+        for group in groups:
             group.close()
 
 
-class _Worker:
-    def __init__(self, process, conn):
+class _Process:
+    """One worker process and the state of each of its splits (workers)."""
+
+    def __init__(self, process, conn, splits: int):
         self.process = process
         self.conn = conn
-        self.sent_at: float | None = None  # when the pending step (or the start) was sent
-        self.answered = False  # False until the first result (imports + env resets) arrived
+        # per split: when its pending step (or its start) was sent, None while its result is out
+        self.sent_at: list[float | None] = [time.monotonic()] * splits  # the resets count as pending steps
+        self.answered = [False] * splits  # False until the split's first result (imports + env resets)
 
 
 class LocalWorkerPool(WorkerPool):
@@ -112,110 +125,135 @@ class LocalWorkerPool(WorkerPool):
             for name, (shape, dtype) in self._specs.items()
         }
         self.arrays = _views(self._raw, self._specs, n)
-        self._workers: list[_Worker | None] = [None] * self.num_workers
+        self._splits = self.settings.worker_splits
+        self._procs: list[_Process | None] = [None] * self.settings.num_processes
         self._closed = False
 
     # ------------------------------------------------------------------ processes
+    def _place(self, worker: int) -> tuple[int, int]:
+        """(its process, its split in that process) of ``worker``."""
+        return divmod(worker, self._splits)
+
     def _spawn(self, worker: int) -> None:
+        """Start ``worker``'s process (every split of it) in its current life."""
+        p, _ = self._place(worker)
         parent_conn, child_conn = self._ctx.Pipe()
         process = self._ctx.Process(
             target=_worker_main,
-            name=f"fwrl-env-worker-{worker}",
-            args=(self.settings, worker, self._lives[worker], self._raw, self._specs, child_conn, os.getpid()),
+            name=f"fwrl-env-worker-{p}",
+            args=(self.settings, p, self._lives[worker], self._raw, self._specs, child_conn, os.getpid()),
             daemon=True,
         )
         process.start()
         child_conn.close()
-        w = _Worker(process, parent_conn)
-        w.sent_at = time.monotonic()  # the reset counts as the first pending step
-        self._workers[worker] = w
+        self._procs[p] = _Process(process, parent_conn, self._splits)
 
     def _kill(self, worker: int) -> None:
-        w = self._workers[worker]
-        if w is None:
+        p, _ = self._place(worker)
+        proc = self._procs[p]
+        if proc is None:
             return
         try:
-            w.conn.close()
+            proc.conn.close()
         except OSError:
             pass
-        if w.process.is_alive():
-            w.process.kill()
-        w.process.join(timeout=5)
-        self._workers[worker] = None
+        if proc.process.is_alive():
+            proc.process.kill()
+        proc.process.join(timeout=5)
+        self._procs[p] = None
 
     def _answered(self, worker: int) -> bool:
-        w = self._workers[worker]
-        return w is not None and w.answered
+        p, split = self._place(worker)
+        proc = self._procs[p]
+        return proc is not None and proc.answered[split]
 
     def start(self) -> None:
-        for worker in range(self.num_workers):
-            self._spawn(worker)
+        for p in range(self.settings.num_processes):
+            self._spawn(p * self._splits)
 
     def pid(self, worker: int) -> int | None:
-        w = self._workers[worker]
-        return None if w is None else w.process.pid
+        proc = self._procs[self._place(worker)[0]]
+        return None if proc is None else proc.process.pid
 
     # ------------------------------------------------------------------ stepping
+    def _pending(self, worker: int) -> bool:
+        p, split = self._place(worker)
+        proc = self._procs[p]
+        return proc is not None and proc.sent_at[split] is not None
+
     def wait(self, timeout: float | None = None, workers: Sequence[int] | None = None) -> list[StepResult]:
         workers = self._chosen(workers)
-        pending = {w.conn: i for i in workers if (w := self._workers[i]) is not None and w.sent_at is not None}
-        if not pending:
+        waiting = [w for w in workers if self._pending(w)]
+        if not waiting:
             return []
+        pending = {self._procs[p].conn: p for p in {self._place(w)[0] for w in waiting}}
         # Wake up by the earliest step/start deadline at the latest, so a hang is
         # detected even when every pending worker hangs (or timeout is None).
-        deadline = min(self._deadline(self._workers[i]) for i in pending.values())
+        deadline = min(self._deadline(w) for w in waiting)
         until_deadline = max(0.0, deadline - time.monotonic()) + 0.01  # just past it
         timeout = until_deadline if timeout is None else min(timeout, until_deadline)
         ready = wait_connections(list(pending), timeout)
         results = []
         for conn in ready:
-            worker = pending[conn]
-            try:
-                status, payload = conn.recv()
-            except (EOFError, OSError):
-                self._restart(worker, self._death(worker))
-                continue
-            if status == "error":
-                self._restart(worker, payload.strip().splitlines()[-1])
-                continue
-            self._workers[worker].sent_at = None
-            self._workers[worker].answered = True
-            sl = self.slots_of(worker)
-            results.append(self._result(worker, {name: a[sl] for name, a in self.arrays.items()}, payload))
+            p = pending[conn]
+            first = p * self._splits
+            while True:  # every answer that has arrived (with splits, more than one may wait)
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    self._restart(first, self._death(first))
+                    break
+                if message[0] == "error":
+                    self._restart(first, message[1].strip().splitlines()[-1])
+                    break
+                _, split, episodes = message
+                proc = self._procs[p]
+                proc.sent_at[split] = None
+                proc.answered[split] = True
+                worker = first + split
+                sl = self.slots_of(worker)
+                results.append(self._result(worker, {name: a[sl] for name, a in self.arrays.items()}, episodes))
+                if not conn.poll():
+                    break
         self._check_hangs(workers)
         return results
 
     def _death(self, worker: int) -> str:
         """Why a worker whose pipe broke is gone, with its exit code once reaped."""
-        process = self._workers[worker].process
+        process = self._procs[self._place(worker)[0]].process
         process.join(timeout=5.0)  # a closed pipe means it is exiting: reap it, so the exit code is known
         return f"process died (exit code {process.exitcode})"
 
-    def _deadline(self, w: _Worker) -> float:
-        return w.sent_at + (self.settings.step_timeout if w.answered else self.settings.start_timeout)
+    def _deadline(self, worker: int) -> float:
+        p, split = self._place(worker)
+        proc = self._procs[p]
+        limit = self.settings.step_timeout if proc.answered[split] else self.settings.start_timeout
+        return proc.sent_at[split] + limit
 
     def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
-        workers = self._chosen(workers)
-        for i in workers:
-            w = self._workers[i]
-            if w is None or w.sent_at is None:
+        for worker in self._chosen(workers):
+            if not self._pending(worker):
                 continue
+            proc = self._procs[self._place(worker)[0]]
             # An answer that arrived after wait_connections returned is not a hang
             # (the learner may have been away longer than the timeout).
-            if now > self._deadline(w) and not w.conn.poll():
-                limit = self.settings.step_timeout if w.answered else self.settings.start_timeout
-                self._restart(i, f"no answer within {limit:g} s")
+            if now > self._deadline(worker) and not proc.conn.poll():
+                limit = self.settings.step_timeout if self._answered(worker) else self.settings.start_timeout
+                self._restart(worker, f"no answer within {limit:g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
         actions = self._actions(actions)
-        w = self._workers[worker]
-        if w is None:
+        p, split = self._place(worker)
+        proc = self._procs[p]
+        # None: being replaced; a pending step: the result acted on is of the life before a restart
+        # of its process (a sibling split's fault), whose new life answers with its reset
+        if proc is None or proc.sent_at[split] is not None:
             return
         self.arrays["action"][self.slots_of(worker)] = actions
-        w.sent_at = time.monotonic()
+        proc.sent_at[split] = time.monotonic()
         try:
-            w.conn.send("step")
+            proc.conn.send(("step", split))
         except (OSError, BrokenPipeError):  # it died after its last answer
             self._restart(worker, self._death(worker))
 
@@ -223,16 +261,16 @@ class LocalWorkerPool(WorkerPool):
         if self._closed:
             return
         self._closed = True
-        for worker, w in enumerate(self._workers):
-            if w is None:
+        for proc in self._procs:
+            if proc is None:
                 continue
             try:
-                w.conn.send("close")
+                proc.conn.send("close")
             except (OSError, BrokenPipeError):
                 pass
         deadline = time.monotonic() + 5
-        for worker, w in enumerate(self._workers):
-            if w is None:
+        for p, proc in enumerate(self._procs):
+            if proc is None:
                 continue
-            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            self._kill(worker)
+            proc.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._kill(p * self._splits)

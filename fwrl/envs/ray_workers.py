@@ -142,6 +142,10 @@ class RayWorkerPool(WorkerPool):
         their node to ``sys.path`` (for ``gym:<module>:<id>`` modules and env wrappers)."""
         if cpus_per_worker < 0:
             raise FwrlError(f"cpus_per_worker must be >= 0, got {cpus_per_worker}.")
+        if settings.worker_splits != 1:
+            raise FwrlError(f"worker_splits={settings.worker_splits} is for the local backend (splits of one "
+                            "worker process); a Ray actor steps one group of envs: use worker_splits 1 and more "
+                            "actors (num_workers) with --backend ray.")
         self._ray = import_ray()
         super().__init__(settings, info)
         self.import_paths = pythonpath_entries() if forward_pythonpath else ()

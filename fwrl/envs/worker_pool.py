@@ -84,7 +84,13 @@ class PoolSettings:
     (in ``mode`` train or test, wrapped by ``env_wrappers``), seeded from ``seed``
     (:func:`fwrl.envs.env_group.worker_seed`), and how long a worker may take: ``step_timeout``
     per step, ``start_timeout`` for its imports and first reset, ``max_start_failures`` lives in a
-    row that die before their first result. Every backend and every worker takes this one object."""
+    row that die before their first result. Every backend and every worker takes this one object.
+
+    ``worker_splits`` S > 1 (the local backend): S consecutive workers share one process, which
+    steps them in turn (double-buffered sampling, as sample-factory's ``worker_num_splits``): while
+    the learner acts for one split, its process steps the next, so the process does not sit idle
+    for the forward's round trip. A split is a worker like any other (its own K envs, seeds and
+    results); a fault restarts the process, so every split of it starts a new life."""
 
     env: str
     num_workers: int
@@ -95,10 +101,16 @@ class PoolSettings:
     env_wrappers: tuple[str, ...] = ()
     start_timeout: float = 300.0
     max_start_failures: int = 5
+    worker_splits: int = 1
 
     @property
     def num_slots(self) -> int:
         return self.num_workers * self.envs_per_worker
+
+    @property
+    def num_processes(self) -> int:
+        """Processes (or actors) that host the workers: ``worker_splits`` consecutive workers share one."""
+        return self.num_workers // self.worker_splits
 
 
 class StepSource(Protocol):
@@ -127,6 +139,9 @@ class PoolSlice:
         if not self.workers or len(set(self.workers)) != len(self.workers) or \
                 not all(0 <= w < pool.num_workers for w in self.workers):
             raise ValueError(f"a pool slice needs distinct workers of 0..{pool.num_workers - 1}, got {workers}")
+        if any(sibling not in self.workers for w in self.workers for sibling in pool.siblings(w)):
+            raise ValueError(f"a pool slice holds whole worker processes (worker_splits="
+                             f"{pool.settings.worker_splits}), got workers {list(self.workers)}")
         self.num_workers = len(self.workers)
         self.envs_per_worker = pool.envs_per_worker
 
@@ -141,11 +156,14 @@ class PoolSlice:
         self.pool.act(worker, actions)
 
 
-def split_workers(num_workers: int, parts: int) -> list[range]:
-    """``num_workers`` workers in ``parts`` contiguous slices whose sizes differ by at most one."""
-    if not 1 <= parts <= num_workers:
-        raise ValueError(f"cannot split {num_workers} workers into {parts} slices")
-    bounds = [num_workers * i // parts for i in range(parts + 1)]
+def split_workers(num_workers: int, parts: int, worker_splits: int = 1) -> list[range]:
+    """``num_workers`` workers in ``parts`` contiguous slices of whole processes (``worker_splits``
+    workers each) whose numbers of processes differ by at most one."""
+    processes = num_workers // worker_splits
+    if not 1 <= parts <= processes or num_workers % worker_splits:
+        of = f" ({processes} processes of {worker_splits} splits)" if worker_splits > 1 else ""
+        raise ValueError(f"cannot split {num_workers} workers{of} into {parts} slices")
+    bounds = [processes * i // parts * worker_splits for i in range(parts + 1)]
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
@@ -181,6 +199,9 @@ class WorkerPool:
                 f"need at least one worker and one env per worker, got num_workers={settings.num_workers}, "
                 f"envs_per_worker={settings.envs_per_worker}."
             )
+        if settings.worker_splits < 1 or settings.num_workers % settings.worker_splits:
+            raise FwrlError(f"worker_splits={settings.worker_splits} must be >= 1 and divide the pool's "
+                            f"{settings.num_workers} workers (splits of {settings.worker_splits} processes).")
         if settings.max_start_failures < 1:
             raise FwrlError(f"max_start_failures must be >= 1, got {settings.max_start_failures}.")
         wrappers = check_wrappers(settings.env_wrappers)  # before any worker starts: a bad one is an error here
@@ -252,8 +273,15 @@ class WorkerPool:
     def _answered(self, worker: int) -> bool:
         raise NotImplementedError
 
+    def siblings(self, worker: int) -> range:
+        """The workers that share ``worker``'s process (``worker_splits`` of them, itself included)."""
+        s = self.settings.worker_splits
+        first = worker - worker % s
+        return range(first, first + s)
+
     def _restart(self, worker: int, reason: str) -> None:
-        """Replace a faulty worker by a new life with fresh envs (new seeds).
+        """Replace a faulty worker by a new life with fresh envs (new seeds); the splits that share
+        its process (:meth:`siblings`) start a new life with it.
 
         A worker whose lives keep dying before their first result (an env that
         cannot be made, a missing ROM) would be respawned forever: after
@@ -261,7 +289,10 @@ class WorkerPool:
         """
         with self._counts_lock:
             self.restarts += 1
-            self.errors.append(f"worker {worker} (life {self._lives[worker]}): {reason}")
+            siblings = self.siblings(worker)
+            who = (f"worker {worker}" if len(siblings) == 1 else
+                   f"worker process of workers {siblings[0]}-{siblings[-1]}")
+            self.errors.append(f"{who} (life {self._lives[worker]}): {reason}")
         if not self._answered(worker):
             self._start_failures[worker] += 1
         self._kill(worker)
@@ -270,8 +301,9 @@ class WorkerPool:
                 f"env worker {worker} failed {self._start_failures[worker]} times in a row before its envs "
                 f"were reset ({self.env!r}); last error: {reason}"
             )
-        self._lives[worker] += 1
-        self._restarted[worker] = True
+        for w in self.siblings(worker):
+            self._lives[w] += 1
+            self._restarted[w] = True
         self._spawn(worker)
 
     def _result(self, worker: int, arrays: dict[str, np.ndarray], episodes: list[EpisodeRecord]) -> StepResult:

@@ -39,8 +39,9 @@ class ActingLoop:
         self.stop = stop
         self.on_episode = on_episode
         threads = len(run.actor_timers)
+        splits = run.pool.settings.worker_splits  # a slice holds whole processes
         sources: list[StepSource] = [run.pool] if threads == 1 else [
-            PoolSlice(run.pool, workers) for workers in split_workers(run.pool.num_workers, threads)]
+            PoolSlice(run.pool, workers) for workers in split_workers(run.pool.num_workers, threads, splits)]
         self.loops = [InferenceLoop(run.acting_model, source, run.store, run.device, weights=run.weights,
                                     timer=timer, graph=run.inference_graph)
                       for source, timer in zip(sources, run.actor_timers)]

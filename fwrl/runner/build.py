@@ -228,18 +228,19 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     streams = DeviceStreams(device, threads)
     weights = PolicyWeights(acting_model, streams, version=counters["updates"])
     record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
-    spec = RolloutSpec(config.unroll_length, config.envs_per_worker, record, info.num_actions, info.action_dims)
-    rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // config.envs_per_worker + 1))
-    store = RolloutStore(spec, num_workers, device, model.initial_state(1, device),
-                         capacity=store_capacity(num_workers, config.envs_per_worker, config.batch_size,
-                                                 rollouts.maxsize))
+    seed = config.seed + 7919 * counters["updates"] + 1_000_003 * ranks.rank  # a resumed run's envs play anew
+    pool_settings = config.pool_settings(num_workers, seed)  # its workers are the splits of the processes
+    k = pool_settings.envs_per_worker
+    spec = RolloutSpec(config.unroll_length, k, record, info.num_actions, info.action_dims)
+    rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // k + 1))
+    store = RolloutStore(spec, pool_settings.num_workers, device, model.initial_state(1, device),
+                         capacity=store_capacity(pool_settings.num_workers, k, config.batch_size, rollouts.maxsize))
     actor_timers, learner_timer = tuple(StageTimer(device) for _ in range(threads)), StageTimer(device)
     learner = Learner(model, weights, optimizer, scheduler, config.learner_settings(), store, learner_timer,
                       group=group)
     learner.stats.agent_steps, learner.stats.updates = counters["agent_steps"], counters["updates"]
     episodes = Episodes(info.task_names, normalise=normaliser(config.env), count=int(counters["episodes"]))
-    seed = config.seed + 7919 * counters["updates"] + 1_000_003 * ranks.rank  # a resumed run's envs play anew
-    pool = make_pool(config.backend, config.pool_settings(num_workers, seed), info, **config.backend_options())
+    pool = make_pool(config.backend, pool_settings, info, **config.backend_options())
     return Run(config=config, run_dir=run_dir, ranks=ranks, device=device, info=info, group=group, model=model,
                optimizer=optimizer, scheduler=scheduler, steps_per_update=steps_per_update, streams=streams,
                weights=weights, acting_model=acting_model, rollouts=rollouts, store=store, learner=learner,

@@ -72,6 +72,7 @@ class TrainConfig(Settings):
     ray_address: str = Field("auto", min_length=1, description="with --backend ray: auto (running cluster), HOST:PORT or local")
     num_workers: int = Field(4, ge=1, description="env worker processes or Ray actors")
     envs_per_worker: int = Field(2, ge=1, description="envs stepped by each worker")
+    worker_splits: int = Field(1, ge=1, description="local backend: each worker process steps its envs in this many splits in turn (double-buffered sampling: it steps one split while the learner acts for another); must divide envs_per_worker")
     step_timeout: float = Field(60.0, gt=0, description="seconds an env worker may take per step before it is restarted")
     batch_size: int = Field(32, ge=1, description="rollouts per learner update, B")
     unroll_length: int = Field(50, ge=1, description="agent steps per rollout, T")
@@ -123,6 +124,14 @@ class TrainConfig(Settings):
         if self.eval_every > 0 and self.eval_episodes < 1:
             raise FwrlError(f"setting eval_episodes={self.eval_episodes} is not valid with eval_every="
                             f"{self.eval_every}: each evaluation needs at least 1 episode (or eval_every 0: none).")
+        if self.envs_per_worker % self.worker_splits:
+            divisors = [d for d in range(1, self.envs_per_worker + 1) if self.envs_per_worker % d == 0]
+            raise FwrlError(f"setting worker_splits={self.worker_splits} does not divide envs_per_worker="
+                            f"{self.envs_per_worker} (each split steps the same number of envs): use one of "
+                            f"{', '.join(map(str, divisors))}.")
+        if self.worker_splits > 1 and self.backend != "local":
+            raise FwrlError(f"setting worker_splits={self.worker_splits} is for the local backend (splits of one "
+                            f"worker process), not backend={self.backend!r}: use worker_splits 1 and more workers.")
         per_rank = self.num_workers // self.learners
         if per_rank >= 1 and self.acting_threads > per_rank:
             ranks = f" shared by {self.learners} learner ranks ({per_rank} each)" if self.learners > 1 else ""
@@ -152,12 +161,14 @@ class TrainConfig(Settings):
     def pool_settings(self, num_workers: int | None = None, seed: int | None = None,
                       mode: str = "train") -> "PoolSettings":
         """The env workers' section (``num_workers`` and ``seed``: a learner rank's own, where they
-        differ from the run's)."""
+        differ from the run's). With ``worker_splits`` S the pool's workers are the splits: S per
+        process, ``envs_per_worker / S`` envs each."""
         from fwrl.envs.worker_pool import PoolSettings
 
-        return PoolSettings(self.env, self.num_workers if num_workers is None else num_workers,
-                            self.envs_per_worker, self.seed if seed is None else seed, mode,
-                            self.step_timeout, tuple(self.env_wrappers))
+        s = self.worker_splits
+        return PoolSettings(self.env, (self.num_workers if num_workers is None else num_workers) * s,
+                            self.envs_per_worker // s, self.seed if seed is None else seed, mode,
+                            self.step_timeout, tuple(self.env_wrappers), worker_splits=s)
 
     def backend_options(self) -> dict[str, Any]:
         """The options of the worker backend (``make_pool``'s keywords)."""
@@ -268,7 +279,7 @@ class BenchConfig(Settings):
 CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0}
 
 RESUMABLE_CHANGES = {
-    "total_steps", "max_seconds", "num_workers", "envs_per_worker", "step_timeout", "device", "num_threads",
+    "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
     "eval_every", "eval_episodes", "inference_graph", "acting_threads", "learners", "dist_timeout", "dist_backend",
 }

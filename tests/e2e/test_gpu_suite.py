@@ -87,10 +87,11 @@ def _check_learner_part(folder: Path) -> None:
         rows = list(csv.DictReader(f))
     # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out
     assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "rdn x8 2 learners", "rdn x8 2 threads",
-                                         "delta_net", "srwm", "elstm rtrl"]
-    assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 2, 2, 1, 1, 1]  # the dry run's widths
-    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1]
-    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1]  # two ranks, each acting in its process
+                                         "rdn x8 split2", "delta_net", "srwm", "elstm rtrl"]
+    assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 2, 2, 2, 1, 1, 1]  # the dry run's widths
+    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1]
+    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]  # two ranks, each acting in its process
+    assert [int(r["worker_splits"]) for r in rows] == [1, 1, 1, 1, 1, 1, 2, 1, 1, 1]  # each process in two splits
     for row in rows:
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())

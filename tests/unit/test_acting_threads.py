@@ -37,6 +37,9 @@ class _Pool:
         self.asked.append(workers)
         return []
 
+    def siblings(self, worker):
+        return range(worker, worker + 1)
+
 
 def test_a_pool_slice_waits_on_its_own_workers_only():
     pool = _Pool()

@@ -202,6 +202,8 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--eval-every", "10", "--eval-episodes", "0"], "eval_episodes", "0"),
                      (["--num-workers", "2", "--acting-threads", "3"], "acting_threads", "3"),
                      (["--num-workers", "4", "--learners", "2", "--acting-threads", "3"], "acting_threads", "3"),
+                     (["--envs-per-worker", "3", "--worker-splits", "2"], "worker_splits", "2"),
+                     (["--backend", "ray", "--envs-per-worker", "2", "--worker-splits", "2"], "worker_splits", "ray"),
                      (["--sticky-actions"], "sticky_actions", "true"),
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),

@@ -577,6 +577,7 @@ def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, resu
     from fwrl.envs.groups import env_path
 
     return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
+            "worker_splits": config.worker_splits,
             "inference_graph": _acting_graph(config), "learners": config.learners, "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
@@ -597,6 +598,8 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
                  ("env ceiling per worker CPU second", _number(ceiling.steps_per_cpu_second)),
                  ("ratio to the env ceiling", f"{result.steps_per_second / ceiling.steps_per_second:.1%}")]
     workers = f"{config.num_workers} x {config.envs_per_worker} ({config.backend} backend)"
+    if config.worker_splits > 1:
+        workers += f", each in {config.worker_splits} splits of {config.envs_per_worker // config.worker_splits}"
     threads = _acting_threads(config)
     rows += [("workers x envs per worker", workers),
              ("acting threads", f"{threads}" + ("; shares: the mean acting thread" if threads > 1 else "")
