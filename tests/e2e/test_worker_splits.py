@@ -123,7 +123,7 @@ def test_train_with_splits_survives_faults(tmp_path, acting_threads):
 
     log = tmp_path / "faults.txt"
     config = TrainConfig(
-        env=f"chaos:cue_delay?delay=3&raise_every=60&only_worker=0&fault_log={log}",
+        env=f"chaos:cue_delay?delay=3&raise_every=20&only_worker=0&fault_log={log}",
         core="lstm", core_options={"hidden_size": 32}, num_workers=2, envs_per_worker=2 * K, worker_splits=2,
         acting_threads=acting_threads, batch_size=4, unroll_length=10, total_steps=2000, learning_rate=1e-3,
         device="cpu", num_threads=1, step_timeout=10.0, log_interval=1.0, checkpoint_interval=600.0)
