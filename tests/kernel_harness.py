@@ -251,6 +251,7 @@ def compile_sm90(
     constexprs: Mapping[str, object],
     num_warps: int,
     ints: Mapping[str, int],
+    maxnreg: int | None = None,
 ) -> Sm90Build:
     """Compile a ``@triton.jit`` kernel for sm_90 as a launch would: arguments named in
     ``constexprs`` are constants, those in ``ints`` take the value a launch passes
@@ -272,7 +273,7 @@ def compile_sm90(
 
     package = kernel.fn.__module__.partition(".")[0]  # the private copy of fwrl/kernels
     launch_options = sys.modules[f"{package}.triton.common"].launch_options
-    options = launch_options(num_warps)
+    options = launch_options(num_warps, maxnreg)  # maxnreg: the kernel's own cap, as its launches pass it
     what = repr((kernel.fn.__module__.partition(".")[2], kernel.fn.__name__, sorted(pointer_types.items()),
                  sorted((k, repr(v)) for k, v in constexprs.items()), num_warps, sorted(ints.items()),
                  sorted((k, repr(v)) for k, v in options.items()), triton.__version__, _sources_digest()))

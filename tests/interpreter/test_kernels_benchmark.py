@@ -117,6 +117,12 @@ def test_register_cap_caps_launch_options_and_restores_them():
         assert common.launch_options(8)["maxnreg"] == 168
     with common.register_cap(None):
         assert common.launch_options(8) == default[8]
+    # a kernel's own cap (the delta rule's 128), which a register_cap replaces: the A/B's 255 is uncapped
+    assert common.launch_options(8, 128)["maxnreg"] == 128 and common.launch_options(16, 200)["maxnreg"] == 128
+    with common.register_cap(255):
+        assert common.launch_options(8, 128)["maxnreg"] == 255
+    with common.register_cap(96):
+        assert common.launch_options(8, 128)["maxnreg"] == 96
     with pytest.raises(RuntimeError, match="inside"):
         with common.register_cap(64):
             assert common.launch_options(8)["maxnreg"] == 64

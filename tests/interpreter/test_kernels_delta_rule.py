@@ -419,9 +419,11 @@ def test_compile_checks_specialise_as_the_launcher():
 
 @needs_compiling_triton
 def test_compiles_for_sm90_without_spills():
-    """Compile-only: the forward/backward kernels for sm_90 (no GPU needed)."""
+    """Compile-only: the forward/backward kernels for sm_90 (no GPU needed), under the register
+    cap their launches pass (``MAXNREG``)."""
     skip_without_sm90_toolchain()
     C = load_kernel_module(KERNEL, interpret=False)
+    assert C.MAXNREG == 128
     for dim, split, rule, dtype in COMPILE_CASES:
         bk, bv, fwd_warps, bwd_warps = C._block_sizes(dim, dim, split)
         io = {n: f"*{dtype}" for n in ("Q", "K", "V", "BETA", "Y", "DY", "DQ", "DK_", "DV_")}
@@ -430,10 +432,10 @@ def test_compiles_for_sm90_without_spills():
         # The values a launch at the benchmark's large shape passes, specialised as the
         # launcher specialises them: every head dim here is marked divisible by 16.
         ints = dict(LAUNCH_INTS, DK=dim, DV=dim)
-        fwd = compile_sm90(C._forward_kernel, io, dict(common, STORE=True), fwd_warps, ints)
+        fwd = compile_sm90(C._forward_kernel, io, dict(common, STORE=True), fwd_warps, ints, C.MAXNREG)
         bwd = compile_sm90(
             C._backward_kernel, io,
-            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), bwd_warps, ints,
+            dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False), bwd_warps, ints, C.MAXNREG,
         )
         for name, compiled in (("forward", fwd), ("backward", bwd)):
             stack, local = stack_and_local_bytes(compiled)

@@ -69,6 +69,12 @@ MAX_BLOCK_ELEMENTS = 4096
 # of W it leaves to one program.
 SPLITS = (1, 2, 4, 8)
 MIN_AUTO_ROWS = 16
+# Registers per thread of the forward and backward kernels (``launch_options``). The GPU suite's
+# A/B (``fwrl bench kernels --maxnreg 255 128``, fp32 fwd+bwd, each pair side by side) found the cap
+# of 128 1.44x faster at (256, 101, 8, 64) on an H200 (ed3df79) and 1.08x at (32, 51, 4, 32) on an
+# H100 (5902696): twice the programs per SM, and the sm_90 build does not spill under it
+# (benchmarks/results/gpu/kernels-h100/analysis.md; tests/interpreter/test_kernels_delta_rule.py).
+MAXNREG = 128
 
 
 @triton.jit
@@ -267,7 +273,7 @@ def _forward(q, k, v, beta, W0, reset, *, delta, fmap, store, split=1):
         y, WT, rec,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, STORE=store, EPS=SUM_NORM_EPS,
-        **launch_options(num_warps),
+        **launch_options(num_warps, MAXNREG),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, (reset8, starts, rec)
@@ -296,7 +302,7 @@ def _backward(q, k, v, beta, W0, records, WT, dy, dWT, *, delta, fmap, full,
         dq, dk, dv, dbeta if delta else dW0, dW0, rebuilt,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, FULL=full, FUSE_FMAP=fuse,
-        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps),
+        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps, MAXNREG),
     )
     if not fuse:
         dq = _feature_map_backward(q, dq, fmap)

@@ -286,19 +286,22 @@ REGISTER_CAP_RANGE = (24, 255)
 _register_cap: int | None = None
 
 
-def launch_options(num_warps: int) -> dict:
+def launch_options(num_warps: int, maxnreg: int | None = None) -> dict:
     """Options of every kernel launch (and of the sm_90 spill checks).
 
     ``maxnreg``: as many registers per thread as a block of ``num_warps`` can have
     (255 up to 8 warps). Left to itself, ptxas sometimes caps a kernel at 64 or
     128 registers to fit more blocks per SM and spills a few bytes; these kernels
     keep their state in registers and run one or two programs per SM, so they
-    take the registers instead. Inside ``register_cap(n)``, at most n.
+    take the registers instead, unless the kernel names a cap of its own
+    (``maxnreg``: one an A/B timing chose, e.g. the delta rule's 128). Inside
+    ``register_cap(n)``, n replaces the kernel's own cap.
     """
-    maxnreg = min(255, 65536 // (32 * num_warps))
-    if _register_cap is not None:
-        maxnreg = min(maxnreg, _register_cap)
-    return dict(num_warps=num_warps, maxnreg=maxnreg, enable_fp_fusion=True)
+    most = min(255, 65536 // (32 * num_warps))
+    cap = _register_cap if _register_cap is not None else maxnreg
+    if cap is not None:
+        most = min(most, cap)
+    return dict(num_warps=num_warps, maxnreg=most, enable_fp_fusion=True)
 
 
 @contextlib.contextmanager
@@ -310,7 +313,8 @@ def register_cap(n: int | None) -> Iterator[None]:
     For A/B timings of occupancy against spills (``fwrl bench kernels --maxnreg``):
     a cap of 128 lets an 8-warp program that takes 129-255 registers share an SM with
     another one, if ptxas fits it without spilling too much. The cap is
-    ``min(default, n)``, so 255 is the default for every kernel. Triton compiles a
+    ``min(a block's share, n)`` and replaces a kernel's own cap, so 255 is the
+    uncapped binary of every kernel (the delta rule's default caps at 128). Triton compiles a
     separate binary per ``maxnreg`` value (it is part of the kernel's cache key), so
     the first launch under a new cap compiles. The setting is module-wide, not
     per thread: it applies to every launch inside the context, the backward kernels
