@@ -202,7 +202,7 @@ class WorkerPool:
             )
         if settings.worker_splits < 1 or settings.num_workers % settings.worker_splits:
             raise FwrlError(f"worker_splits={settings.worker_splits} must be >= 1 and divide the pool's "
-                            f"{settings.num_workers} workers (splits of {settings.worker_splits} processes).")
+                            f"{settings.num_workers} workers ({settings.worker_splits} consecutive workers share one process).")
         if settings.max_start_failures < 1:
             raise FwrlError(f"max_start_failures must be >= 1, got {settings.max_start_failures}.")
         wrappers = check_wrappers(settings.env_wrappers)  # before any worker starts: a bad one is an error here
