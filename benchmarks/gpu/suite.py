@@ -77,9 +77,10 @@ GOALS = {
 # rows (which give the ceiling and the profile), at both widths and with two learner processes, and
 # the eager x8 layouts after them. The H100 at 5902696 ran the graphed rows (graphs 1.56x / 1.77x eager at
 # 2 envs per worker, 1.19x / 1.28x at 8; rdn x8 graph 10,187 agent steps/s, 0.54 of its ceiling): the
-# wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. "2 threads" acts with two threads (--acting-threads 2, each over half
-# the workers), "2 learners" in two processes (--learners 2 sharing the GPU, each rank acting over half
-# the workers with B / 2, so an update still takes B x T agent steps).
+# wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. "2 threads"
+# acts with two threads (--acting-threads 2, each over half the workers), "2 learners" in two processes
+# (--learners 2 sharing the GPU, each rank acting over half the workers with B / 2, so an update still
+# takes B x T agent steps).
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the first lstm row run, op by op
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
@@ -648,7 +649,7 @@ def _learner_width(envs: int, dry: bool) -> int:
     rows and 2 for the wide ones, so that the wide rows still get a ceiling of their own."""
     if not dry:
         return envs
-    return 1 if envs == LEARNER_ENVS_PER_WORKER else 2 if envs == WIDE_ENVS_PER_WORKER else 4
+    return 1 if envs == LEARNER_ENVS_PER_WORKER else 2
 
 
 def _env_path_ceilings(part: Part, workers: int, envs_per_worker: int) -> dict[str, Any] | None:

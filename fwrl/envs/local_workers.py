@@ -224,11 +224,13 @@ class LocalWorkerPool(WorkerPool):
         process.join(timeout=5.0)  # a closed pipe means it is exiting: reap it, so the exit code is known
         return f"process died (exit code {process.exitcode})"
 
+    def _limit(self, worker: int) -> float:
+        """Seconds ``worker``'s pending request may take: its first (imports and resets) or a step."""
+        return self.settings.step_timeout if self._answered(worker) else self.settings.start_timeout
+
     def _deadline(self, worker: int) -> float:
         p, split = self._place(worker)
-        proc = self._procs[p]
-        limit = self.settings.step_timeout if proc.answered[split] else self.settings.start_timeout
-        return proc.sent_at[split] + limit
+        return self._procs[p].sent_at[split] + self._limit(worker)
 
     def _check_hangs(self, workers: Sequence[int] | None = None) -> None:
         now = time.monotonic()
@@ -239,8 +241,7 @@ class LocalWorkerPool(WorkerPool):
             # An answer that arrived after wait_connections returned is not a hang
             # (the learner may have been away longer than the timeout).
             if now > self._deadline(worker) and not proc.conn.poll():
-                limit = self.settings.step_timeout if self._answered(worker) else self.settings.start_timeout
-                self._restart(worker, f"no answer within {limit:g} s")
+                self._restart(worker, f"no answer within {self._limit(worker):g} s")
 
     def act(self, worker: int, actions: np.ndarray) -> None:
         actions = self._actions(actions)
