@@ -28,6 +28,7 @@ loop per acting thread).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any, Callable
@@ -46,17 +47,20 @@ from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 # workers and sending them actions, the forward (and the actions' trip back
 # to the host), store and staging work.
 INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
+# the step's indices, one int64 upload: the slots' places in the loop's state, then (with a store)
+# the store entries of obs t and of the agent output (``RolloutStore.plan``)
+INDEX = "index"
 
 
 class _Staging:
     """The stored columns of the ready workers' step records, packed in their groups
     (``fwrl.envs.step_record.ColumnGroup``: the observations, the scalars of each dtype) as
-    ``[N*K, ...]`` tensors on the device: one host buffer and one upload per group.
+    ``[N*K, ...]`` tensors on the device, and the step's indices (``INDEX``): one host buffer
+    and one upload per group.
 
     On CUDA they are packed into pinned host buffers (allocated on first use for all slots) and
     copied without blocking on the current stream; the buffers are not written again before
-    that copy has finished. ``host`` holds the packed host arrays of the last upload (read them
-    before the next one).
+    that copy has finished.
     """
 
     def __init__(self, device: torch.device, num_slots: int, record: StepRecord | None = None):
@@ -66,31 +70,42 @@ class _Staging:
         self.groups: tuple[ColumnGroup, ...] = record.groups() if record is not None else ()
         self.pinned: dict[str, torch.Tensor] | None = None
         self.copied: torch.cuda.Event | None = None
-        self.host: dict[str, np.ndarray] = {}
 
-    def upload(self, results: list[StepResult]) -> dict[str, torch.Tensor]:
-        """The groups of ``results`` on the device (by group name)."""
+    def upload(self, results: list[StepResult], index: np.ndarray,
+               out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The groups of ``results`` and ``index`` (the step's int64 indices, under ``INDEX``) on the
+        device, by group name: into the tensors of ``out`` (a graph's static inputs) where given."""
         if self.record is None:  # a source without a described record (evaluation): its arrays say it
             self.record = StepRecord.of_arrays(results[0].arrays)
             self.groups = self.record.groups()
         parts = [r.arrays for r in results]
         n = sum(len(p[REWARD]) for p in parts)
         if self.device.type != "cuda":
-            self.host = {g.name: g.pack(parts) for g in self.groups}
-            return {name: torch.from_numpy(value) for name, value in self.host.items()}
+            return {**{g.name: torch.from_numpy(g.pack(parts)) for g in self.groups}, INDEX: torch.from_numpy(index)}
         if self.pinned is None:
             self.pinned = {g.name: torch.empty((self.num_slots, *g.shape), dtype=TORCH_DTYPES[g.dtype],
                                                pin_memory=True) for g in self.groups}
+            self.pinned[INDEX] = torch.empty(3 * self.num_slots, dtype=torch.int64, pin_memory=True)
         if self.copied is not None:
             self.copied.synchronize()
-        out = {}
+        hosts = {}
         for g in self.groups:
-            host = self.pinned[g.name][:n]
-            self.host[g.name] = g.pack(parts, out=host.numpy())
-            out[g.name] = host.to(self.device, non_blocking=True)
+            hosts[g.name] = self.pinned[g.name][:n]
+            g.pack(parts, out=hosts[g.name].numpy())
+        hosts[INDEX] = self.pinned[INDEX][:len(index)]
+        hosts[INDEX].numpy()[:] = index
+        if out is None:
+            uploaded = {name: host.to(self.device, non_blocking=True) for name, host in hosts.items()}
+        else:
+            uploaded = {name: out[name].copy_(host, non_blocking=True) for name, host in hosts.items()}
         self.copied = torch.cuda.Event()
         self.copied.record()
-        return out
+        return uploaded
+
+    def shapes(self, n: int, index: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of every tensor :meth:`upload` gives for ``n`` slots and ``index`` indices."""
+        return {**{g.name: ((n, *g.shape), TORCH_DTYPES[g.dtype]) for g in self.groups},
+                INDEX: ((index,), torch.int64)}
 
     def column(self, values: dict[str, Any], name: str) -> Any:
         """Column ``name`` of the packed groups ``values`` (device tensors or the host arrays): a view."""
@@ -101,7 +116,18 @@ class _Staging:
         raise KeyError(name)
 
 
-CUT_ONLY = frozenset(FINAL_OF.values())
+STATE_IN = "state_in/"  # an acting step's output: the core state of its slots before it
+
+
+class _Untimed:
+    """The stage timer of a captured step: no stages (the replay is timed as a whole)."""
+
+    @staticmethod
+    def stage(name: str, device_work: bool = False) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+_UNTIMED = _Untimed()
 
 
 class InferenceLoop:
@@ -142,9 +168,10 @@ class InferenceLoop:
         self._action_host: tuple[torch.Tensor, np.ndarray] | None = None  # (tensor, its numpy view)
         self._graphed = None
         if graph:
-            from fwrl.agents.inference_graph import GraphedActing
+            from fwrl.agents.inference_graph import GraphedStep, own_generator
 
-            self._graphed = GraphedActing(self.model, self.device, greedy)
+            generator = own_generator(self.device) if self.device.type == "cuda" else None
+            self._graphed = GraphedStep(self._graphed_act, self.device, generator, protect=lambda: self.state)
         self._offsets = np.arange(self.k)
         # Dynamic batching: act on whichever workers are ready, but give the
         # others up to ``batch_wait`` seconds to join until ``min_batch``
@@ -162,16 +189,11 @@ class InferenceLoop:
                 results += self.pool.wait(left)
         return results
 
-    def _riders(self, results: list[StepResult], cut: np.ndarray, env: dict[str, torch.Tensor],
+    def _riders(self, results: list[StepResult], cut: np.ndarray, inputs: dict[str, torch.Tensor],
                 state_in: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """The inputs and states of the forward: the step's slots, then one row per slot in ``cut``
-        (a time limit cut its episode) with that episode's final observation, the step's reward,
-        ``done`` false and the slot's state (the cut episode's, not reset)."""
-        staging = self._staging
-        inputs = {key: staging.column(env, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
-                  if key in staging.record.names}
-        if len(cut) == 0:
-            return inputs, state_in
+        """The inputs and states of the forward: the step's slots (``inputs``, ``state_in``), then one
+        row per slot in ``cut`` (a time limit cut its episode) with that episode's final observation,
+        the step's reward, ``done`` false and the slot's state (the cut episode's, not reset)."""
         index = host_to_device(cut, self.device)
         extra = {key: host_to_device(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut], self.device)
                  for key in (OBS, OBS_EXTRA) if key in inputs}
@@ -218,29 +240,29 @@ class InferenceLoop:
         workers = [r.worker for r in results]
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
-            env = self._staging.upload(results)
-            slots = host_to_device((self._place[workers][:, None] * k + self._offsets).ravel(), self.device)
-            state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
-            cut = (np.flatnonzero(self._staging.column(self._staging.host, TRUNCATED)) if self.store is not None
+            index = (self._place[workers][:, None] * k + self._offsets).ravel()
+            plan = None
+            if self.store is not None:
+                plan = self.store.plan(workers, [r.life for r in results])
+                index = np.concatenate([index, plan.env_entries, plan.agent_entries])
+            cut = (np.flatnonzero(np.concatenate([r.arrays[TRUNCATED] for r in results])) if self.store is not None
                    else np.empty(0, np.int64))  # evaluation bootstraps nothing
-            inputs, state = self._riders(results, cut, env, state_in)
-        with timer.stage("inference_forward", device_work=True):
-            inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
-            with self.weights.acting() as version:
-                if self._graphed is not None:
-                    out, state_out = self._graphed(inputs, state)
-                else:
-                    out, state_out = self.model(inputs, state, greedy=self.greedy)
-            for name, value in state_out.items():
-                self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
-            # the step's rows (T = 1) of the outputs, the riders' left out
-            agent = {key: out[key][0] if not len(cut) else out[key][0, :n] for key in AGENT_KEYS}
-            actions = self._actions_to_host(agent["action"])
-        if self.store is not None:
+            graphed = self._graphed is not None and not len(cut)  # a step with riders acts eagerly
+            static = self._graphed.buffers(n, self._staging.shapes(n, len(index))) if graphed else None
+            tensors = self._staging.upload(results, index, out=static)
+        if graphed:
+            with timer.stage("inference_forward", device_work=True):
+                with self.weights.acting() as version:
+                    out = self._graphed.step(n, tensors)
+                actions = self._actions_to_host(out["action"])
+        else:
+            out, version = self._act(tensors, (results, cut), timer)
+            with timer.stage("inference_forward", device_work=True):
+                actions = self._actions_to_host(out["action"])
+        if plan is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
-                env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
-                self.store.record_env(workers, [r.life for r in results], env, state_in, on_rollout)
-                self.store.record_agent(workers, agent, version)
+                self.store.complete(plan, {name[len(STATE_IN):]: value for name, value in out.items()
+                                           if name.startswith(STATE_IN)}, version, on_rollout)
         with timer.stage("env_wait"):
             for i, r in enumerate(results):
                 self.pool.act(r.worker, actions[i * k:(i + 1) * k])
@@ -251,3 +273,47 @@ class InferenceLoop:
         self.restarts_seen += sum(r.restarted for r in results)
         self.agent_steps += n
         return n
+
+    def _act(self, tensors: dict[str, torch.Tensor], riders: tuple[list[StepResult], np.ndarray] | None = None,
+             timer: StageTimer | _Untimed = _UNTIMED, sampling: dict[str, Any] | None = None, hold: bool = True
+             ) -> tuple[dict[str, torch.Tensor], int | None]:
+        """The device work of one inference step over the n slots of ``tensors`` (the env groups
+        as staging packs them, and ``INDEX``: the slots' places in ``self.state``, then with a
+        store the entries of obs t and of the agent output): the slots' core state gathered, the
+        forward (T = 1), the state scattered back, the step written into the store. Returns the
+        actions and the gathered state (``STATE_IN + name``), and the version of the weights that
+        acted (held for the forward; with ``hold`` false the caller holds them: None).
+
+        ``riders`` (eager only): the results and the rows cut by a time limit, whose final
+        observations ride the forward (``_riders``). Everything here is device work with no host
+        sync, so without riders :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
+        index = tensors[INDEX]
+        n = len(self._staging.column(tensors, REWARD))
+        slots = index[:n]
+        cut = riders[1] if riders is not None else np.empty(0, np.int64)
+        with timer.stage("rollout_bookkeeping", device_work=True):
+            state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
+            inputs = {key: self._staging.column(tensors, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
+                      if key in self._staging.record.names}
+            state = state_in
+            if len(cut):
+                inputs, state = self._riders(riders[0], cut, inputs, state_in)
+        with timer.stage("inference_forward", device_work=True):
+            inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
+            with self.weights.acting() if hold else contextlib.nullcontext() as version:
+                out, state_out = self.model(inputs, state, greedy=self.greedy, **(sampling or {}))
+            for name, value in state_out.items():
+                self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
+            # the step's rows (T = 1) of the outputs, the riders' left out
+            agent = {key: out[key][0] if not len(cut) else out[key][0, :n] for key in AGENT_KEYS}
+        if self.store is not None:
+            with timer.stage("rollout_bookkeeping", device_work=True):
+                env = {g.name: tensors[g.name] for g in self._staging.groups}
+                env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
+                self.store.write(index[n:2 * n], index[2 * n:], env, agent)
+        return {"action": agent["action"], **{STATE_IN + name: value for name, value in state_in.items()}}, version
+
+    def _graphed_act(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`_act` as :class:`~fwrl.agents.inference_graph.GraphedStep` captures it: untimed
+        (the replay is timed), Gumbel sampling from the graphs' own generator."""
+        return self._act(tensors, sampling={"sampler": "gumbel", "generator": self._graphed.generator}, hold=False)[0]

@@ -1,16 +1,20 @@
-"""The acting forward (T = 1) replayed as a CUDA graph, one per batch size (``--inference-graph``).
+"""The acting step replayed as a CUDA graph, one per batch size (``--inference-graph``).
 
 A T = 1 forward of a small agent is mostly Python and kernel-launch
-overhead: dozens of small kernels per layer. Capturing it once per batch
-size (the number of slots served in one inference step, at most the number
-of workers times K) and replaying the graph costs one launch. The graph reads
-its inputs from static buffers (the step's obs, reward, done and the gathered
-core state are copied in) and writes its outputs to static buffers; the
-acting weights are read in place, so a publish (an in-place copy into the
-same parameter tensors) is seen by the next replay.
+overhead: dozens of small kernels per layer, and the core state's gather and
+scatter and the store's writes around it add a dozen more. :class:`GraphedStep`
+captures a function of device tensors once per key (the inference loop's
+whole device step, ``InferenceLoop._act``, once per batch size: the number of
+slots served in one inference step, at most the number of workers times K)
+and replays it in one launch. The graph reads its inputs from static buffers
+(the loop uploads the step's env groups and its indices straight into them)
+and writes its outputs to static buffers; tensors it reads and writes in place
+(the acting weights, the core state, the rollout store) keep their addresses, so
+a publish (an in-place copy into the same parameter tensors) is seen by the next
+replay.
 
 Sampling uses Gumbel noise from ``torch.rand`` (``AgentNet`` ``sampler="gumbel"``),
-which CUDA graphs can capture; every replay draws fresh noise. Each ``GraphedActing``
+which CUDA graphs can capture; every replay draws fresh noise. Each graphed loop
 draws it from a CUDA generator of its own, registered with each of its graphs: a
 graph reads its generator's seed and offset from device tensors that each replay
 refills on the replaying stream, so two acting threads replaying graphs of one
@@ -29,18 +33,17 @@ Requirements: a CUDA device, and a forward free of host syncs at T = 1 (the
 cores are; the fused kernels make no host sync). Shapes that were never
 seen are captured on first use: a few warm-up calls on a side stream, then
 the capture (about as long as a few dozen forwards). Each acting thread has
-its own graphs (its loop's ``GraphedActing``), captured on its own stream.
+its own graphs (its loop's ``GraphedStep``), captured on its own stream.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import torch
-from torch import Tensor, nn
-
-from fwrl.envs.step_record import REWARD
+from torch import Tensor
 
 WARMUP_CALLS = 3
 # held by every capture and replay in this process (the module docstring says why)
@@ -50,62 +53,81 @@ _CAPTURE_OR_REPLAY = threading.Lock()
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: dict[str, Tensor]
-    state: dict[str, Tensor]
     outputs: dict[str, Tensor]
-    state_out: dict[str, Tensor]
 
 
-class GraphedActing:
-    """Call like the model (``inputs`` with T = 1, ``state``); replays a captured graph."""
+class GraphedStep:
+    """``fn(tensors) -> tensors`` (device work only, no host sync) replayed as CUDA graphs, one
+    per key. Call ``step(key, tensors)``: ``tensors`` are copied into the key's static buffers
+    (none is copied that is that buffer: fill them in place with :meth:`buffers`), the graph is
+    captured on the key's first call and replayed; returns its static outputs (valid until the
+    next replay of that key).
 
-    def __init__(self, model: nn.Module, device: torch.device, greedy: bool = False):
+    The warm-up calls before a capture run ``fn`` for real: ``protect()`` names the tensors they
+    must leave as they were (the loop's core state, which ``fn`` advances in place); they are
+    restored after the capture. Writes of ``fn`` that the replay makes again (the store's, at the
+    same entries) need no protection. ``generator``: the CUDA generator ``fn`` samples from,
+    registered with every graph (module docstring).
+    """
+
+    def __init__(self, fn: Callable[[dict[str, Tensor]], dict[str, Tensor]], device: torch.device,
+                 generator: torch.Generator, protect: Callable[[], dict[str, Tensor]] | None = None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"--inference-graph needs a CUDA device, got {device}")
-        self.model = model
+        self.fn = fn
         self.device = device
-        self.greedy = greedy
-        self.graphs: dict[int, _Captured] = {}
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every batch size
-        # this object's own noise (module docstring), seeded from torch's global CPU generator, so
-        # a seeded run is repeatable and two acting threads' loops draw different streams
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
+        self.generator = generator
+        self.protect = protect
+        self.graphs: dict[Hashable, _Captured] = {}
+        self._buffers: dict[Hashable, dict[str, Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every key
 
-    def __call__(self, inputs: dict[str, Tensor], state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        n = inputs[REWARD].shape[1]
-        captured = self.graphs.get(n)
+    def buffers(self, key: Hashable, like: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Tensor]:
+        """The static inputs of ``key`` (allocated on first use, shapes and dtypes as ``like`` says)."""
+        if key not in self._buffers:
+            self._buffers[key] = {name: torch.empty(shape, dtype=dtype, device=self.device)
+                                  for name, (shape, dtype) in like.items()}
+        return self._buffers[key]
+
+    def step(self, key: Hashable, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        static = self.buffers(key, {name: (tuple(v.shape), v.dtype) for name, v in tensors.items()})
+        for name, value in tensors.items():
+            if value is not static[name]:
+                static[name].copy_(value)
+        captured = self.graphs.get(key)
         if captured is None:
             with _CAPTURE_OR_REPLAY:
-                captured = self.graphs[n] = self._capture(inputs, state)
-        for key, value in inputs.items():
-            captured.inputs[key].copy_(value)
-        for key, value in state.items():
-            captured.state[key].copy_(value)
+                captured = self.graphs[key] = self._capture(static)
         with _CAPTURE_OR_REPLAY:
             captured.graph.replay()
-        return captured.outputs, captured.state_out
-
-    def _forward(self, inputs: dict[str, Tensor], state: dict[str, Tensor]):
-        return self.model(inputs, state, greedy=self.greedy, sampler="gumbel", generator=self.generator)
+        return captured.outputs
 
     @torch.no_grad()
-    def _capture(self, inputs: dict[str, Tensor], state: dict[str, Tensor]) -> _Captured:
-        static_inputs = {key: value.clone() for key, value in inputs.items()}
-        static_state = {key: value.clone() for key, value in state.items()}
+    def _capture(self, static: dict[str, Tensor]) -> _Captured:
         current = torch.cuda.current_stream(self.device)
+        kept = {name: value.clone() for name, value in self.protect().items()} if self.protect else {}
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS):  # lazy initialisation (cuBLAS handles, Triton compiles) off the graph
-                self._forward(static_inputs, static_state)
+                self.fn(static)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)
         # thread_local: the learner's and the other acting threads' CUDA calls (an allocation, a
         # sync) go on during a capture; only this thread's calls must be capturable
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            outputs, state_out = self._forward(static_inputs, static_state)
+            outputs = self.fn(static)
         current.wait_stream(side)
-        return _Captured(graph, static_inputs, static_state, outputs, state_out)
+        if kept:  # the warm-up calls advanced them: back to what the replay must start from
+            torch._foreach_copy_(list(self.protect().values()), list(kept.values()))
+        return _Captured(graph, outputs)
+
+
+def own_generator(device: torch.device) -> torch.Generator:
+    """A CUDA generator of one graphed loop's own (module docstring), seeded from torch's global
+    CPU generator, so a seeded run is repeatable and two acting threads draw different streams."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
+    return generator

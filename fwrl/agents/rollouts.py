@@ -90,7 +90,7 @@ class RolloutSpec:
 
     @property
     def env_keys(self) -> tuple[str, ...]:
-        """The columns written at env time (what ``record_env`` takes)."""
+        """The columns of obs t (the env groups :meth:`RolloutStore.write` takes, with the bootstrap value)."""
         return tuple(c.name for c in self.record.stored) + (BOOTSTRAP_KEY,)
 
     def groups(self) -> tuple[StoreGroup, ...]:
@@ -178,6 +178,24 @@ class Batch:
         return (total / count if count else 0.0), worst
 
 
+@dataclass(frozen=True)
+class StoreStep:
+    """Where one inference step of some workers goes in the store (:meth:`RolloutStore.plan`):
+    per worker, the row of obs t (``rows``) and of the agent output (``next_rows``: the next row,
+    row 1 of the new page where obs t is row T); per slot, the store columns of the agent output
+    (``cols``: the new page's where one turns) and the flat entries (``row * width + column``) of
+    obs t and of the agent output; the workers whose page turns, and their old pages."""
+
+    workers: np.ndarray
+    rows: np.ndarray
+    next_rows: np.ndarray
+    cols: np.ndarray
+    env_entries: np.ndarray
+    agent_entries: np.ndarray
+    turning: np.ndarray
+    old_pages: np.ndarray
+
+
 class RolloutStore:
     """Preallocated rollout pages on ``device``, written in place by the inference loop.
 
@@ -225,7 +243,6 @@ class RolloutStore:
         self._life = np.zeros(num_workers, np.int64)
         self._versions = [[0] * T1 for _ in range(self.capacity)]  # per page row: the acting weights' version
         self._unread = [0] * self.capacity  # columns of a handed-off page not yet gathered
-        self._thread = threading.local()  # .entries: this thread's last record_env (workers, entries)
         self.dropped_steps = 0  # slot steps of partial rollouts dropped on worker restarts
         self.state_copies = 0  # slot states copied into the store (rollout starts x K)
 
@@ -245,15 +262,12 @@ class RolloutStore:
             return values[group.name]
         return torch.stack([values[name] for name, _ in group.columns], -1)
 
-    def record_env(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
-                   state_in: dict[str, Tensor], on_rollout: Callable[[Rollout], None] | None = None) -> None:
-        """Write obs t of each of ``workers`` (``env``: ``[N*K, ...]`` on the device, K rows per
-        worker in order: each env group whole, as staging packs it, or its columns; and the
-        bootstrap value) and hand every rollout that row T completes to ``on_rollout``.
-
-        ``state_in`` is the core state of the same slots before obs t is processed; it is
-        copied into the store only for slots that start a rollout here.
-        """
+    def plan(self, workers: Sequence[int], lives: Sequence[int]) -> StoreStep:
+        """The store's host side of one inference step of ``workers`` (``lives``: each one's life):
+        where obs t and the agent output go. A restarted worker's partial rollout is dropped; a
+        worker whose obs t is row T gets its next page here (the stream waits for the learner's
+        gather of it), so the agent output, which belongs to the next row, goes to that page's row 1.
+        Write with :meth:`write` (device only), then :meth:`complete`."""
         k, T = self.k, self.spec.unroll_length
         workers = np.asarray(workers)
         lives = np.asarray(lives)
@@ -264,40 +278,56 @@ class RolloutStore:
             self._life[workers[restarted]] = lives[restarted]
             self._cursor[workers[restarted]] = 0
         rows = self._cursor[workers]
-        cols = self.columns_of(workers)
-        entries = self._to_device(np.repeat(rows, k) * self._width + cols)
-        n = len(cols)
-        for group in self._env_groups:
-            self._flat[group.name].index_copy_(0, entries, _rows(self._group_value(group, env), n))
-        finishing = workers[rows == T]
-        if len(finishing):
-            self._turn_pages(finishing, on_rollout)
-        # a rollout starts at row 0, and at row T on the page that replaced the finished one
-        starting = np.flatnonzero((rows == 0) | (rows == T))
-        if len(starting):
-            self._copy_state(starting, self.columns_of(workers), state_in)
-        self._thread.entries = (workers, entries) if not len(finishing) else None
+        env_entries = np.repeat(rows, k) * self._width + self.columns_of(workers)
+        turning = workers[rows == T]
+        old = self._page[turning].copy()
+        self._page[turning] = [self._take_page() for _ in turning]
+        next_rows = np.where(rows == T, 1, rows + 1)
+        cols = self.columns_of(workers)  # the pages the agent output and a starting rollout go to
+        return StoreStep(workers, rows, next_rows, cols, env_entries, np.repeat(next_rows, k) * self._width + cols,
+                         turning, old)
 
-    def record_agent(self, workers: Sequence[int], agent: dict[str, Tensor], version: int) -> None:
-        """Write the agent output computed from the obs just recorded (it belongs to the next
-        row) and the ``version`` of the weights that computed it."""
-        workers = np.asarray(workers)
-        rows = self._cursor[workers] + 1
-        now = getattr(self._thread, "entries", None)
-        if now is not None and np.array_equal(now[0], workers):
-            entries = now[1] + self._width  # the same slots, one row down
-        else:  # pages turned since record_env (or it was not called): compute them
-            entries = self._to_device(np.repeat(rows, self.k) * self._width + self.columns_of(workers))
-        self._thread.entries = None
-        n = len(entries)
+    def write(self, env_entries: Tensor, agent_entries: Tensor, env: dict[str, Tensor],
+              agent: dict[str, Tensor]) -> None:
+        """The device writes of one step (a :meth:`plan`'s entries on the device): obs t of each
+        slot (``env``: ``[n, ...]``, each env group whole, as staging packs it, or its columns; and
+        the bootstrap value) and the agent output computed from it (``agent``: ``action``,
+        ``policy_logits``, ``baseline``). No host work: a CUDA graph can capture it."""
+        n = len(env_entries)
+        for group in self._env_groups:
+            self._flat[group.name].index_copy_(0, env_entries, _rows(self._group_value(group, env), n))
         baseline = agent["baseline"]
         baseline = baseline if baseline.dtype == torch.float32 else baseline.float()
         floats = torch.cat([_rows(agent["policy_logits"], n), baseline.view(n, 1)], 1)
-        self._flat[AGENT_FLOATS].index_copy_(0, entries, floats)
-        self._flat["action"].index_copy_(0, entries, _rows(agent["action"], n))
-        for page, row in zip(self._page[workers].tolist(), rows.tolist()):
+        self._flat[AGENT_FLOATS].index_copy_(0, agent_entries, floats)
+        self._flat["action"].index_copy_(0, agent_entries, _rows(agent["action"], n))
+
+    def complete(self, step: StoreStep, state_in: dict[str, Tensor], version: int,
+                 on_rollout: Callable[[Rollout], None] | None = None) -> None:
+        """After :meth:`write`: start the next page of every worker whose row T was written (its
+        row 0 is that row T), copy the initial state of every rollout that starts here
+        (``state_in``: the slots' core state before obs t; row 0, or row T on the next page), stamp
+        the ``version`` of the weights that acted, and hand every finished rollout to ``on_rollout``."""
+        T = self.spec.unroll_length
+        if len(step.turning):
+            self._turn_pages(step)
+        starting = np.flatnonzero((step.rows == 0) | (step.rows == T))
+        if len(starting):
+            self._copy_state(starting, step.cols, state_in)
+        for page, row in zip(self._page[step.workers].tolist(), step.next_rows.tolist()):
             self._versions[page][row] = version
-        self._cursor[workers] = rows
+        self._cursor[step.workers] = step.next_rows
+        if len(step.turning):
+            self._hand_off(step, on_rollout)
+
+    def record(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
+               state_in: dict[str, Tensor], agent: dict[str, Tensor], version: int,
+               on_rollout: Callable[[Rollout], None] | None = None) -> None:
+        """One step of ``workers`` (obs t and the agent output computed from it) in one call:
+        :meth:`plan`, :meth:`write` and :meth:`complete`."""
+        step = self.plan(workers, lives)
+        self.write(self._to_device(step.env_entries), self._to_device(step.agent_entries), env, agent)
+        self.complete(step, state_in, version, on_rollout)
 
     def _copy_state(self, positions: np.ndarray, cols: np.ndarray, state_in: dict[str, Tensor]) -> None:
         """Initial state of the rollouts starting at batch positions ``positions`` (device to device)."""
@@ -308,26 +338,27 @@ class RolloutStore:
         with self._lock:
             self.state_copies += len(take)
 
-    def _turn_pages(self, workers: np.ndarray, on_rollout: Callable[[Rollout], None] | None) -> None:
-        """Row T of ``workers``' pages is written: start each one's next page with the overlap row
-        (its initial state, the state before obs T, is copied by ``record_env``), in one copy per
-        group for all of them, and hand the finished pages to ``on_rollout``."""
+    def _turn_pages(self, step: StoreStep) -> None:
+        """Row T of the turning workers' old pages is written: it is row 0 of their new pages, in
+        one copy per group for all of them (their initial state, the state before obs T, is
+        copied by :meth:`complete`)."""
         k, T = self.k, self.spec.unroll_length
-        old = self._page[workers].copy()
-        new = np.array([self._take_page() for _ in workers])
-        src = self._to_device((old[:, None] * k + self._offsets).ravel() + T * self._width)
+        new = self._page[step.turning]
+        src = self._to_device((step.old_pages[:, None] * k + self._offsets).ravel() + T * self._width)
         dst = self._to_device((new[:, None] * k + self._offsets).ravel())
-        for flat in self._flat.values():  # row T of the old page is row 0 of the new one
+        for flat in self._flat.values():
             flat.index_copy_(0, dst, flat.index_select(0, src))
-        for o, n in zip(old.tolist(), new.tolist()):
+        for o, n in zip(step.old_pages.tolist(), new.tolist()):
             self._versions[n][0] = self._versions[o][T]
-        self._page[workers], self._cursor[workers] = new, 0
+
+    def _hand_off(self, step: StoreStep, on_rollout: Callable[[Rollout], None] | None) -> None:
+        """The turning workers' old pages, every write to them done, to ``on_rollout``."""
         ready = _record_event(self.device)
         with self._lock:
-            for page in old:
-                self._unread[page] = k
-        for worker, page in zip(workers, old):
-            rollout = Rollout(int(page), int(worker), int(self._life[worker]), k, ready)
+            for page in step.old_pages:
+                self._unread[page] = self.k
+        for worker, page in zip(step.turning, step.old_pages):
+            rollout = Rollout(int(page), int(worker), int(self._life[worker]), self.k, ready)
             if on_rollout is None:
                 self.release(rollout)
             else:

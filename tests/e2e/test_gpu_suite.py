@@ -86,9 +86,9 @@ def _check_learner_part(folder: Path) -> None:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
     # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out
-    assert [r["core"] for r in rows] == ["lstm", "rdn", "lstm x8", "rdn x8", "rdn x8 2 learners", "rdn x8 2 threads",
+    assert [r["core"] for r in rows] == ["lstm x8", "rdn x8", "lstm", "rdn", "rdn x8 2 learners", "rdn x8 2 threads",
                                          "rdn x8 split2", "delta_net", "srwm", "elstm rtrl"]
-    assert [int(r["envs_per_worker"]) for r in rows] == [1, 1, 2, 2, 2, 2, 2, 1, 1, 1]  # the dry run's widths
+    assert [int(r["envs_per_worker"]) for r in rows] == [2, 2, 1, 1, 2, 2, 2, 1, 1, 1]  # the dry run's widths
     assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1]
     assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]  # two ranks, each acting in its process
     assert [int(r["worker_splits"]) for r in rows] == [1, 1, 1, 1, 1, 1, 2, 1, 1, 1]  # each process in two splits

@@ -1,7 +1,8 @@
 """The GPU data path: rollout store on a CUDA device, acting and learner streams, CUDA-graph acting,
 several acting threads.
 
-The sampler test runs everywhere; the rest needs a CUDA GPU (the GPU suite,
+The sampler tests and the graphed acting path with its graph replaced by plain calls run
+everywhere; the rest needs a CUDA GPU (the GPU suite,
 ``benchmarks/gpu/run.sh``, runs them) and skips without one.
 """
 
@@ -58,15 +59,22 @@ def test_a_sampler_given_a_generator_draws_from_it_alone(sampler):
 
 @needs_cuda
 @pytest.mark.parametrize("core", sorted(CORES))
-def test_graphed_acting_equals_the_eager_forward(core):
-    from fwrl.agents.inference_graph import GraphedActing
+def test_a_graphed_forward_equals_the_eager_forward(core):
+    from fwrl.agents.inference_graph import GraphedStep, own_generator
     from fwrl.agents.policy_weights import PolicyWeights
 
     torch.manual_seed(0)
     device = torch.device("cuda")
     model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
-    graphed = GraphedActing(model, device, greedy=True)
     weights = PolicyWeights(model)
+
+    def forward(t):
+        state = {k[6:]: v for k, v in t.items() if k.startswith("state/")}
+        out, state_out = model({k: t[k] for k in ("obs", "reward", "done")}, state, greedy=True, sampler="gumbel",
+                               generator=graphed.generator)
+        return {**out, **{f"state/{k}": v for k, v in state_out.items()}}
+
+    graphed = GraphedStep(forward, device, own_generator(device))
     n = 6
     state = model.initial_state(n, device)
     for step in range(8):
@@ -74,16 +82,139 @@ def test_graphed_acting_equals_the_eager_forward(core):
                   "done": (torch.rand(1, n, device=device) < 0.2)}
         with torch.no_grad():
             eager, eager_state = model(inputs, state, greedy=True)
-        out, out_state = graphed(inputs, state)
+        out = graphed.step(n, {**inputs, **{f"state/{k}": v for k, v in state.items()}})
         torch.testing.assert_close(out["policy_logits"], eager["policy_logits"], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(out["action"], eager["action"])
         for name in eager_state:
-            torch.testing.assert_close(out_state[name], eager_state[name], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out[f"state/{name}"], eager_state[name], rtol=1e-4, atol=1e-5)
         state = {k: v.clone() for k, v in eager_state.items()}
         if step == 3:  # a publish changes the weights in place: the graph must see them
             other = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
             weights.publish(other)
     assert list(graphed.graphs) == [n]
+
+
+class _ScriptedPool:
+    """Workers whose step records are drawn from a seeded generator (the same for every pool made
+    with the same seed): random observations, an episode end now and then, and every 7th call a
+    time-limit cut (its final observation rides the forward: that step acts eagerly)."""
+
+    def __init__(self, workers: int, k: int, seed: int = 0):
+        import numpy as np
+
+        self.num_workers, self.envs_per_worker, self.num_slots = workers, k, workers * k
+        self.rng = np.random.default_rng(seed)
+        self.calls = 0
+
+    def wait(self, timeout=None):
+        import numpy as np
+
+        from fwrl.envs.worker_pool import StepResult
+
+        self.calls += 1
+        k, rng = self.envs_per_worker, self.rng
+        ready = sorted(rng.choice(self.num_workers, size=int(rng.integers(1, self.num_workers + 1)), replace=False))
+        out = []
+        for w in ready:
+            cut = np.zeros(k, bool)
+            if self.calls % 7 == 0:
+                cut[0] = True
+            done = (rng.random(k) < 0.1) | cut
+            arrays = {"obs": rng.standard_normal((k, 4)).astype(np.float32),
+                      "reward": rng.standard_normal(k).astype(np.float32), "done": done, "truncated": cut,
+                      "episode_return": np.zeros(k, np.float32), "episode_step": np.zeros(k, np.int32),
+                      "task": np.zeros(k, np.int32), "final_obs": rng.standard_normal((k, 4)).astype(np.float32)}
+            out.append(StepResult(int(w), 0, arrays, []))
+        return out
+
+    def act(self, worker, actions):
+        pass
+
+
+def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
+    """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
+    same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import PolicyWeights
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
+    from fwrl.envs.step_record import StepRecord
+
+    torch.manual_seed(0)
+    model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
+    runs = []
+    for graph in (False, True):
+        pool = _ScriptedPool(4, 2, seed=3)
+        store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device,
+                             model.initial_state(1, device))
+        loop = InferenceLoop(model, pool, store, device, weights=PolicyWeights(model), greedy=True,
+                             batch_wait=0.0, graph=graph and make_graphed is None)
+        if graph and make_graphed is not None:
+            loop._graphed = make_graphed(loop)
+        finished = []
+        for _ in range(40):
+            loop.step(0.0, on_rollout=lambda r, store=store, finished=finished: (finished.append(store.export(r)),
+                                                                                store.release(r)))
+        runs.append((loop, store, finished))
+    return runs
+
+
+def _assert_same_steps(eager_run, graphed_run):
+    (eager, eager_store, eager_done), (graphed, graphed_store, graphed_done) = eager_run, graphed_run
+    assert len(graphed._graphed.graphs) >= 2  # several batch sizes were captured
+    for name in eager.state:
+        torch.testing.assert_close(graphed.state[name], eager.state[name], rtol=1e-4, atol=1e-5)
+    for name in eager_store.tensors:
+        torch.testing.assert_close(graphed_store.tensors[name], eager_store.tensors[name], rtol=1e-4, atol=1e-5)
+    for name in eager_store.initial_state:
+        torch.testing.assert_close(graphed_store.initial_state[name], eager_store.initial_state[name],
+                                   rtol=1e-4, atol=1e-5)
+    assert len(graphed_done) == len(eager_done) > 4
+    for a, b in zip(eager_done, graphed_done):
+        assert (a.worker, a.life) == (b.worker, b.life)
+        torch.testing.assert_close(b.tensors, a.tensors, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.initial_state, a.initial_state, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("core", ["lstm", "rdn"])
+def test_the_graphed_acting_path_writes_what_the_eager_path_writes_on_the_cpu(core):
+    """The inference loop's graphed path with the CUDA graph replaced by calls of the step it
+    captures (so it runs on the CPU): its static buffers, the step's index layout, the warm-up
+    calls (which must leave the core state as it was) and the replays leave the state and the
+    store as the eager path does."""
+    from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
+
+    class EagerReplay(GraphedStep):
+        def __init__(self, loop):  # no CUDA check, no graph pool
+            self.fn, self.device, self.generator = loop._graphed_act, torch.device("cpu"), None
+            self.protect, self.graphs, self._buffers = (lambda: loop.state), {}, {}
+            self.warmups = 0
+
+        def _capture(self, static):
+            kept = {name: value.clone() for name, value in self.protect().items()}
+            for _ in range(WARMUP_CALLS + 1):  # the warm-ups, and the capture's call (which runs here)
+                outputs = self.fn(static)
+                self.warmups += 1
+            for name, value in self.protect().items():
+                value.copy_(kept[name])
+
+            class Replay:
+                @staticmethod
+                def replay():
+                    outputs.update(self.fn(static))
+            return _Captured(Replay(), outputs)
+
+    eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), EagerReplay)
+    assert graphed[0]._graphed.warmups == (WARMUP_CALLS + 1) * len(graphed[0]._graphed.graphs)
+    _assert_same_steps(eager, graphed)
+
+
+@needs_cuda
+@pytest.mark.parametrize("core", ["lstm", "rdn"])
+def test_a_graphed_acting_step_writes_what_the_eager_step_writes(core):
+    """The whole acting step as CUDA graphs (the state's gather and scatter, the forward, the
+    store's writes) leaves the core state and the store as the eager step does, greedy, over
+    page turns, batch sizes that vary and time-limit cuts (which act eagerly in the graphed loop)."""
+    _assert_same_steps(*_eager_and_graphed_loops(core, torch.device("cuda")))
 
 
 @needs_cuda

@@ -221,12 +221,10 @@ def test_new_worker_life_drops_partial_rollout():
     state = {"s": torch.zeros(1, 1)}
     out: list[Rollout] = []
     for v in range(2):
-        store.record_env([0], [0], _env(v), state, out.append)
-        store.record_agent([0], _agent(), version=0)
+        store.record([0], [0], _env(v), state, _agent(), 0, out.append)
     # the worker restarts: life 1; its first obs starts a fresh rollout
     for v in range(10, 14):
-        store.record_env([0], [1], _env(v, done=(v == 10)), state, out.append)
-        store.record_agent([0], _agent(), version=0)
+        store.record([0], [1], _env(v, done=(v == 10)), state, _agent(), 0, out.append)
     assert store.dropped_steps == 2
     assert len(out) == 1 and out[0].life == 1
     assert store.export(out[0]).tensors["obs"].flatten().tolist() == [10.0, 11.0, 12.0, 13.0]
@@ -243,9 +241,8 @@ def test_state_is_copied_only_when_a_rollout_starts():
     for step in range(8):
         state = {"s": torch.full((2 * k, 1), float(step))}
         before = store.state_copies
-        store.record_env([0, 1], [0, 0], _env(step, 2 * k), state, out.append)
+        store.record([0, 1], [0, 0], _env(step, 2 * k), state, _agent(2 * k), step, out.append)
         copies.append(store.state_copies - before)
-        store.record_agent([0, 1], _agent(2 * k), version=step)
     # rows 0 (start), 3 (T: the next rollout starts) and 6 (T again): both workers' K slots each
     assert copies == [4, 0, 0, 4, 0, 0, 4, 0]
     data = store.export(out[0])
@@ -359,8 +356,7 @@ def test_queue_batches_exact_columns_and_gather_hands_pages_back():
         for row in range(3):
             env = _env(w, 3)
             env["reward"][:] = w
-            store.record_env([w], [0], env, {"h": torch.full((3, 5), float(w))}, lambda r: q.put(r, stop))
-            store.record_agent([w], _agent(3), version=0)
+            store.record([w], [0], env, {"h": torch.full((3, 5), float(w))}, _agent(3), 0, lambda r: q.put(r, stop))
     assert store.free_pages == free - 3
     batch = store.gather(q.get_batch(4, stop))
     assert batch.tensors["reward"].shape == (3, 4) and batch.initial_state["h"].shape == (4, 5)
