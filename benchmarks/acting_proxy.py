@@ -19,6 +19,17 @@ history into a temporary folder), each in its own process::
 
     python benchmarks/acting_proxy.py --baseline 971d846 --out benchmarks/results/acting_proxy.md
 
+``--graph`` measures the graphed acting path instead (``--inference-graph``, the default on a GPU),
+with its CUDA graph replaced by plain calls of what it captures (a CUDA graph cannot run on the CPU):
+``outside_ops``, the torch operators per acting call that launch work (views and allocations left
+out) and that the acting thread issues *outside* the graph, each a kernel launch or a copy on a GPU
+beside the one replay. Staging's uploads are left out too (one host-to-device copy per env group on
+a GPU, in both checkouts; the small index uploads of the store, which the CPU uses in place, are
+not counted either). Side by side with ``--baseline``, it shows what a change moves into
+the graph before a GPU is lent::
+
+    python benchmarks/acting_proxy.py --graph --baseline 7acc213 --out benchmarks/results/acting_graph_proxy.md
+
 ``--threads 1 2`` measures this checkout's acting with that many acting threads instead (each its
 own loop over a slice of the workers, as ``fwrl train --acting-threads N`` runs them, one torch
 thread each): the wall microseconds per agent step of all threads together, the figure several
@@ -132,7 +143,81 @@ def _parts(setting: str):
     return pool, model, store
 
 
-def measure(setting: str, steps: int) -> dict:
+REPLAY = "proxy/graph_replay"  # the profiler range of an emulated replay
+UPLOAD = "proxy/upload"  # the profiler range of staging's upload (host to device copies on a GPU)
+# operators that launch nothing on a GPU: views, metadata, allocations
+NO_LAUNCH = {"aten::" + name for name in (
+    "slice", "view", "unsqueeze", "squeeze", "select", "as_strided", "reshape", "_reshape_alias", "expand", "alias",
+    "t", "permute", "transpose", "detach", "lift_fresh", "empty", "empty_strided", "empty_like", "resize_",
+    "_unsafe_view", "split", "chunk", "unbind", "narrow", "numpy_T", "result_type", "is_nonzero", "item",
+    "_local_scalar_dense", "set_", "to", "view_as")}
+
+
+def _emulate_graph(loop) -> None:
+    """Give ``loop`` the graphed path of its checkout with the CUDA graph replaced by plain calls of
+    what it captures (each replay a call under the profiler range ``REPLAY``)."""
+    import torch
+
+    from fwrl.agents import inference_graph as ig
+
+    def replaying(call):
+        class Replay:
+            @staticmethod
+            def replay():
+                with torch.profiler.record_function(REPLAY):
+                    call()
+        return Replay()
+
+    if hasattr(ig, "GraphedStep"):  # the whole acting step is graphed (6064409 on)
+        graphed = ig.GraphedStep.__new__(ig.GraphedStep)
+        graphed.fn, graphed.device, graphed.generator = loop._graphed_act, torch.device("cpu"), None
+        graphed.protect, graphed.graphs, graphed._buffers = None, {}, {}
+
+        def capture(static):
+            outputs = dict(graphed.fn(static))  # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
+            return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)
+    else:  # the forward alone is graphed (GraphedActing)
+        graphed = ig.GraphedActing.__new__(ig.GraphedActing)
+        graphed.model, graphed.device, graphed.greedy = loop.model, torch.device("cpu"), loop.greedy
+        graphed.graphs, graphed.generator = {}, None
+
+        def capture(inputs, state):
+            static_inputs = {key: value.clone() for key, value in inputs.items()}
+            static_state = {key: value.clone() for key, value in state.items()}
+            outputs, state_out = (dict(part) for part in graphed._forward(static_inputs, static_state))
+
+            def call():
+                out, new_state = graphed._forward(static_inputs, static_state)
+                outputs.update(out)
+                state_out.update(new_state)
+            return ig._Captured(replaying(call), static_inputs, static_state, outputs, state_out)
+    graphed._capture = capture
+    loop._graphed = graphed
+    upload = loop._staging.upload
+
+    def ranged_upload(*args, **kwargs):
+        with torch.profiler.record_function(UPLOAD):
+            return upload(*args, **kwargs)
+    loop._staging.upload = ranged_upload
+
+
+def _outside_ops(prof) -> tuple[int, int]:
+    """(operators that launch work issued outside the emulated replays and the uploads, replays) of a
+    profile."""
+    def inside(event) -> bool:
+        while event is not None:
+            if event.name in (REPLAY, UPLOAD):
+                return True
+            event = event.cpu_parent
+        return False
+
+    events = prof.events()
+    outside = sum(1 for e in events if e.name.startswith("aten::") and e.name not in NO_LAUNCH
+                  and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")) and not inside(e))
+    return outside, sum(1 for e in events if e.name == REPLAY)
+
+
+def measure(setting: str, steps: int, graph: bool = False) -> dict:
     import threading
 
     import torch
@@ -141,6 +226,8 @@ def measure(setting: str, steps: int) -> dict:
 
     pool, model, store = _parts(setting)
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0)
+    if graph:
+        _emulate_graph(loop)
     for _ in range(30):  # warm-up: first pages, allocator
         loop.step(0.0, on_rollout=store.release)
     began_cpu, began = time.thread_time(), time.perf_counter()
@@ -153,9 +240,16 @@ def measure(setting: str, steps: int) -> dict:
     ops = sum(1 for e in prof.events() if e.name.startswith("aten::")  # those not called by another op
               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
     agent_steps = steps * pool.num_slots
-    return {"setting": setting, "slots": pool.num_slots, "cpu_us": round(1e6 * cpu / agent_steps, 2),
-            "wall_us": round(1e6 * wall / agent_steps, 2), "ops": round(ops / (20 * pool.num_slots), 3),
-            "ops_per_call": round(ops / 20, 1)}
+    out = {"setting": setting, "slots": pool.num_slots, "cpu_us": round(1e6 * cpu / agent_steps, 2),
+           "wall_us": round(1e6 * wall / agent_steps, 2), "ops": round(ops / (20 * pool.num_slots), 3),
+           "ops_per_call": round(ops / 20, 1)}
+    if graph:  # over a whole cycle of time-limit cuts (their riders ride the forward)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(CUT_EVERY):
+                loop.step(0.0, on_rollout=store.release)
+        outside, replays = _outside_ops(prof)
+        out.update(outside_ops=round(outside / CUT_EVERY, 1), replays=round(replays / CUT_EVERY, 2))
+    return out
 
 
 def measure_threads(setting: str, steps: int, threads: int) -> dict:
@@ -231,9 +325,9 @@ def _checkout(rev: str, folder: Path) -> Path:
     return folder
 
 
-def _run(path: Path, setting: str, steps: int, threads: int = 0) -> dict:
+def _run(path: Path, setting: str, steps: int, threads: int = 0, graph: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
-    extra = ["--measure-threads", str(threads)] if threads else []
+    extra = (["--measure-threads", str(threads)] if threads else []) + (["--measure-graph"] if graph else [])
     out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps), *extra], env=env,
                          capture_output=True, text=True, check=True, cwd=path).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -283,7 +377,10 @@ def main() -> int:
                         "processes (one thread each, as learner ranks act), side by side")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--graph", action="store_true", help="measure the graphed acting path, its graph replaced "
+                        "by plain calls: the operators the acting thread issues outside the graph per call")
     parser.add_argument("--measure-process", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-graph", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.processes and not args.threads:
         parser.error("--processes is measured beside --threads (e.g. --threads 1 2 --processes 2)")
@@ -293,7 +390,7 @@ def main() -> int:
         return 0
     if args.measure:
         print(json.dumps(measure_threads(args.measure, args.steps, args.measure_threads) if args.measure_threads
-                         else measure(args.measure, args.steps)))
+                         else measure(args.measure, args.steps, args.measure_graph)))
         return 0
     if args.threads:
         return _threads_report(args)
@@ -305,8 +402,10 @@ def main() -> int:
         for setting in args.settings:
             for _ in range(args.repeats):
                 for name, path in checkouts.items():  # alternated, so drift hits both alike
-                    results.setdefault((name, setting), []).append(_run(path, setting, args.steps))
+                    results.setdefault((name, setting), []).append(_run(path, setting, args.steps, graph=args.graph))
                     print(name, setting, results[(name, setting)][-1], file=sys.stderr, flush=True)
+    if args.graph:
+        return _graph_report(args, results)
     rows = []
     for (name, setting), runs in results.items():
         rows.append((setting, name, runs[0]["slots"], _medians(runs, ("cpu_us", "wall_us", "ops", "ops_per_call"))))
@@ -323,6 +422,25 @@ def main() -> int:
             lines.append(f"| {setting} | {this['cpu_us'] / base['cpu_us']:.2f} | {this['ops'] / base['ops']:.2f} |")
     _publish(args, f"Acting path per agent step on the CPU ({time.strftime('%Y-%m-%d')})",
              "acting calls each, one torch thread", lines)
+    return 0
+
+
+def _graph_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
+    """The graphed path's table: operators per call outside the graph (and the uploads), replays per call."""
+    lines = ["| setting | checkout | slots per call | ops per call outside the graph | replays per call |",
+             "|---|---|---|---|---|"]
+    medians = {key: _medians(runs, ("outside_ops", "replays")) for key, runs in results.items()}
+    for (name, setting), med in sorted(medians.items(), key=lambda item: (item[0][1], item[0][0])):
+        lines.append(f"| {setting} | {name} | {results[(name, setting)][0]['slots']} | {med['outside_ops']} | "
+                     f"{med['replays']} |")
+    if args.baseline:
+        lines += ["", "| setting | ops outside the graph per call, this / baseline |", "|---|---|"]
+        for setting in args.settings:
+            base = next(m for (n, s), m in medians.items() if s == setting and n.startswith("baseline"))
+            this = next(m for (n, s), m in medians.items() if s == setting and n.startswith("this"))
+            lines.append(f"| {setting} | {this['outside_ops'] / base['outside_ops']:.2f} |")
+    _publish(args, f"The graphed acting path's calls outside its graph, on the CPU ({time.strftime('%Y-%m-%d')})",
+             "acting calls each, one torch thread, the CUDA graph replaced by plain calls", lines)
     return 0
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
-from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore, host_to_device
+from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED, ColumnGroup, StepRecord
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
@@ -48,19 +48,20 @@ from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 # to the host), store and staging work.
 INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
 # the step's indices, one int64 upload: the slots' places in the loop's state, then (with a store)
-# the store entries of obs t and of the agent output (``RolloutStore.plan``)
+# the store entries of obs t and of the agent output (``RolloutStore.plan``), then the batch positions
+# of the slots whose episode a time limit cut (their riders: ``InferenceLoop._riders``)
 INDEX = "index"
+RIDER = "rider/"  # + OBS / OBS_EXTRA: the cut episodes' final observations, one row per cut slot
 
 
 class _Staging:
     """The stored columns of the ready workers' step records, packed in their groups
     (``fwrl.envs.step_record.ColumnGroup``: the observations, the scalars of each dtype) as
-    ``[N*K, ...]`` tensors on the device, and the step's indices (``INDEX``): one host buffer
-    and one upload per group.
+    ``[N*K, ...]`` tensors on the device, and the step's other host arrays (its indices, the
+    riders' observations): one host buffer and one upload each.
 
-    On CUDA they are packed into pinned host buffers (allocated on first use for all slots) and
-    copied without blocking on the current stream; the buffers are not written again before
-    that copy has finished.
+    On CUDA they are packed into pinned host buffers (allocated on first use) and copied without
+    blocking on the current stream; the buffers are not written again before that copy has finished.
     """
 
     def __init__(self, device: torch.device, num_slots: int, record: StepRecord | None = None):
@@ -68,32 +69,31 @@ class _Staging:
         self.num_slots = num_slots
         self.record = record
         self.groups: tuple[ColumnGroup, ...] = record.groups() if record is not None else ()
-        self.pinned: dict[str, torch.Tensor] | None = None
+        self.pinned: dict[str, torch.Tensor] = {}
         self.copied: torch.cuda.Event | None = None
 
-    def upload(self, results: list[StepResult], index: np.ndarray,
+    def upload(self, results: list[StepResult], extras: dict[str, np.ndarray],
                out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """The groups of ``results`` and ``index`` (the step's int64 indices, under ``INDEX``) on the
-        device, by group name: into the tensors of ``out`` (a graph's static inputs) where given."""
+        """The groups of ``results`` (by group name) and the host arrays ``extras`` (by their names)
+        on the device: into the tensors of ``out`` (a graph's static inputs) where given."""
         if self.record is None:  # a source without a described record (evaluation): its arrays say it
             self.record = StepRecord.of_arrays(results[0].arrays)
             self.groups = self.record.groups()
         parts = [r.arrays for r in results]
-        n = sum(len(p[REWARD]) for p in parts)
         if self.device.type != "cuda":
-            return {**{g.name: torch.from_numpy(g.pack(parts)) for g in self.groups}, INDEX: torch.from_numpy(index)}
-        if self.pinned is None:
-            self.pinned = {g.name: torch.empty((self.num_slots, *g.shape), dtype=TORCH_DTYPES[g.dtype],
-                                               pin_memory=True) for g in self.groups}
-            self.pinned[INDEX] = torch.empty(3 * self.num_slots, dtype=torch.int64, pin_memory=True)
+            packed = {g.name: torch.from_numpy(g.pack(parts)) for g in self.groups}
+            packed.update((name, torch.from_numpy(array)) for name, array in extras.items())
+            return packed if out is None else {name: out[name].copy_(value) for name, value in packed.items()}
         if self.copied is not None:
             self.copied.synchronize()
+        n = sum(len(p[REWARD]) for p in parts)
         hosts = {}
         for g in self.groups:
-            hosts[g.name] = self.pinned[g.name][:n]
+            hosts[g.name] = self._pinned(g.name, (n, *g.shape), TORCH_DTYPES[g.dtype])
             g.pack(parts, out=hosts[g.name].numpy())
-        hosts[INDEX] = self.pinned[INDEX][:len(index)]
-        hosts[INDEX].numpy()[:] = index
+        for name, array in extras.items():
+            hosts[name] = self._pinned(name, array.shape, torch.from_numpy(array).dtype)
+            hosts[name].numpy()[...] = array
         if out is None:
             uploaded = {name: host.to(self.device, non_blocking=True) for name, host in hosts.items()}
         else:
@@ -102,10 +102,19 @@ class _Staging:
         self.copied.record()
         return uploaded
 
-    def shapes(self, n: int, index: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Shape and dtype of every tensor :meth:`upload` gives for ``n`` slots and ``index`` indices."""
-        return {**{g.name: ((n, *g.shape), TORCH_DTYPES[g.dtype]) for g in self.groups},
-                INDEX: ((index,), torch.int64)}
+    def _pinned(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The first ``shape[0]`` rows of the pinned host buffer ``name`` (made, or made larger, here)."""
+        buffer = self.pinned.get(name)
+        if buffer is None or len(buffer) < shape[0] or buffer.shape[1:] != shape[1:] or buffer.dtype != dtype:
+            rows = max(shape[0], self.num_slots * (4 if name == INDEX else 1))
+            buffer = self.pinned[name] = torch.empty((rows, *shape[1:]), dtype=dtype, pin_memory=True)
+        return buffer[:shape[0]]
+
+    def shapes(self, n: int, extras: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape and dtype of every tensor :meth:`upload` gives for ``n`` slots and ``extras``."""
+        out = {g.name: ((n, *g.shape), TORCH_DTYPES[g.dtype]) for g in self.groups}
+        out.update((name, (array.shape, torch.from_numpy(array).dtype)) for name, array in extras.items())
+        return out
 
     def column(self, values: dict[str, Any], name: str) -> Any:
         """Column ``name`` of the packed groups ``values`` (device tensors or the host arrays): a view."""
@@ -189,27 +198,26 @@ class InferenceLoop:
                 results += self.pool.wait(left)
         return results
 
-    def _riders(self, results: list[StepResult], cut: np.ndarray, inputs: dict[str, torch.Tensor],
+    def _riders(self, tensors: dict[str, torch.Tensor], cut: torch.Tensor, inputs: dict[str, torch.Tensor],
                 state_in: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The inputs and states of the forward: the step's slots (``inputs``, ``state_in``), then one
-        row per slot in ``cut`` (a time limit cut its episode) with that episode's final observation,
-        the step's reward, ``done`` false and the slot's state (the cut episode's, not reset)."""
-        index = host_to_device(cut, self.device)
-        extra = {key: host_to_device(np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut], self.device)
-                 for key in (OBS, OBS_EXTRA) if key in inputs}
-        extra[REWARD] = inputs[REWARD].index_select(0, index)
+        row per slot at the batch positions ``cut`` (a time limit cut its episode) with that
+        episode's final observation (``tensors[RIDER + key]``), the step's reward, ``done`` false
+        and the slot's state (the cut episode's, not reset)."""
+        extra = {key: tensors[RIDER + key] for key in (OBS, OBS_EXTRA) if key in inputs}
+        extra[REWARD] = inputs[REWARD].index_select(0, cut)
         extra[DONE] = torch.zeros(len(cut), dtype=torch.bool, device=self.device)
         inputs = {key: torch.cat([value, extra[key]]) for key, value in inputs.items()}
-        state = {name: torch.cat([value, value.index_select(0, index)]) for name, value in state_in.items()}
+        state = {name: torch.cat([value, value.index_select(0, cut)]) for name, value in state_in.items()}
         return inputs, state
 
-    def _bootstrap_values(self, baseline: torch.Tensor, n: int, cut: np.ndarray) -> torch.Tensor:
-        """Per slot: the value of the rider of its cut episode (rows ``n:`` of the forward), 0 where
-        no time limit cut one."""
+    def _bootstrap_values(self, baseline: torch.Tensor, n: int, cut: torch.Tensor) -> torch.Tensor:
+        """Per slot: the value of the rider of its cut episode (rows ``n:`` of the forward; ``cut``:
+        the cut slots' batch positions), 0 where no time limit cut one."""
         if len(cut) == 0:
             return self._no_values[:n]  # never written: the store copies it
         values = torch.zeros(n, device=self.device)
-        values.index_copy_(0, host_to_device(cut, self.device), baseline[n:].float())
+        values.index_copy_(0, cut, baseline[n:].float())
         return values
 
     def _actions_to_host(self, action: torch.Tensor) -> np.ndarray:
@@ -240,25 +248,28 @@ class InferenceLoop:
         workers = [r.worker for r in results]
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
-            index = (self._place[workers][:, None] * k + self._offsets).ravel()
+            index = [(self._place[workers][:, None] * k + self._offsets).ravel()]
+            extras = {}
             plan = None
-            if self.store is not None:
+            if self.store is not None:  # evaluation (no store) bootstraps nothing: no riders
                 plan = self.store.plan(workers, [r.life for r in results])
-                index = np.concatenate([index, plan.env_entries, plan.agent_entries])
-            cut = (np.flatnonzero(np.concatenate([r.arrays[TRUNCATED] for r in results])) if self.store is not None
-                   else np.empty(0, np.int64))  # evaluation bootstraps nothing
-            graphed = self._graphed is not None and not len(cut)  # a step with riders acts eagerly
-            static = self._graphed.buffers(n, self._staging.shapes(n, len(index))) if graphed else None
-            tensors = self._staging.upload(results, index, out=static)
-        if graphed:
-            with timer.stage("inference_forward", device_work=True):
-                with self.weights.acting() as version:
-                    out = self._graphed.step(n, tensors)
-                actions = self._actions_to_host(out["action"])
+                cut = np.flatnonzero(np.concatenate([r.arrays[TRUNCATED] for r in results]))
+                index += [plan.env_entries, plan.agent_entries, cut]
+                for key in (OBS, OBS_EXTRA):
+                    if len(cut) and key in self._staging.record.names:
+                        extras[RIDER + key] = np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut]
+            extras[INDEX] = np.concatenate(index)
+            # one graph per batch size and number of riders
+            key = (n, len(extras[INDEX]))
+            static = self._graphed.buffers(key, self._staging.shapes(n, extras)) if self._graphed is not None else None
+            tensors = self._staging.upload(results, extras, out=static)
+        if self._graphed is not None:
+            with timer.stage("inference_forward", device_work=True), self.weights.acting() as version:
+                out = self._graphed.step(key, tensors)
         else:
-            out, version = self._act(tensors, (results, cut), timer)
-            with timer.stage("inference_forward", device_work=True):
-                actions = self._actions_to_host(out["action"])
+            out, version = self._act(tensors, timer)
+        with timer.stage("inference_forward", device_work=True):
+            actions = self._actions_to_host(out["action"])
         if plan is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 self.store.complete(plan, {name[len(STATE_IN):]: value for name, value in out.items()
@@ -274,30 +285,28 @@ class InferenceLoop:
         self.agent_steps += n
         return n
 
-    def _act(self, tensors: dict[str, torch.Tensor], riders: tuple[list[StepResult], np.ndarray] | None = None,
-             timer: StageTimer | _Untimed = _UNTIMED, sampling: dict[str, Any] | None = None, hold: bool = True
-             ) -> tuple[dict[str, torch.Tensor], int | None]:
-        """The device work of one inference step over the n slots of ``tensors`` (the env groups
-        as staging packs them, and ``INDEX``: the slots' places in ``self.state``, then with a
-        store the entries of obs t and of the agent output): the slots' core state gathered, the
-        forward (T = 1), the state scattered back, the step written into the store. Returns the
-        actions and the gathered state (``STATE_IN + name``), and the version of the weights that
-        acted (held for the forward; with ``hold`` false the caller holds them: None).
+    def _act(self, tensors: dict[str, torch.Tensor], timer: StageTimer | _Untimed = _UNTIMED,
+             sampling: dict[str, Any] | None = None, hold: bool = True) -> tuple[dict[str, torch.Tensor], int | None]:
+        """The device work of one inference step over the n slots of ``tensors`` (as staging uploads
+        them: the env groups, ``INDEX``, the riders' observations): the slots' core state gathered,
+        the forward (T = 1; the riders of cut episodes ride it as extra rows), the state scattered
+        back, the step written into the store. Returns the actions and the gathered state
+        (``STATE_IN + name``), and the version of the weights that acted (held for the forward; with
+        ``hold`` false the caller holds them: None).
 
-        ``riders`` (eager only): the results and the rows cut by a time limit, whose final
-        observations ride the forward (``_riders``). Everything here is device work with no host
-        sync, so without riders :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
+        Everything here is device work with no host sync and shapes fixed by the batch size and the
+        number of riders, so :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
         index = tensors[INDEX]
         n = len(self._staging.column(tensors, REWARD))
         slots = index[:n]
-        cut = riders[1] if riders is not None else np.empty(0, np.int64)
+        cut = index[3 * n:] if self.store is not None else index[n:n]
         with timer.stage("rollout_bookkeeping", device_work=True):
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             inputs = {key: self._staging.column(tensors, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
                       if key in self._staging.record.names}
             state = state_in
             if len(cut):
-                inputs, state = self._riders(riders[0], cut, inputs, state_in)
+                inputs, state = self._riders(tensors, cut, inputs, state_in)
         with timer.stage("inference_forward", device_work=True):
             inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
             with self.weights.acting() if hold else contextlib.nullcontext() as version:
@@ -310,7 +319,7 @@ class InferenceLoop:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 env = {g.name: tensors[g.name] for g in self._staging.groups}
                 env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
-                self.store.write(index[n:2 * n], index[2 * n:], env, agent)
+                self.store.write(index[n:2 * n], index[2 * n:3 * n], env, agent)
         return {"action": agent["action"], **{STATE_IN + name: value for name, value in state_in.items()}}, version
 
     def _graphed_act(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,8 +4,9 @@ A T = 1 forward of a small agent is mostly Python and kernel-launch
 overhead: dozens of small kernels per layer, and the core state's gather and
 scatter and the store's writes around it add a dozen more. :class:`GraphedStep`
 captures a function of device tensors once per key (the inference loop's
-whole device step, ``InferenceLoop._act``, once per batch size: the number of
-slots served in one inference step, at most the number of workers times K)
+whole device step, ``InferenceLoop._act``, once per batch size, the number of
+slots served in one inference step, and number of riders, the slots whose
+episode a time limit cut)
 and replays it in one launch. The graph reads its inputs from static buffers
 (the loop uploads the step's env groups and its indices straight into them)
 and writes its outputs to static buffers; tensors it reads and writes in place
