@@ -179,8 +179,8 @@ class InferenceLoop:
         if graph:
             from fwrl.agents.inference_graph import GraphedStep, own_generator
 
-            generator = own_generator(self.device) if self.device.type == "cuda" else None
-            self._graphed = GraphedStep(self._graphed_act, self.device, generator, protect=lambda: self.state)
+            self._graphed = GraphedStep(self._graphed_act, self.device, own_generator(self.device),
+                                        protect=lambda: self.state)
         self._offsets = np.arange(self.k)
         # Dynamic batching: act on whichever workers are ready, but give the
         # others up to ``batch_wait`` seconds to join until ``min_batch``
