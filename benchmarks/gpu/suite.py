@@ -574,7 +574,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                    if not rows else [])
         try:
             part.run(fwrl("bench", "throughput", *common, "--envs-per-worker", envs, "--core", core, *extra,
-                          *profile, "--ceiling-seconds", ceiling_seconds, "--json-path", path), timeout=150)
+                          *profile, "--ceiling-seconds", ceiling_seconds, "--json-path", path),
+                     timeout=300 if part.dry else 150)  # a dry run on a loaded 2-core machine starts slowly
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
             part.log(f"{label}: {exc}")
             rows.append({"core": label, "envs_per_worker": envs, "note": str(exc)[:120]})

@@ -85,6 +85,7 @@ def _check_learner_part(folder: Path) -> None:
     with (folder / "learner.csv").open() as f:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
+    assert not [(r["core"], r["note"]) for r in rows if r.get("note")]  # a row that failed says why
     # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out
     assert [r["core"] for r in rows] == ["lstm x8", "rdn x8", "lstm", "rdn", "rdn x8 2 learners", "rdn x8 2 threads",
                                          "rdn x8 split2", "delta_net", "srwm", "elstm rtrl"]
