@@ -6,11 +6,14 @@ everywhere; the rest needs a CUDA GPU (the GPU suite,
 ``benchmarks/gpu/run.sh``, runs them) and skips without one.
 """
 
+import contextlib
 import time
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
 from fwrl.agents.model import AgentNet
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -176,37 +179,96 @@ def _assert_same_steps(eager_run, graphed_run):
         torch.testing.assert_close(b.initial_state, a.initial_state, rtol=1e-4, atol=1e-5)
 
 
+class _EagerReplay(GraphedStep):
+    """A loop's ``GraphedStep`` with each CUDA graph replaced by calls of the step it would capture
+    (so it runs on the CPU): the same static buffers, warm-ups and protected state. ``mode`` (a
+    dispatch mode), where given, is active in every call of the step."""
+
+    def __init__(self, loop, generator: torch.Generator | None = None, mode=None):  # no CUDA check, no pool
+        self.loop, self.mode = loop, mode
+        self.device, self.generator = torch.device("cpu"), generator
+        self.protect, self.graphs, self._buffers = (lambda: loop.state), {}, {}
+        self.warmups = 0
+
+    def fn(self, static):
+        with self.mode if self.mode is not None else contextlib.nullcontext():
+            return self.loop._graphed_act(static)
+
+    def _capture(self, static):
+        kept = {name: value.clone() for name, value in self.protect().items()}
+        for _ in range(WARMUP_CALLS + 1):  # the warm-ups, and the capture's call (which runs here)
+            outputs = self.fn(static)
+            self.warmups += 1
+        for name, value in self.protect().items():
+            value.copy_(kept[name])
+        fn = self.fn
+
+        class Replay:
+            @staticmethod
+            def replay():
+                outputs.update(fn(static))
+        return _Captured(Replay(), outputs)
+
+
 @pytest.mark.parametrize("core", ["lstm", "rdn"])
 def test_the_graphed_acting_path_writes_what_the_eager_path_writes_on_the_cpu(core):
     """The inference loop's graphed path with the CUDA graph replaced by calls of the step it
     captures (so it runs on the CPU): its static buffers, the step's index layout, the warm-up
     calls (which must leave the core state as it was) and the replays leave the state and the
     store as the eager path does."""
-    from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
-
-    class EagerReplay(GraphedStep):
-        def __init__(self, loop):  # no CUDA check, no graph pool
-            self.fn, self.device, self.generator = loop._graphed_act, torch.device("cpu"), None
-            self.protect, self.graphs, self._buffers = (lambda: loop.state), {}, {}
-            self.warmups = 0
-
-        def _capture(self, static):
-            kept = {name: value.clone() for name, value in self.protect().items()}
-            for _ in range(WARMUP_CALLS + 1):  # the warm-ups, and the capture's call (which runs here)
-                outputs = self.fn(static)
-                self.warmups += 1
-            for name, value in self.protect().items():
-                value.copy_(kept[name])
-
-            class Replay:
-                @staticmethod
-                def replay():
-                    outputs.update(self.fn(static))
-            return _Captured(Replay(), outputs)
-
-    eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), EagerReplay)
+    eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), _EagerReplay)
     assert graphed[0]._graphed.warmups == (WARMUP_CALLS + 1) * len(graphed[0]._graphed.graphs)
     _assert_same_steps(eager, graphed)
+
+
+class _HostSyncs(TorchDispatchMode):
+    """Records every op that, on a CUDA device, makes the host wait for the device: a tensor's
+    value read on the host (``item()``, ``bool()``, ``equal``), or an output whose size depends on
+    values (``nonzero``, boolean masks, ``unique``, ``repeat_interleave`` without its size), and
+    every tensor made from host data (``torch.tensor``: on a GPU, an upload from pageable memory).
+    A CUDA graph cannot capture them; this finds them on the CPU."""
+
+    SYNCING = {"_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+               "unique_consecutive", "equal", "is_nonzero", "allclose", "bincount", "histc"}
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        masks = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ()) if i is not None)
+        sized = name == "repeat_interleave" and kwargs.get("output_size") is None and func._overloadname != "self_int"
+        if name in self.SYNCING or masks or sized:
+            self.found.append(str(func))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+def test_the_graphed_acting_step_makes_no_host_sync(core):
+    """The step a graphed loop captures (state gather, the forward sampling with Gumbel noise,
+    the riders of time-limit cuts, the state scatter, the store writes), run on the CPU for 20
+    steps of a scripted pool, issues no op that would make a GPU's host wait: a CUDA graph cannot
+    capture one (the capture fails, or worse, the replay reuses a value read once)."""
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.policy_weights import PolicyWeights
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
+    from fwrl.envs.step_record import StepRecord
+
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
+    store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device, model.initial_state(1, device))
+    loop = InferenceLoop(model, _ScriptedPool(4, 2, seed=3), store, device, weights=PolicyWeights(model),
+                         batch_wait=0.0)
+    syncs = _HostSyncs()
+    loop._graphed = _EagerReplay(loop, torch.Generator().manual_seed(1), syncs)
+    for _ in range(20):
+        loop.step(0.0, on_rollout=store.release)
+    assert any(size > 3 * n for n, size in loop._graphed.graphs), "no step with riders"
+    assert syncs.found == []
 
 
 @needs_cuda

@@ -53,8 +53,9 @@ def check_srwm_args(input_map: str, grad_mode: str) -> None:
 
 
 def rate_index(rows: tuple[int, int, int, int], device=None) -> Tensor:
-    """For each row of the stacked W, which of the four learning rates updates it."""
-    return torch.repeat_interleave(torch.arange(NUM_RATES, device=device), torch.tensor(rows, device=device))
+    """For each row of the stacked W, which of the four learning rates updates it (filled on the
+    device: no upload, no host sync, so a CUDA graph can capture it)."""
+    return torch.cat([torch.full((size,), rate, dtype=torch.long, device=device) for rate, size in enumerate(rows)])
 
 
 def srwm_step(
