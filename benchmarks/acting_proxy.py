@@ -23,7 +23,9 @@ history into a temporary folder), each in its own process::
 with its CUDA graph replaced by plain calls of what it captures (a CUDA graph cannot run on the CPU):
 ``outside_ops``, the torch operators per acting call that launch work (views and allocations left
 out) and that the acting thread issues *outside* the graph, each a kernel launch or a copy on a GPU
-beside the one replay. Staging's uploads are left out too (one host-to-device copy per env group on
+beside the one replay; ``host_us``, the acting thread's CPU microseconds per call outside the
+replays (Python, the store's host side, staging's packing, the ops outside the graph): with the
+step in the graph, what bounds a GPU's acting thread besides the envs. Staging's uploads are left out too (one host-to-device copy per env group on
 a GPU, in both checkouts; the small index uploads of the store, which the CPU uses in place, are
 not counted either). Side by side with ``--baseline``, it shows what a change moves into
 the graph before a GPU is lent::
@@ -153,6 +155,16 @@ NO_LAUNCH = {"aten::" + name for name in (
     "_local_scalar_dense", "set_", "to", "view_as")}
 
 
+def _ranged(name: str):
+    """The profiler range ``name`` while a profiler runs (a range costs a dispatcher call: not in the
+    timed calls, as ``fwrl.agents.stage_timer`` does)."""
+    import contextlib
+
+    import torch
+
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+
+
 def _emulate_graph(loop) -> None:
     """Give ``loop`` the graphed path of its checkout with the CUDA graph replaced by plain calls of
     what it captures (each replay a call under the profiler range ``REPLAY``)."""
@@ -160,12 +172,16 @@ def _emulate_graph(loop) -> None:
 
     from fwrl.agents import inference_graph as ig
 
+    loop.proxy_replay_cpu = 0.0  # the acting thread's CPU seconds inside the emulated replays
+
     def replaying(call):
         class Replay:
             @staticmethod
             def replay():
-                with torch.profiler.record_function(REPLAY):
+                began = time.thread_time()
+                with _ranged(REPLAY):
                     call()
+                loop.proxy_replay_cpu += time.thread_time() - began
         return Replay()
 
     if hasattr(ig, "GraphedStep"):  # the whole acting step is graphed (6064409 on)
@@ -196,7 +212,7 @@ def _emulate_graph(loop) -> None:
     upload = loop._staging.upload
 
     def ranged_upload(*args, **kwargs):
-        with torch.profiler.record_function(UPLOAD):
+        with _ranged(UPLOAD):
             return upload(*args, **kwargs)
     loop._staging.upload = ranged_upload
 
@@ -230,10 +246,12 @@ def measure(setting: str, steps: int, graph: bool = False) -> dict:
         _emulate_graph(loop)
     for _ in range(30):  # warm-up: first pages, allocator
         loop.step(0.0, on_rollout=store.release)
+    replay_cpu = getattr(loop, "proxy_replay_cpu", 0.0)
     began_cpu, began = time.thread_time(), time.perf_counter()
     for _ in range(steps):
         loop.step(0.0, on_rollout=store.release)
     cpu, wall = time.thread_time() - began_cpu, time.perf_counter() - began
+    replay_cpu = getattr(loop, "proxy_replay_cpu", 0.0) - replay_cpu
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(20):
             loop.step(0.0, on_rollout=store.release)
@@ -248,7 +266,8 @@ def measure(setting: str, steps: int, graph: bool = False) -> dict:
             for _ in range(CUT_EVERY):
                 loop.step(0.0, on_rollout=store.release)
         outside, replays = _outside_ops(prof)
-        out.update(outside_ops=round(outside / CUT_EVERY, 1), replays=round(replays / CUT_EVERY, 2))
+        out.update(outside_ops=round(outside / CUT_EVERY, 1), replays=round(replays / CUT_EVERY, 2),
+                   host_us=round(1e6 * (cpu - replay_cpu) / steps, 1))
     return out
 
 
@@ -427,18 +446,20 @@ def main() -> int:
 
 def _graph_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
     """The graphed path's table: operators per call outside the graph (and the uploads), replays per call."""
-    lines = ["| setting | checkout | slots per call | ops per call outside the graph | replays per call |",
-             "|---|---|---|---|---|"]
-    medians = {key: _medians(runs, ("outside_ops", "replays")) for key, runs in results.items()}
+    lines = ["| setting | checkout | slots per call | ops per call outside the graph | replays per call | "
+             "host us per call outside the graph |", "|---|---|---|---|---|---|"]
+    medians = {key: _medians(runs, ("outside_ops", "replays", "host_us")) for key, runs in results.items()}
     for (name, setting), med in sorted(medians.items(), key=lambda item: (item[0][1], item[0][0])):
         lines.append(f"| {setting} | {name} | {results[(name, setting)][0]['slots']} | {med['outside_ops']} | "
-                     f"{med['replays']} |")
+                     f"{med['replays']} | {med['host_us']} |")
     if args.baseline:
-        lines += ["", "| setting | ops outside the graph per call, this / baseline |", "|---|---|"]
+        lines += ["", "| setting | ops outside the graph per call, this / baseline | host us outside it, this / "
+                  "baseline |", "|---|---|---|"]
         for setting in args.settings:
             base = next(m for (n, s), m in medians.items() if s == setting and n.startswith("baseline"))
             this = next(m for (n, s), m in medians.items() if s == setting and n.startswith("this"))
-            lines.append(f"| {setting} | {this['outside_ops'] / base['outside_ops']:.2f} |")
+            lines.append(f"| {setting} | {this['outside_ops'] / base['outside_ops']:.2f} | "
+                         f"{this['host_us'] / base['host_us']:.2f} |")
     _publish(args, f"The graphed acting path's calls outside its graph, on the CPU ({time.strftime('%Y-%m-%d')})",
              "acting calls each, one torch thread, the CUDA graph replaced by plain calls", lines)
     return 0
