@@ -134,23 +134,28 @@ class _ScriptedPool:
         pass
 
 
-def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
-    """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
-    same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
+def _scripted_loop(model: AgentNet, device: torch.device, **options):
+    """(inference loop, its rollout store) of ``model`` over a scripted pool of 4 workers x 2 envs
+    (seed 3), rollouts of T 5; ``options`` go to ``InferenceLoop``."""
     from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.policy_weights import PolicyWeights
     from fwrl.agents.rollouts import RolloutSpec, RolloutStore
     from fwrl.envs.step_record import StepRecord
 
+    store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device, model.initial_state(1, device))
+    loop = InferenceLoop(model, _ScriptedPool(4, 2, seed=3), store, device, weights=PolicyWeights(model),
+                         batch_wait=0.0, **options)
+    return loop, store
+
+
+def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
+    """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
+    same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
     torch.manual_seed(0)
     model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
     runs = []
     for graph in (False, True):
-        pool = _ScriptedPool(4, 2, seed=3)
-        store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device,
-                             model.initial_state(1, device))
-        loop = InferenceLoop(model, pool, store, device, weights=PolicyWeights(model), greedy=True,
-                             batch_wait=0.0, graph=graph and make_graphed is None)
+        loop, store = _scripted_loop(model, device, greedy=True, graph=graph and make_graphed is None)
         if graph and make_graphed is not None:
             loop._graphed = make_graphed(loop)
         finished = []
@@ -228,8 +233,9 @@ class _HostSyncs(TorchDispatchMode):
     every tensor made from host data (``torch.tensor``: on a GPU, an upload from pageable memory).
     A CUDA graph cannot capture them; this finds them on the CPU."""
 
-    SYNCING = {"_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
-               "unique_consecutive", "equal", "is_nonzero", "allclose", "bincount", "histc"}
+    SYNCING = frozenset({"_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "unique", "_unique",
+                         "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero", "allclose", "bincount",
+                         "histc"})
 
     def __init__(self):
         super().__init__()
@@ -252,17 +258,9 @@ def test_the_graphed_acting_step_makes_no_host_sync(core):
     the riders of time-limit cuts, the state scatter, the store writes), run on the CPU for 20
     steps of a scripted pool, issues no op that would make a GPU's host wait: a CUDA graph cannot
     capture one (the capture fails, or worse, the replay reuses a value read once)."""
-    from fwrl.agents.inference import InferenceLoop
-    from fwrl.agents.policy_weights import PolicyWeights
-    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
-    from fwrl.envs.step_record import StepRecord
-
     torch.manual_seed(0)
     device = torch.device("cpu")
-    model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
-    store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device, model.initial_state(1, device))
-    loop = InferenceLoop(model, _ScriptedPool(4, 2, seed=3), store, device, weights=PolicyWeights(model),
-                         batch_wait=0.0)
+    loop, store = _scripted_loop(AgentNet((4,), 3, core, CORES[core], stem="mlp").eval(), device)
     syncs = _HostSyncs()
     loop._graphed = _EagerReplay(loop, torch.Generator().manual_seed(1), syncs)
     for _ in range(20):
