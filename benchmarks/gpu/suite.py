@@ -136,8 +136,9 @@ PONG_EVAL_EPISODES = 4
 # without a spill at twice the programs per SM (kernels-h100/analysis.md, sections 2, 4 and 6). delta_lstm's
 # streamed backward needs 248 registers: left out. On the H200 at ed3df79 the cap made the large shape's
 # fwd+bwd 1.44x faster for the delta rule (1.08x rdn, 1.09x srwm); on the H100 at 5902696 the small goal
-# shape's 1.08x (0.96x rdn, 1.06x srwm). So the delta rule's kernels cap at 128 by default since then
-# (fused_recurrent.MAXNREG); its A/B rows keep 255, the uncapped binary, against 128.
+# shape's 1.08x (0.96x rdn, 1.06x srwm); on the H100 at 19cb767 the delta rule's 1.50x large, 0.92x small.
+# So the delta rule's kernels cap at 128 from head dim 64 on (fused_recurrent.register_cap_for); its A/B
+# rows keep 255, the uncapped binary, against 128.
 REGISTER_CAPS = (255, 128)
 REGISTER_CAP_CORES = ("delta_rule", "rdn", "srwm")
 # pytest -k expression of the GPU tests in tests/*/test_kernels_*.py (test_cuda_*, test_compiles_for_sm90_*)

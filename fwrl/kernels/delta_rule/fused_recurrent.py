@@ -69,12 +69,20 @@ MAX_BLOCK_ELEMENTS = 4096
 # of W it leaves to one program.
 SPLITS = (1, 2, 4, 8)
 MIN_AUTO_ROWS = 16
-# Registers per thread of the forward and backward kernels (``launch_options``). The GPU suite's
-# A/B (``fwrl bench kernels --maxnreg 255 128``, fp32 fwd+bwd, each pair side by side) found the cap
-# of 128 1.44x faster at (256, 101, 8, 64) on an H200 (ed3df79) and 1.08x at (32, 51, 4, 32) on an
-# H100 (5902696): twice the programs per SM, and the sm_90 build does not spill under it
-# (benchmarks/results/gpu/kernels-h100/analysis.md; tests/interpreter/test_kernels_delta_rule.py).
+# Registers per thread of the forward and backward kernels (``launch_options``) at head dims of at
+# least ``CAPPED_FROM_DIM``. The GPU suite's A/B (``fwrl bench kernels --maxnreg 255 128``, fp32
+# fwd+bwd, each pair side by side) found the cap of 128 1.44x faster at (256, 101, 8, 64) on an H200
+# (ed3df79) and 1.50x on an H100 (19cb767): twice the programs per SM. At (32, 51, 4, 32) it was a
+# wash (1.08x at 5902696, 0.92x at 19cb767, both H100s), and the box's Triton 3.6 spills the bf16
+# backward at head dim 32 under it (8 B of stack, 19cb767), so smaller heads keep the uncapped binary.
 MAXNREG = 128
+CAPPED_FROM_DIM = 64
+
+
+def register_cap_for(dk: int, dv: int) -> int | None:
+    """The register cap of a launch at head dims (dk, dv): ``MAXNREG`` from ``CAPPED_FROM_DIM`` on,
+    else none (``launch_options`` then gives each thread what a block's share allows)."""
+    return MAXNREG if max(dk, dv) >= CAPPED_FROM_DIM else None
 
 
 @triton.jit
@@ -273,7 +281,7 @@ def _forward(q, k, v, beta, W0, reset, *, delta, fmap, store, split=1):
         y, WT, rec,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, STORE=store, EPS=SUM_NORM_EPS,
-        **launch_options(num_warps, MAXNREG),
+        **launch_options(num_warps, register_cap_for(DK, DV)),
     )
     starts = replay_starts(reset8) if store else reset8
     return y, WT, (reset8, starts, rec)
@@ -302,7 +310,7 @@ def _backward(q, k, v, beta, W0, records, WT, dy, dWT, *, delta, fmap, full,
         dq, dk, dv, dbeta if delta else dW0, dW0, rebuilt,
         T, B, H, DK, DV,
         BK=bk, BV=bv, FMAP=fmap, DELTA=delta, FULL=full, FUSE_FMAP=fuse,
-        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps, MAXNREG),
+        WRITE_REBUILT=rebuild, EPS=SUM_NORM_EPS, **launch_options(num_warps, register_cap_for(DK, DV)),
     )
     if not fuse:
         dq = _feature_map_backward(q, dq, fmap)
