@@ -45,7 +45,7 @@ from fwrl.envs.step_record import DONE, OBS, OBS_EXTRA, REWARD
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.memory_modules import build_core, core_config_class
 from fwrl.memory_modules.base import State
-from fwrl.memory_modules.fwp_block import auto_output_scale
+from fwrl.memory_modules.fwp_block import stem_defaults
 
 INITS = ("torch", "orthogonal")
 
@@ -166,12 +166,15 @@ def init_orthogonal(stem: nn.Module, policy: nn.Linear, baseline: nn.Linear) -> 
     _orthogonal(baseline, 1.0)
 
 
-def with_output_scale(core: str, options: Mapping[str, Any] | None, image_stem: bool) -> dict[str, Any]:
-    """``options`` with a fast-weight core's ``output_scale`` resolved where it is auto (unset or
-    None): 0.1 behind an image stem, 1 behind the MLP stem (``fwp_block.auto_output_scale``)."""
+def with_stem_defaults(core: str, options: Mapping[str, Any] | None, stem: str) -> dict[str, Any]:
+    """``options`` with a fast-weight core's ``output_scale`` and ``head_init`` resolved where they
+    are auto (unset or None), for the agent's ``stem`` (``fwp_block.stem_defaults``)."""
     options = dict(options or {})
-    if options.get("output_scale") is None and "output_scale" in core_config_class(core).model_fields:
-        options["output_scale"] = auto_output_scale(image_stem)
+    config_class = core_config_class(core)
+    fields = config_class.model_fields
+    for key, value in stem_defaults(stem, getattr(config_class, "small_heads_on_atari", True)).items():
+        if options.get(key) is None and key in fields:
+            options[key] = value
     return options
 
 
@@ -200,7 +203,7 @@ class AgentNet(nn.Module):
             raise FwrlError(f"action_dims {self.action_dims} do not add up to num_actions={num_actions}.")
         self.stem_name = stem or default_stem(self.obs_shape)
         self.stem = make_stem(self.stem_name, self.obs_shape)
-        core_options = with_output_scale(core, core_options, image_stem=self.stem_name != "mlp")
+        core_options = with_stem_defaults(core, core_options, self.stem_name)
         self.core = build_core(core, self.stem.out_size + self.extra_size + 1, core_options)
         self.policy = nn.Linear(self.core.output_size, num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)
@@ -208,7 +211,7 @@ class AgentNet(nn.Module):
         if init == "orthogonal":
             init_orthogonal(self.stem, self.policy, self.baseline)
         for head, gain in zip((self.policy, self.baseline), self.core.head_gains):
-            if gain is not None:  # the core asks for its own head init (fwp_block: policy_head_gain, value_head_gain)
+            if gain is not None:  # the core asks for its own head init (fwp_block: head_init, *_head_gain)
                 _orthogonal(head, gain)
         self.channels_last = len(self.obs_shape) == 3
         if self.channels_last:  # NHWC convolutions are ~10% faster with oneDNN and cuDNN

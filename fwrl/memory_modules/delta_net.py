@@ -14,13 +14,18 @@ Eq. 29; ``softmax``; ``dpfp-1/2/3``, Eq. 37). Atari agent: 1.5 M parameters.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fwrl.memory_modules.base import Core, register_core
 from fwrl.memory_modules.fwp_block import FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import LinearTransformerConfig, SlowNetFastWeightLayer
 
 
 class DeltaNetConfig(LinearTransformerConfig):
-    """Same options as the Linear Transformer (feature map default elu1_sumnorm)."""
+    """Same options as the Linear Transformer (feature map default elu1_sumnorm); small heads behind
+    the Atari stems (the delta rule's state is bounded, and its first updates are gentle with them)."""
+
+    small_heads_on_atari: ClassVar[bool] = True
 
 
 @register_core(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.checkpoint import load_checkpoint, load_model_weights
-from fwrl.agents.model import AgentNet, default_stem, with_output_scale
+from fwrl.agents.model import AgentNet, default_stem, with_stem_defaults
 from fwrl.envs.registry import EnvInfo
 from fwrl.errors import FwrlError
 from fwrl.settings.config import TrainConfig, saved_settings
@@ -41,10 +41,10 @@ def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
 
 def resolve_core_options(config: TrainConfig, info: EnvInfo) -> TrainConfig:
     """``config`` with the core options that depend on the env fixed (a fast-weight core's auto
-    ``output_scale``: 0.1 behind an image stem, 1 behind the MLP stem), so the run folder records
-    the value the run trained with and a later change of the rule cannot change it."""
+    ``output_scale`` and ``head_init``, by the stem: ``fwp_block.stem_defaults``), so the run folder
+    records the values the run trained with and a later change of the rule cannot change them."""
     stem = default_stem(info.obs_shape) if config.stem == "auto" else config.stem
-    options = with_output_scale(config.core, config.core_options, image_stem=stem != "mlp")
+    options = with_stem_defaults(config.core, config.core_options, stem)
     return config.model_copy(update={"core_options": options})
 
 

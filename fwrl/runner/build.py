@@ -199,7 +199,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     threads = acting_threads(config.acting_threads, num_workers)
     graph = acting_graph(config.inference_graph, device, threads)  # before any work: it may refuse the device
     info = describe_env(config.env, wrappers=tuple(config.env_wrappers))
-    config = resolve_core_options(config, info)  # the run records the output_scale it trains with
+    config = resolve_core_options(config, info)  # the run records the output_scale and head_init it trains with
     group = LearnerGroup(ranks, device, config.dist_timeout, config.dist_backend) if ranks.distributed else None
 
     model = build_model(config, info).to(device)

@@ -275,8 +275,9 @@ class BenchConfig(Settings):
     profile_seconds: float = Field(5.0, gt=0, description="throughput: seconds --profile-path profiles, after the measured window (whole log intervals of 1 s)")
 
 
-# core option -> the value every run had before its default changed (fwp_block.OUTPUT_SCALE: 1 -> 0.1)
-CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0}
+# core option -> the value every run had before its default changed (output_scale: 1 -> auto by stem;
+# head_init, new: the agent's init scheme before it existed)
+CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0, "head_init": "agent"}
 
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",

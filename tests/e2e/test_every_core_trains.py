@@ -41,8 +41,10 @@ def test_every_core_trains_end_to_end(core, options, tmp_path):
     payload = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert payload["agent_steps"] == 20 and payload["updates"] == 2
     saved = TrainConfig.from_dict(payload["config"])
-    # a fast-weight core's output_scale (auto) is recorded as the value it trained with: 1 behind the mlp stem
-    recorded = {**options, "output_scale": 1.0} if "output_scale" in core_config_class(core).model_fields else options
+    # a fast-weight core's output_scale and head_init (auto) are recorded as the values it trained with:
+    # 1 and the agent's heads behind the mlp stem
+    fast_weight = "output_scale" in core_config_class(core).model_fields
+    recorded = {**options, "output_scale": 1.0, "head_init": "agent"} if fast_weight else options
     assert saved.core == core and saved.core_options == recorded
     model = build_model(saved, describe_env(saved.env))
     load_model_weights(model, payload["model"], "checkpoint.pt")

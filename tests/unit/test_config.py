@@ -97,7 +97,8 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     assert main(argv) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     expected = {**values, "env": "atari:Breakout?sticky=true&full_action_space=true",
-                "core_options": {"num_heads": 2, "head_dim": 8, "output_scale": None}}  # the changed default, pinned
+                "core_options": {"num_heads": 2, "head_dim": 8, "output_scale": None,
+                                 "head_init": None}}  # the changed defaults, pinned
     assert printed == expected
     assert TrainConfig.from_dict(printed).to_dict() == printed
 
@@ -154,35 +155,43 @@ def test_old_run_config_still_loads(tmp_path):
                   eval_episodes=10)
     old.write_text(yaml.safe_dump(fields, sort_keys=False))
     config = read_config(old)
-    # output_scale's default changed (1 -> auto) after this config was written: it keeps the old value
-    assert config.core_options == {"num_layers": 4, "hidden_size": 256, "output_scale": 1.0}
+    # output_scale's and head_init's defaults changed (to auto) after this config was written: it keeps the old values
+    assert config.core_options == {"num_layers": 4, "hidden_size": 256, "output_scale": 1.0, "head_init": "agent"}
     assert config.sticky_actions and not config.full_action_space and config.env == "atari:Pong?sticky=true"
     save_config(config, tmp_path / "again.yaml")
     assert read_config(tmp_path / "again.yaml") == config
 
 
 def test_changed_core_defaults_are_pinned_in_new_runs_and_kept_in_old_ones(tmp_path):
-    """A new config records output_scale (its default changed from 1 to auto: None), training fixes
-    auto to the value for its stem (0.1 for images, 1 for vectors) before it writes the run folder,
-    so a later change of the rule cannot alter a run; a saved config without it predates the change
-    and is read back with 1."""
+    """A new config records output_scale and head_init (their defaults changed to auto: None),
+    training fixes auto to the values for its stem (scale 1 and small heads behind the Atari stems,
+    0.1 and the agent's heads behind minatar's, 1 and the agent's behind mlp) before it writes the
+    run folder, so a later change of the rule cannot alter a run; a saved config without them
+    predates the change and is read back with 1 and the agent's heads."""
     new = build_config(None, {"core": "rdn"})
-    assert new.core_options == {"output_scale": None}
+    assert new.core_options == {"output_scale": None, "head_init": None}
     assert build_config(None, {"core": "lstm"}).core_options == {}  # the LSTM has no such option
     save_config(new, tmp_path / "new.yaml")
-    assert read_config(tmp_path / "new.yaml").core_options == {"output_scale": None}
+    assert read_config(tmp_path / "new.yaml").core_options == {"output_scale": None, "head_init": None}
     images = EnvInfo(obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, task_names=("pong",))
+    small_frames = EnvInfo(obs_shape=(4, 10, 10), obs_dtype="uint8", num_actions=6, task_names=("breakout",))
     vectors = EnvInfo(obs_shape=(7,), obs_dtype="float32", num_actions=2, task_names=("t",))
-    assert resolve_core_options(new, images).core_options == {"output_scale": 0.1}
-    assert resolve_core_options(new, vectors).core_options == {"output_scale": 1.0}
-    assert build_model(new, images).core.output_scale == 0.1 and build_model(new, vectors).core.output_scale == 1.0
+    assert resolve_core_options(new, images).core_options == {"output_scale": 1.0, "head_init": "small"}
+    assert resolve_core_options(new, small_frames).core_options == {"output_scale": 0.1, "head_init": "agent"}
+    assert resolve_core_options(new, vectors).core_options == {"output_scale": 1.0, "head_init": "agent"}
+    assert build_model(new, images).core.head_gains == (0.01, 0.1)
+    assert build_model(new, small_frames).core.output_scale == 0.1
+    assert build_model(new, vectors).core.head_gains == (None, None)
     stemmed = build_config(None, {"core": "rdn", "stem": "nature", "core_options": {"output_scale": 0.5}})
-    assert resolve_core_options(stemmed, images).core_options == {"output_scale": 0.5}  # given: kept
+    assert resolve_core_options(stemmed, images).core_options == {"output_scale": 0.5, "head_init": "small"}  # given: kept
     old = new.to_dict()
     old["core_options"] = {}
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
-    assert read_config(tmp_path / "old.yaml").core_options == {"output_scale": 1.0}
-    assert check_resume(read_config(tmp_path / "old.yaml"), {"total_steps": "7"}).core_options == {"output_scale": 1.0}
+    before = {"output_scale": 1.0, "head_init": "agent"}
+    assert read_config(tmp_path / "old.yaml").core_options == before
+    assert check_resume(read_config(tmp_path / "old.yaml"), {"total_steps": "7"}).core_options == before
+    with pytest.raises(FwrlError, match="head_init"):
+        build_config(None, {"core": "rdn", "core_options": {"head_init": "tiny"}})
 
 
 def test_atari_flags_are_settings_that_survive_resume():

@@ -564,3 +564,23 @@ def test_head_gains_give_the_heads_that_read_a_fast_weight_block_their_own_init(
     only_policy = AgentNet((5,), 3, "rdn", {**small, "policy_head_gain": 0.5}, stem="mlp")
     assert only_policy.policy.weight.norm(dim=1).tolist() == pytest.approx([0.5] * 3, rel=1e-5)
     assert only_policy.baseline.weight.norm().item() != pytest.approx(0.1, rel=0.01)  # left to the init scheme
+
+
+def test_head_init_small_is_the_default_behind_the_atari_stems():
+    """``head_init`` auto: small heads (gains 0.01 / 0.1) behind impala and nature, the init scheme's
+    behind minatar and mlp; "small" and "agent" say it outright, and a given gain wins over it."""
+    small = {"num_heads": 2, "head_dim": 4, "hidden_size": 16, "ff_dim": 16}
+    for stem, obs, gains in (("nature", (4, 84, 84), (0.01, 0.1)), ("impala", (4, 84, 84), (0.01, 0.1)),
+                             ("minatar", (4, 10, 10), (None, None)), ("mlp", (5,), (None, None))):
+        assert AgentNet(obs, 3, "rdn", small, stem=stem).core.head_gains == gains, stem
+    model = AgentNet((5,), 3, "rdn", {**small, "head_init": "small"}, stem="mlp")
+    assert model.policy.weight.norm(dim=1).tolist() == pytest.approx([0.01] * 3, rel=1e-5)
+    assert model.baseline.weight.norm().item() == pytest.approx(0.1, rel=1e-5)
+    assert AgentNet((4, 84, 84), 3, "rdn", {**small, "head_init": "agent"}, stem="nature").core.head_gains == (None, None)
+    assert AgentNet((5,), 3, "rdn", {**small, "head_init": "small", "value_head_gain": 1.0},
+                    stem="mlp").core.head_gains == (0.01, 1.0)
+    # the Linear Transformer (sum rule) keeps scale 0.1 and the agent's heads there; Delta Net does not
+    lt = AgentNet((4, 84, 84), 3, "linear_transformer", small, stem="nature").core
+    assert (lt.output_scale, lt.head_gains) == (0.1, (None, None))
+    dn = AgentNet((4, 84, 84), 3, "delta_net", small, stem="nature").core
+    assert (dn.output_scale, dn.head_gains) == (1.0, (0.01, 0.1))
