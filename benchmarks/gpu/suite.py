@@ -77,7 +77,13 @@ GOALS = {
 # rows (which give the ceiling and the profile), at both widths and with two learner processes, and
 # the eager x8 layouts after them. The H100 at 5902696 ran the graphed rows (graphs 1.56x / 1.77x eager at
 # 2 envs per worker, 1.19x / 1.28x at 8; rdn x8 graph 10,187 agent steps/s, 0.54 of its ceiling): the
-# wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. "2 threads"
+# wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. The H100 at
+# 19cb767 (learner-h100-19cb767): splits 0.95-0.97x, 16 envs per worker in two splits the best row (12,520),
+# and its profile put 24% of the acting thread in stream syncs of 1.6 ms, waiting for the acting step's
+# kernels behind the learner's. So after the two wide graphed rows come the same with high-priority acting
+# streams (PRIORITY, "prio": an A/B in one run), rdn at 16 envs per worker without splits and with
+# priority, rdn with two learner processes (never reached yet), and the eager and split rows after them.
+# "2 threads"
 # acts with two threads (--acting-threads 2, each over half the workers), "2 learners" in two processes
 # (--learners 2 sharing the GPU, each rank acting over half the workers with B / 2, so an update still
 # takes B x T agent steps).
@@ -93,15 +99,20 @@ TWO_LEARNERS = ("--learners", "2")
 # worker while each worker, stepping at half its ceiling rate, waited for the forward's round trip.
 # "x16 ... split2": 16 envs per worker in two splits of 8 (each split as wide as an x8 row's worker).
 SPLIT2 = ("--worker-splits", "2")
+PRIORITY = ("--acting-priority", "high")
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
-                # the eager rows of the same width next: graphed over eager in one run measures the
-                # graph of the whole acting step (1.19x / 1.28x with the forward alone graphed, 5902696)
+                ("lstm x8 graph prio", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x16 graph prio", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
+                # the eager rows of the wide graphed ones: graphed over eager in one run measures the graph
+                # of the whole acting step (1.35x / 1.48x at 19cb767)
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
+                ("rdn x16 graph split2", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("lstm x8 graph split2", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("rdn x8 graph split2", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
-                ("rdn x16 graph split2", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
-                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 ("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, GRAPH),
                 ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, GRAPH),
@@ -111,7 +122,7 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
-WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
@@ -122,9 +133,10 @@ PONG_SECONDS = 480
 PONG_ENVS_PER_WORKER = WIDE_ENVS_PER_WORKER
 # The pong part's agents, trained side by side on half the cores each (each run has its own acting thread,
 # the one that set the rate): rdn with the settings the stability work chose for Pong (issue 26, the pong-cpu
-# preset: nature stem, T 20, B 32, lr 6e-4, rdn's output_scale 0.1), which on the 2-core CPU left random play
-# at 2.4 M agent steps and crossed 0 at 3.7 M; and the preset's own LSTM, the control, which did so at 1.5 M
-# and 2.9 M. The H100's first pong run (rdn alone, 16 workers x 8 envs) stayed at random play for 4.3 M
+# preset: nature stem, T 20, B 32, lr 6e-4; rdn's start since d70062c: output_scale 1 with small heads, which
+# on the 2-core CPU left random play at 1.26 M / 1.97 M agent steps and crossed 0 at 2.76 M / 3.18 M, two
+# seeds; at output_scale 0.1, the default before, 2.49 M and 3.74 M); and the preset's own LSTM, the control,
+# which did so at 1.5 M and 2.9 M. The H100's first pong run (rdn alone, 16 workers x 8 envs) stayed at random play for 4.3 M
 # steps: the control tells a GPU-path fault (neither learns) from the rdn agent's slower, seed-dependent start.
 PONG_AGENTS = {"rdn": ("--preset", "pong-cpu", "--core", "rdn"), "lstm": ("--preset", "pong-cpu")}
 PONG_GOAL_AGENT = "rdn"
@@ -598,7 +610,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
     by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
     goals = []
-    for forward in ("", " x8", " graph", " x8 graph", " x8 graph split2"):
+    for forward in ("", " x8", " graph", " x8 graph", " x8 graph prio", " x8 graph split2"):
         lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
         if forward and not (lstm or rdn):
             continue
@@ -632,6 +644,11 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                        "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
+    priority = [(label, by[label]["agent_steps_per_s"] / by[label.removesuffix(" prio")]["agent_steps_per_s"])
+                for label in by if label.endswith(" prio") and label.removesuffix(" prio") in by]
+    if priority:
+        md += ("\nHigh-priority acting streams (`--acting-priority high`) over normal, agent steps/s, side by side: "
+               + "; ".join(f"{label.removesuffix(' prio')} **{ratio:.2f}x**" for label, ratio in priority) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
                f"torch.profiler): `{PROFILE_FILE}`.\n")

@@ -31,6 +31,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from fwrl.errors import unknown_choice
+
 
 def acting_copy(model: nn.Module) -> nn.Module:
     """A frozen copy of ``model`` in eval mode to act with.
@@ -98,14 +100,23 @@ class SharedLock:
         self.release()
 
 
+ACTING_PRIORITIES = {"normal": 0, "high": -1}  # CUDA stream priorities: lower is higher
+
+
 class DeviceStreams:
     """The acting streams (one per acting thread; ``inference`` is the first) and the learner
-    stream of ``device`` (None on the CPU)."""
+    stream of ``device`` (None on the CPU). ``acting_priority`` "high": the acting streams take a
+    higher CUDA priority than the learner's, so where both have kernels waiting the GPU schedules
+    the acting step's blocks first (a CUDA graph replayed on the stream takes its priority)."""
 
-    def __init__(self, device: torch.device, acting_threads: int = 1):
+    def __init__(self, device: torch.device, acting_threads: int = 1, acting_priority: str = "normal"):
+        if acting_priority not in ACTING_PRIORITIES:
+            raise unknown_choice("acting stream priority", acting_priority, tuple(ACTING_PRIORITIES))
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self.acting = tuple(torch.cuda.Stream(self.device) for _ in range(acting_threads)) if cuda else ()
+        priority = ACTING_PRIORITIES[acting_priority]
+        self.acting = (tuple(torch.cuda.Stream(self.device, priority=priority) for _ in range(acting_threads))
+                       if cuda else ())
         self.inference = self.acting[0] if cuda else None
         self.learner = torch.cuda.Stream(self.device) if cuda else None
 

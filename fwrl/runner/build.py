@@ -225,7 +225,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     if ranks.is_main:
         save_config(config, run_dir / "config.yaml")
 
-    streams = DeviceStreams(device, threads)
+    streams = DeviceStreams(device, threads, config.acting_priority)
     weights = PolicyWeights(acting_model, streams, version=counters["updates"])
     record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
     seed = config.seed + 7919 * counters["updates"] + 1_000_003 * ranks.rank  # a resumed run's envs play anew

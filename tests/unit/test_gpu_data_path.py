@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
 from fwrl.agents.model import AgentNet
+from fwrl.errors import FwrlError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -283,7 +284,8 @@ def test_a_graphed_acting_step_writes_what_the_eager_step_writes(core):
 @pytest.mark.parametrize("graph", [False, True])
 def test_replay_on_cuda_with_streams(core, graph):
     """The replay test of tests/unit/test_rollouts.py with the store, the state and the forward on a
-    CUDA device, acting on its own stream while another stream publishes weights."""
+    CUDA device, acting on its own stream while another stream publishes weights (the graphed
+    acting step on a high-priority stream: ``--acting-priority high``)."""
     from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
     from fwrl.agents.rollouts import RolloutSpec, RolloutStore
@@ -297,7 +299,7 @@ def test_replay_on_cuda_with_streams(core, graph):
     pool = LocalWorkerPool(PoolSettings("memory:cue_delay?delay=2&num_cues=3", 2, 2, seed=5))
     model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
     learner_model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device)
-    streams = DeviceStreams(device)
+    streams = DeviceStreams(device, acting_priority="high" if graph else "normal")
     weights = PolicyWeights(model, streams)
     store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), 2, device, model.initial_state(1, device))
     rollouts = []
@@ -442,6 +444,23 @@ def test_train_on_cuda_logs_where_the_time_goes(tmp_path, acting_threads):
         assert key in last, key
     assert float(last["peak_memory_mb"]) > 0
     assert 0 <= float(last["share/learner_backward"]) <= 1
+
+
+@needs_cuda
+def test_high_acting_priority_puts_the_acting_streams_above_the_learners():
+    from fwrl.agents.policy_weights import DeviceStreams
+
+    high, normal = DeviceStreams("cuda", 2, "high"), DeviceStreams("cuda", 2)
+    assert all(stream.priority < high.learner.priority for stream in high.acting)
+    assert all(stream.priority == normal.learner.priority for stream in normal.acting)
+
+
+def test_acting_priority_is_checked_and_means_nothing_on_the_cpu():
+    from fwrl.agents.policy_weights import DeviceStreams
+
+    assert DeviceStreams("cpu", 1, "high").acting == ()
+    with pytest.raises(FwrlError, match="'urgent'; valid choices: high, normal"):
+        DeviceStreams("cpu", 1, "urgent")
 
 
 def test_acting_copy_is_a_frozen_eval_copy_with_the_same_weights():
