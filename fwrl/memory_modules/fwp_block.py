@@ -97,12 +97,14 @@ class FWPConfig(CoreConfig):
     pre_norm: bool = Field(True, description="LayerNorm before the fast-weight layer")
     output_scale: float | None = Field(None, gt=0, description="the policy and value heads read the residual "
                                        "stream times this (1: the papers' code); default: 0.1 behind the minatar "
-                                       "stem, 1 behind the others (fwp_block.stem_defaults)")
+                                       "stem (the linear transformer: every image stem), 1 behind the others "
+                                       "(fwp_block.stem_defaults)")
     head_init: Literal[HEAD_INITS] | None = Field(None, description="init of the heads that read the block: agent "
                                                   "(the --init scheme's), small (orthogonal, gains 0.01 policy / 0.1 "
                                                   "value, zero biases: a gentle first update at output_scale 1); "
-                                                  "default: small behind the impala and nature stems, agent behind "
-                                                  "minatar and mlp (fwp_block.stem_defaults)")
+                                                  "default: small behind the impala and nature stems (but for the "
+                                                  "linear transformer), agent behind minatar and mlp "
+                                                  "(fwp_block.stem_defaults)")
     policy_head_gain: float | None = Field(None, gt=0, description="orthogonal init gain of the policy head that "
                                            "reads the block, over head_init's; default: head_init's")
     value_head_gain: float | None = Field(None, gt=0, description="orthogonal init gain of the value head that "
