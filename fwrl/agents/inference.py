@@ -270,13 +270,13 @@ class InferenceLoop:
             out, version = self._act(tensors, timer)
         with timer.stage("inference_forward", device_work=True):
             actions = self._actions_to_host(out["action"])
+        with timer.stage("env_wait"):  # the workers step while the store completes the step
+            for i, r in enumerate(results):
+                self.pool.act(r.worker, actions[i * k:(i + 1) * k])
         if plan is not None:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 self.store.complete(plan, {name[len(STATE_IN):]: value for name, value in out.items()
                                            if name.startswith(STATE_IN)}, version, on_rollout)
-        with timer.stage("env_wait"):
-            for i, r in enumerate(results):
-                self.pool.act(r.worker, actions[i * k:(i + 1) * k])
         if on_episode is not None:
             for r in results:
                 for record in r.episodes:
