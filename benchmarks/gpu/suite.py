@@ -80,9 +80,11 @@ GOALS = {
 # wide graphed rows now run first, then the same with worker splits (SPLIT2), then the rest. The H100 at
 # 19cb767 (learner-h100-19cb767): splits 0.95-0.97x, 16 envs per worker in two splits the best row (12,520),
 # and its profile put 24% of the acting thread in stream syncs of 1.6 ms, waiting for the acting step's
-# kernels behind the learner's. So after the two wide graphed rows come the same with high-priority acting
-# streams (PRIORITY, "prio": an A/B in one run), rdn at 16 envs per worker without splits and with
-# priority, rdn with two learner processes (never reached yet), and the eager and split rows after them.
+# kernels behind the learner's, and 3.0 ms of each 7.4 ms call waiting for workers (dynamic batching waits
+# for half of them once one is ready). So after the two wide graphed rows come rdn's layouts against them in
+# one run: high-priority acting streams (PRIORITY, "prio"), no batching wait (NO_WAIT, "nowait"), both, and
+# lstm with both; 14 workers (FEWER_WORKERS, "w14"); rdn at 16 envs per worker plain and with both; rdn
+# with two learner processes (never reached yet); then the eager and split rows.
 # "2 threads"
 # acts with two threads (--acting-threads 2, each over half the workers), "2 learners" in two processes
 # (--learners 2 sharing the GPU, each rank acting over half the workers with B / 2, so an update still
@@ -105,13 +107,20 @@ PRIORITY = ("--acting-priority", "high")
 # thread busy; at 19cb767 the acting thread waited for envs 42-47% of its time while every worker stepped
 # at 55% of its ceiling rate. "w14" faster than its 16-worker row says the cores are oversubscribed.
 FEWER_WORKERS = ("--num-workers", "14")
+# No dynamic-batching wait (--acting-batch-wait 0, "nowait"): by default the acting thread, once a worker is
+# ready, waits up to 4 ms for half the workers (a default measured for eager forwards on a CPU). At 19cb767
+# the acting thread spent 3.0 ms of each 7.4 ms call (about 9 workers) waiting for workers while the ready
+# ones idled; each worker's cycle was 12.6 ms (its env step: 7 ms at the ceiling rate).
+NO_WAIT = ("--acting-batch-wait", "0")
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
-                ("lstm x8 graph prio", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
                 ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x8 graph nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *NO_WAIT)),
+                ("rdn x8 graph prio nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
+                ("lstm x8 graph prio nowait", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
                 ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
                 ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
-                ("rdn x16 graph prio", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x16 graph prio nowait", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
                 ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 # the eager rows of the wide graphed ones: graphed over eager in one run measures the graph
                 # of the whole acting step (1.35x / 1.48x at 19cb767)
@@ -127,8 +136,11 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 split2", "rdn", WIDE_ENVS_PER_WORKER, SPLIT2),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
+# the plain graphed rows that the other layouts of their core and width are compared with
+VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
-WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
+                 "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
@@ -616,7 +628,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                      **{k.removeprefix("share/"): v for k, v in shares.items()}})
     by = {r["core"]: r for r in rows if r.get("agent_steps_per_s")}
     goals = []
-    for forward in ("", " x8", " graph", " x8 graph", " x8 graph prio", " x8 graph split2"):
+    for forward in ("", " x8", " graph", " x8 graph", " x8 graph prio nowait", " x8 graph split2"):
         lstm, rdn = by.get("lstm" + forward), by.get("rdn" + forward)
         if forward and not (lstm or rdn):
             continue
@@ -650,11 +662,12 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                        "peak_memory_mb",
                        "env_wait", "inference_forward", "rollout_bookkeeping", "actor_other", "learner_idle",
                        "learner_forward", "learner_backward", "learner_optimiser", "note"))
-    priority = [(label, by[label]["agent_steps_per_s"] / by[label.removesuffix(" prio")]["agent_steps_per_s"])
-                for label in by if label.endswith(" prio") and label.removesuffix(" prio") in by]
-    if priority:
-        md += ("\nHigh-priority acting streams (`--acting-priority high`) over normal, agent steps/s, side by side: "
-               + "; ".join(f"{label.removesuffix(' prio')} **{ratio:.2f}x**" for label, ratio in priority) + ".\n")
+    variants = [(label, base, by[label]["agent_steps_per_s"] / by[base]["agent_steps_per_s"])
+                for base in VARIANT_BASES if base in by for label in by if label.startswith(base + " ")]
+    if variants:
+        md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
+               "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`): "
+               + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
                f"torch.profiler): `{PROFILE_FILE}`.\n")

@@ -43,7 +43,8 @@ class ActingLoop:
         sources: list[StepSource] = [run.pool] if threads == 1 else [
             PoolSlice(run.pool, workers) for workers in split_workers(run.pool.num_workers, threads, splits)]
         self.loops = [InferenceLoop(run.acting_model, source, run.store, run.device, weights=run.weights,
-                                    timer=timer, graph=run.inference_graph)
+                                    timer=timer, graph=run.inference_graph,
+                                    batch_wait=run.config.acting_batch_wait)
                       for source, timer in zip(sources, run.actor_timers)]
         self.columns_needed = run.columns_needed()
         self.columns_done = 0  # rollout columns handed to the learner's queue in this session

@@ -92,6 +92,7 @@ class TrainConfig(Settings):
     device: str = Field("auto", description="learner device: auto, cpu, cuda, cuda:N or mps")
     num_threads: int = Field(0, ge=0, description=THREADS_HELP)
     inference_graph: bool | None = Field(None, description="replay the acting step (state gather and scatter, forward, store writes) as CUDA graphs, one per batch size (CUDA only); default: on where a learner rank acts on a CUDA device with one acting thread (an H200 box: 1.75x the eager forward's agent steps/s, benchmarks/results/gpu/learner-h200-ed3df79), else off")
+    acting_batch_wait: float = Field(0.004, ge=0, le=1, description="seconds an acting thread waits, once a worker is ready, for more (until half its workers are) before it acts: larger forwards, fewer calls; 0: act on whoever is ready (dynamic batching; the 4 ms default was measured for eager forwards on a CPU, where a batch of 4 costs 0.48 ms per step against 1.2 at 1)")
     acting_priority: Literal["normal", "high"] = Field("normal", description="CUDA priority of the acting streams: high schedules the acting step's kernels ahead of the learner's queued ones on a shared GPU (an H100 at 19cb767: the acting thread waited 1.6 ms per sync for its step behind the learner's kernels, 24% of its time; benchmarks/results/gpu/README.md); normal until the GPU suite's A/B shows high faster")
     acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (two threads speed up a compute-bound forward, but slow an overhead-bound one: benchmarks/results/acting_threads_proxy.md)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
@@ -283,7 +284,7 @@ CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0, "head_init": "agen
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph", "acting_priority", "acting_threads", "learners", "dist_timeout", "dist_backend",
+    "eval_every", "eval_episodes", "inference_graph", "acting_batch_wait", "acting_priority", "acting_threads", "learners", "dist_timeout", "dist_backend",
 }
 
 

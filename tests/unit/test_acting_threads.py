@@ -119,3 +119,22 @@ def test_graphed_acting_is_the_default_on_cuda_with_one_acting_thread():
     assert acting_graph(True, cuda, 2) and not acting_graph(False, cuda, 1)
     with pytest.raises(FwrlError, match=r"--inference-graph .* CUDA device; this run uses cpu"):
         acting_graph(True, cpu, 1)
+
+
+@pytest.mark.parametrize("wait,threads", [(0.0, 1), (0.01, 2)])
+def test_every_acting_thread_waits_for_more_workers_as_the_run_asks(tmp_path, wait, threads):
+    """``acting_batch_wait`` reaches each acting thread's loop (its dynamic batching)."""
+    from fwrl.runner.acting import ActingLoop
+    from fwrl.runner.build import build_run
+    from fwrl.runner.stopping import Stop
+    from fwrl.settings.config import build_config
+
+    config = build_config(None, {"env": "memory:cue_delay?delay=3", "core": "lstm", "num_workers": 2,
+                                 "envs_per_worker": 2, "batch_size": 2, "unroll_length": 5,
+                                 "acting_batch_wait": wait, "acting_threads": threads})
+    run = build_run(config, tmp_path / "run")
+    try:
+        loops = ActingLoop(run, Stop(), lambda episode: None).loops
+        assert [loop.batch_wait for loop in loops] == [wait] * threads
+    finally:
+        run.pool.close()
