@@ -39,7 +39,7 @@ from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
 from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore
-from fwrl.agents.stage_timer import StageTimer
+from fwrl.agents.stage_timer import ACTING_CALL, StageTimer
 from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED, ColumnGroup, StepRecord
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 
@@ -231,14 +231,22 @@ class InferenceLoop:
         host[:len(action)].copy_(action)
         return view[:len(action)]
 
-    @torch.no_grad()
     def step(
         self,
         timeout: float,
         on_rollout: Callable[[Rollout], None] | None = None,
         on_episode: Callable[[EpisodeRecord], None] | None = None,
     ) -> int:
-        """Serve the ready workers once; returns the number of slots stepped."""
+        """Serve the ready workers once; returns the number of slots stepped. Under ``torch.profiler``
+        the call is the range ``ACTING_CALL`` (``fwrl.agents.stage_profile`` counts them)."""
+        if not torch.autograd._profiler_enabled():  # a range costs a dispatcher call: only when profiled
+            return self._step(timeout, on_rollout, on_episode)
+        with torch.profiler.record_function(ACTING_CALL):
+            return self._step(timeout, on_rollout, on_episode)
+
+    @torch.no_grad()
+    def _step(self, timeout: float, on_rollout: Callable[[Rollout], None] | None,
+              on_episode: Callable[[EpisodeRecord], None] | None) -> int:
         timer = self.timer
         with timer.stage("env_wait"):
             results = self._wait(timeout)

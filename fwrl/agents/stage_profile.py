@@ -9,9 +9,11 @@ it (PyTorch's profiler is thread-local): the thread that logs the rows, which
 is the acting thread (it batches inference and writes the store). On CUDA it
 also records the runtime calls (kernel launches, copies, synchronisations) and
 the device's kernels. Every ``StageTimer`` stage is a ``fwrl/<stage>`` range
-there, so per acting step (one ``fwrl/inference_forward`` range) the report
-gives each stage's time and the acting thread's launches, copies and syncs.
-The report is markdown.
+there and every acting call (one batch of ready workers served) a
+``fwrl/acting_call`` range, so per acting call the report gives each stage's
+time and the acting thread's launches, copies and syncs. Only the ranges' CPU
+events count (on CUDA each range that holds device work also has a device-side
+event of the same name). The report is markdown.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from typing import Any
 
 import torch
 
+from fwrl.agents.stage_timer import ACTING_CALL
 from fwrl.utils.files import atomic_write_text
 
-# CUDA runtime calls worth counting per acting step: launches cost host time, the
+# CUDA runtime calls worth counting per acting call: launches cost host time, the
 # synchronising ones stall the host until the device catches up.
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
                  "cudaMemsetAsync", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
                  "cudaStreamWaitEvent", "cudaEventRecord", "cudaHostAlloc")
-STEP_RANGE = "fwrl/inference_forward"  # one per acting step
 
 
 class WindowProfiler:
@@ -79,28 +81,28 @@ class WindowProfiler:
 
 
 def profile_report(profiler: torch.profiler.profile, title: str, seconds: float | None, row_limit: int = 30) -> str:
-    """Markdown: per acting step, each ``fwrl/`` stage's time and the acting thread's CUDA runtime
+    """Markdown: per acting call, each ``fwrl/`` stage's time and the acting thread's CUDA runtime
     calls; then the ops by their own CPU time and, on CUDA, by device time."""
-    events = list(profiler.events())
-    acting = {e.thread for e in events if e.name == STEP_RANGE}
-    steps = sum(1 for e in events if e.name == STEP_RANGE)
+    events = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    acting = {e.thread for e in events if e.name == ACTING_CALL}
+    steps = sum(1 for e in events if e.name == ACTING_CALL)
 
     def per_step(value: float) -> str:
         return f"{value / steps:,.1f}" if steps else "n/a"
 
     span = f" in {seconds:.1f} s" if seconds else ""
     lines = [f"# {title}", "",
-             f"Profiled window: {steps:,} acting steps (`{STEP_RANGE}` ranges){span}, on the acting thread "
+             f"Profiled window: {steps:,} acting calls (`{ACTING_CALL}` ranges){span}, on the acting thread "
              "(torch.profiler records the thread that starts it).", "",
              "## Stages of the acting thread (`fwrl/<stage>` ranges of `StageTimer`)", "",
-             "| stage | count | CPU ms total | CPU us per acting step |", "|---|---|---|---|"]
-    stages = _cpu_times(events, acting, lambda name: name.startswith("fwrl/"))
+             "| stage | count | CPU ms total | CPU us per acting call |", "|---|---|---|---|"]
+    stages = _cpu_times(events, acting, lambda name: name.startswith("fwrl/") and name != ACTING_CALL)
     for name, times in sorted(stages.items(), key=lambda item: -sum(item[1])):
         lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_step(sum(times))} |")
     calls = _cpu_times(events, acting, lambda name: name in RUNTIME_CALLS)
     if calls:
         lines += ["", "## CUDA runtime calls of the acting thread", "",
-                  "| call | count | per acting step | CPU us each |", "|---|---|---|---|"]
+                  "| call | count | per acting call | CPU us each |", "|---|---|---|---|"]
         for name in RUNTIME_CALLS:
             if name in calls:
                 times = calls[name]

@@ -26,6 +26,11 @@ from typing import Iterator
 import torch
 
 
+# The profiler range of one acting call (``InferenceLoop.step``: one batch of ready workers served),
+# beside the ``fwrl/<stage>`` ranges of the stages inside it.
+ACTING_CALL = "fwrl/acting_call"
+
+
 class StageTimer:
     def __init__(self, device: torch.device | str = "cpu"):
         self.cuda = torch.device(device).type == "cuda"

@@ -273,7 +273,7 @@ class BenchConfig(Settings):
     warmup: float = Field(15.0, ge=0, description="seconds run before the measurement starts")
     ceiling_seconds: float = Field(10.0, ge=0, description="throughput: seconds of random-action stepping on the same workers first, the env ceiling; 0: skip it")
     json_path: str | None = Field(None, min_length=1, description="throughput: also write the results and the config to this JSON file")
-    profile_path: str | None = Field(None, min_length=1, description="throughput: after the measured window, run profile_seconds more under torch.profiler (left out of the figures) and write its report to this file (markdown: per acting step, each stage's time and the CUDA launches, copies and syncs; the ops by CPU and device time)")
+    profile_path: str | None = Field(None, min_length=1, description="throughput: after the measured window, run profile_seconds more under torch.profiler (left out of the figures) and write its report to this file (markdown: per acting call, each stage's time and the CUDA launches, copies and syncs; the ops by CPU and device time)")
     profile_seconds: float = Field(5.0, gt=0, description="throughput: seconds --profile-path profiles, after the measured window (whole log intervals of 1 s)")
 
 

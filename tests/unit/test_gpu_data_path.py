@@ -149,6 +149,29 @@ def _scripted_loop(model: AgentNet, device: torch.device, **options):
     return loop, store
 
 
+def test_the_profile_report_counts_acting_calls_and_their_stages():
+    """``fwrl bench throughput --profile-path``'s report: one ``fwrl/acting_call`` range per
+    ``InferenceLoop.step``, each stage counted on the CPU only (not the device-side copy of a range
+    on CUDA) and divided by the calls."""
+    from fwrl.agents.stage_profile import profile_report
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").to(device).eval()
+    loop, store = _scripted_loop(model, device)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for _ in range(3):
+        loop.step(0.0, on_rollout=store.release)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(12):
+            loop.step(0.0, on_rollout=store.release)
+    report = profile_report(prof, "t", 1.0)
+    assert "Profiled window: 12 acting calls" in report, report[:400]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in report.splitlines() if line.startswith("| fwrl/")}
+    assert int(rows["fwrl/env_wait"][1]) == 24  # its two ranges per call: the wait and the actions' send
+    assert "fwrl/acting_call" not in rows
+
+
 def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
     """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
     same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
