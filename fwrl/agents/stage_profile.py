@@ -85,20 +85,20 @@ def profile_report(profiler: torch.profiler.profile, title: str, seconds: float 
     calls; then the ops by their own CPU time and, on CUDA, by device time."""
     events = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CPU]
     acting = {e.thread for e in events if e.name == ACTING_CALL}
-    steps = sum(1 for e in events if e.name == ACTING_CALL)
+    calls = sum(1 for e in events if e.name == ACTING_CALL)
 
-    def per_step(value: float) -> str:
-        return f"{value / steps:,.1f}" if steps else "n/a"
+    def per_call(value: float) -> str:
+        return f"{value / calls:,.1f}" if calls else "n/a"
 
     span = f" in {seconds:.1f} s" if seconds else ""
     lines = [f"# {title}", "",
-             f"Profiled window: {steps:,} acting calls (`{ACTING_CALL}` ranges){span}, on the acting thread "
+             f"Profiled window: {calls:,} acting calls (`{ACTING_CALL}` ranges){span}, on the acting thread "
              "(torch.profiler records the thread that starts it).", "",
              "## Stages of the acting thread (`fwrl/<stage>` ranges of `StageTimer`)", "",
              "| stage | count | CPU ms total | CPU us per acting call |", "|---|---|---|---|"]
     stages = _cpu_times(events, acting, lambda name: name.startswith("fwrl/") and name != ACTING_CALL)
     for name, times in sorted(stages.items(), key=lambda item: -sum(item[1])):
-        lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_step(sum(times))} |")
+        lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_call(sum(times))} |")
     calls = _cpu_times(events, acting, lambda name: name in RUNTIME_CALLS)
     if calls:
         lines += ["", "## CUDA runtime calls of the acting thread", "",
@@ -106,7 +106,7 @@ def profile_report(profiler: torch.profiler.profile, title: str, seconds: float 
         for name in RUNTIME_CALLS:
             if name in calls:
                 times = calls[name]
-                lines.append(f"| {name} | {len(times):,} | {per_step(len(times))} | {sum(times) / len(times):,.1f} |")
+                lines.append(f"| {name} | {len(times):,} | {per_call(len(times))} | {sum(times) / len(times):,.1f} |")
     averages = profiler.key_averages()
     lines += ["", "## Ops by own CPU time", "", "```",
               averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=60), "```"]

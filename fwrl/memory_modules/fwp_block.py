@@ -28,10 +28,11 @@ from fwrl.memory_modules.base import Core, CoreConfig, State
 PIXEL_OUTPUT_SCALE = 0.1
 HEAD_INITS = ("agent", "small")
 SMALL_HEAD_GAINS = (0.01, 0.1)  # orthogonal gains of the policy and value heads under head_init "small"
+SCALED_START: dict[str, float | str] = {"output_scale": PIXEL_OUTPUT_SCALE, "head_init": "agent"}
 STEM_DEFAULTS: dict[str, dict[str, float | str]] = {
     "impala": {"output_scale": 1.0, "head_init": "small"},
     "nature": {"output_scale": 1.0, "head_init": "small"},
-    "minatar": {"output_scale": PIXEL_OUTPUT_SCALE, "head_init": "agent"},
+    "minatar": SCALED_START,
     "mlp": {"output_scale": 1.0, "head_init": "agent"},
 }
 
@@ -59,9 +60,10 @@ def stem_defaults(stem: str, small_heads_on_atari: bool = True) -> dict[str, flo
     Behind the mlp stem (vector observations, memory tasks) the papers' block: scale 1 with the
     agent's heads (rdn on memory:cue_delay, 60 k steps: success 0.99 at scale 1, 0.49 at 0.1).
     """
-    if stem in ("impala", "nature") and not small_heads_on_atari:
-        return dict(STEM_DEFAULTS["minatar"])
-    return dict(STEM_DEFAULTS[stem])
+    defaults = STEM_DEFAULTS[stem]
+    if defaults["head_init"] == "small" and not small_heads_on_atari:
+        defaults = SCALED_START
+    return dict(defaults)
 
 
 def head_gains(config: "FWPConfig") -> tuple[float | None, float | None]:
