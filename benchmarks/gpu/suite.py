@@ -82,7 +82,8 @@ GOALS = {
 # and its profile put 24% of the acting thread in stream syncs of 1.6 ms, waiting for the acting step's
 # kernels behind the learner's, and 3.0 ms of each 7.4 ms call waiting for workers (dynamic batching waits
 # for half of them once one is ready). So after the two wide graphed rows come rdn's layouts against them in
-# one run: high-priority acting streams (PRIORITY, "prio"), no batching wait (NO_WAIT, "nowait"), both, and
+# one run: rdn with no learner (ACTING_ONLY), high-priority acting streams (PRIORITY, "prio"), no batching
+# wait (NO_WAIT, "nowait"), both, and
 # lstm with both; 14 workers (FEWER_WORKERS, "w14"); rdn at 16 envs per worker plain and with both; rdn
 # with two learner processes (never reached yet); then the eager and split rows.
 # "2 threads"
@@ -112,8 +113,14 @@ FEWER_WORKERS = ("--num-workers", "14")
 # the acting thread spent 3.0 ms of each 7.4 ms call (about 9 workers) waiting for workers while the ready
 # ones idled; each worker's cycle was 12.6 ms (its env step: 7 ms at the ceiling rate).
 NO_WAIT = ("--acting-batch-wait", "0")
+# No updates (--acting-only, "acting-only"): the learner hands every batch back to the store unread, so
+# the row is the acting path's rate on this box with no learner beside it (neither its kernels on the
+# GPU nor its Python on the GIL). Near the env ceiling: the learner's company is what holds acting back
+# (the prio row and two learner processes say which part); near the plain row: the acting call itself is.
+ACTING_ONLY = ("--acting-only",)
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph acting-only", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *ACTING_ONLY)),
                 ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
                 ("rdn x8 graph nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *NO_WAIT)),
                 ("rdn x8 graph prio nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
@@ -666,7 +673,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                 for base in VARIANT_BASES if base in by for label in by if label.startswith(base + " ")]
     if variants:
         md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
-               "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`): "
+               "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
+               "`--acting-only`): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "

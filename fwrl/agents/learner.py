@@ -80,6 +80,15 @@ class Learner:
             batch = self.store.gather(pieces)
         return self.update_batch(batch)
 
+    def discard(self, pieces: Sequence[RolloutPiece]) -> dict[str, float]:
+        """No update: the columns of ``pieces`` go back to the store unread and count as agent steps
+        (``fwrl bench throughput --acting-only``: the acting path's rate with no learner work beside
+        it). Returns no statistics."""
+        with self.timer.stage("learner_gather"):
+            self.store.discard(pieces)
+        self.stats.agent_steps += sum(p.width for p in pieces) * self.store.spec.unroll_length * self.world_size
+        return {}
+
     def update_batch(self, batch: Batch) -> dict[str, float] | None:
         """One optimiser step on a gathered batch (None: a rank voted to stop, no step)."""
         start = time.perf_counter()

@@ -396,6 +396,17 @@ class RolloutStore:
                 self._hand_back(piece.rollout.page, gathered)
         return Batch(tensors, state, versions, [p.width for p in pieces])
 
+    def discard(self, pieces: Sequence[RolloutPiece]) -> None:
+        """Hand back the columns of ``pieces`` unread (no device work): a page whose every column is
+        gathered or discarded is free again once the writes its ``ready`` event marks are done
+        (``fwrl bench throughput --acting-only``)."""
+        for piece in pieces:
+            with self._lock:
+                self._unread[piece.rollout.page] -= piece.width
+                done = self._unread[piece.rollout.page] == 0
+            if done:
+                self._hand_back(piece.rollout.page, piece.rollout.ready)
+
     def release(self, rollout: Rollout) -> None:
         """Hand back a finished rollout's page without gathering it."""
         with self._lock:

@@ -412,7 +412,7 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     return bench_throughput(config, seconds=window.seconds, warmup=window.warmup,
                             ceiling_seconds=window.ceiling_seconds, json_path=window.json_path, paths=args.paths,
                             rounds=args.rounds, profile_path=window.profile_path,
-                            profile_seconds=window.profile_seconds)
+                            profile_seconds=window.profile_seconds, acting_only=window.acting_only)
 
 
 def bench_throughput_base(args: argparse.Namespace) -> dict | None:

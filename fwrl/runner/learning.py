@@ -6,7 +6,8 @@ and, with several learner ranks, trades episodes and counters with the others
 (``fwrl.runner.peers``). It stops at the step budget, when the run stops, or when too little
 time is left for another update and the stop (the first update's length is unknown: a limit that
 ends during it is passed by the rest of it). Every way out votes the other ranks to stop after
-the same update.
+the same update. With ``learn`` false (``fwrl bench throughput --acting-only``) it makes no update:
+each batch's columns go back to the store unread and count as agent steps.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ class LearnerLoop:
     """The learner thread of ``run`` (started by :meth:`start`); ``acting()`` gives the acting
     counters the ranks trade."""
 
-    def __init__(self, run: Run, stop: Stop, limit: TimeLimit, peers: Peers, acting: Callable[[], dict[str, int]]):
+    def __init__(self, run: Run, stop: Stop, limit: TimeLimit, peers: Peers, acting: Callable[[], dict[str, int]],
+                 learn: bool = True):
+        if not learn and run.group is not None:
+            raise ValueError("a run without updates (learn=False) has one learner rank: its ranks vote and "
+                             "all-reduce in their updates")
         self.run = run
+        self.learn = learn
         self.stop = stop
         self.limit = limit
         self.peers = peers
@@ -62,7 +68,7 @@ class LearnerLoop:
                         learner.vote_stop()
                         break
                     with run.update_lock:
-                        stats = learner.update(pieces)
+                        stats = learner.update(pieces) if self.learn else learner.discard(pieces)
                     if stats is None:  # another learner rank voted to stop
                         self.peers.stopped = True
                         break

@@ -53,7 +53,7 @@ class TrainResult:
 
 
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
-          started: float | None = None, acting_seconds: float | None = None) -> TrainResult:
+          started: float | None = None, acting_seconds: float | None = None, learn: bool = True) -> TrainResult:
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
     error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``.
 
@@ -65,7 +65,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     update, the last checkpoint write and :data:`~fwrl.runner.stopping.STOP_ALLOWANCE` took, and
     the learner starts no update it has no time for. ``acting_seconds`` (``fwrl bench
     throughput``): stop acting that many seconds after the workers started, whatever the
-    start-up took."""
+    start-up took. ``learn`` false (``fwrl bench throughput --acting-only``): no updates, each
+    batch handed back to the store unread."""
     started = time.monotonic() if started is None else started
     run = build_run(config, Path(run_dir), resume)
     stop = Stop()
@@ -75,7 +76,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     # what stopping needs: the last update (the learner may be in one), the last checkpoint's copy and write
     limit = TimeLimit(started, config.max_seconds, lambda: (run.learner.stats.update_seconds + run.copy_seconds
                                                           + checkpoints.write_seconds + STOP_ALLOWANCE))
-    learning = LearnerLoop(run, stop, limit, peers, acting.report)
+    learning = LearnerLoop(run, stop, limit, peers, acting.report, learn=learn)
     stats = RunStats(run, acting, learning, peers)
     progress = (progress or Progress(run.config, run.run_dir)) if run.main else None
     sink = MetricsSink(run.run_dir, progress, resumed_at=run.learner.stats.agent_steps if resume else None) \

@@ -275,6 +275,7 @@ class BenchConfig(Settings):
     json_path: str | None = Field(None, min_length=1, description="throughput: also write the results and the config to this JSON file")
     profile_path: str | None = Field(None, min_length=1, description="throughput: after the measured window, run profile_seconds more under torch.profiler (left out of the figures) and write its report to this file (markdown: per acting call, each stage's time and the CUDA launches, copies and syncs; the ops by CPU and device time)")
     profile_seconds: float = Field(5.0, gt=0, description="throughput: seconds --profile-path profiles, after the measured window (whole log intervals of 1 s)")
+    acting_only: bool = Field(False, description="throughput: no updates, each batch handed back to the store unread (agent steps/s: the acting path's rate with no learner work beside it; one learner rank)")
 
 
 # core option -> the value every run had before its default changed (output_scale: 1 -> auto by stem;

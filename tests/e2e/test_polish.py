@@ -269,6 +269,26 @@ def test_bench_throughput_profiles_the_acting_thread_per_call(tmp_path):
     assert not list(report.parent.glob("*.tmp*"))  # written atomically
 
 
+def test_bench_throughput_acting_only_measures_acting_without_updates(tmp_path):
+    """``--acting-only``: the learner makes no update; every batch goes back to the store unread and
+    counts as agent steps, so the rate is the acting path's alone (and the run does not stall on a
+    full store); with learner ranks it is refused."""
+    out = tmp_path / "bench.json"
+    code, stdout, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2],
+                                 "--stem", "auto", "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 3,
+                                 "--acting-only", "--json-path", out])
+    assert code == 0, err
+    record = json.loads(out.read_text())
+    assert record["acting_only"] is True and record["updates"] == 0
+    per_batch = record["config"]["batch_size"] * record["config"]["unroll_length"]
+    assert record["agent_steps"] > 0 and record["agent_steps"] % per_batch == 0, record
+    assert record["shares"]["share/learner_backward"] == 0
+    assert "none (--acting-only" in stdout
+    code, _, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", "--learners", 2,
+                            "--acting-only"])
+    assert_refused(code, err, "drop --learners or --acting-only")
+
+
 @pytest.mark.parametrize("flags, needle", [
     (["--profile-seconds", 0], "profile_seconds=0 is not valid"),
     (["--paths", "all"], "--profile-path profiles one measured run"),

@@ -368,3 +368,30 @@ def test_queue_batches_exact_columns_and_gather_hands_pages_back():
     assert store.free_pages == free - 1  # worker 2's last column waits in the queue
     stop.set()
     assert q.get_batch(4, stop) is None
+
+
+def test_discard_hands_pages_back_unread_like_gather():
+    """``discard`` (``fwrl bench throughput --acting-only``) frees a page once every one of its
+    columns is gathered or discarded, as ``gather`` does, and the learner counts the discarded
+    columns as agent steps without an update."""
+    from fwrl.agents.learner import Learner, LearnerSettings
+
+    spec = RolloutSpec(2, 3, StepRecord.of((1,), "float32"), 2)
+    store = RolloutStore(spec, 3, torch.device("cpu"), {"h": torch.zeros(1, 5)},
+                         capacity=store_capacity(3, 3, 4, 4))
+    stop = threading.Event()
+    q = RolloutQueue(maxsize=4)
+    free = store.free_pages
+    for w in range(3):
+        for row in range(3):
+            store.record([w], [0], _env(w, 3), {"h": torch.zeros(3, 5)}, _agent(3), 0, lambda r: q.put(r, stop))
+    model = AgentNet((1,), 2, "lstm", {"hidden_size": 5}, stem="mlp")
+    learner = Learner(model, PolicyWeights(model), torch.optim.SGD(model.parameters(), lr=0.1), None,
+                      LearnerSettings(), store)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert learner.discard(q.get_batch(4, stop)) == {}
+    assert store.free_pages == free - 2  # worker 0's page is free; worker 1's is split: one column left
+    store.gather(q.get_batch(4, stop))  # worker 1's last column gathered, worker 2's page split again
+    assert store.free_pages == free - 1
+    assert learner.stats.agent_steps == 4 * 2 and learner.stats.updates == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

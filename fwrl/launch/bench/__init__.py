@@ -365,16 +365,19 @@ class ThroughputResult:
 
 
 def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = float("inf"),
-                    config: TrainConfig | None = None) -> ThroughputResult:
+                    config: TrainConfig | None = None, learn: bool = True) -> ThroughputResult:
     """Steps, updates and the time-weighted means of the pipeline columns of the metrics rows
     logged from ``warmup`` seconds (or from the first update, where it came later) to ``until``
     (each row covers the interval since the one before). A window without an update is a
-    FwrlError that says why (:func:`_no_update_text`), never a rate of 0 steps/s."""
+    FwrlError that says why (:func:`_no_update_text`), never a rate of 0 steps/s. ``learn`` false
+    (``--acting-only``): the window starts at the warm-up's end and needs handed-back batches
+    (agent steps) instead of updates."""
     timed = [r for r in rows if r.get("steps_per_second", "") != ""]
-    first_update = next((float(r["time"]) for r in timed if int(float(r.get("updates") or 0)) > 0), None)
+    progress = "updates" if learn else "agent_steps"  # what must grow over the window
+    first_update = next((float(r["time"]) for r in timed if int(float(r.get(progress) or 0)) > 0), None)
     start = max(warmup, first_update) if first_update is not None else warmup
     after = [r for r in timed if start <= float(r["time"]) <= until]
-    if first_update is None or len(after) < 2 or int(after[-1]["updates"]) <= int(after[0]["updates"]):
+    if first_update is None or len(after) < 2 or int(after[-1][progress]) <= int(after[0][progress]):
         raise FwrlError(_no_update_text(timed, warmup, until, first_update, config))
     first, last = after[0], after[-1]
     spans = [(float(b["time"]) - float(a["time"]), b) for a, b in zip(after, after[1:])]
@@ -416,10 +419,10 @@ def _no_update_text(rows: list[dict[str, str]], warmup: float, until: float, fir
 class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
-    def __init__(self, console, warmup: float, seconds: float):
+    def __init__(self, console, warmup: float, seconds: float, learn: bool = True):
         from fwrl.runner.progress import SmoothedRate
 
-        self.console, self.warmup, self.seconds = console, warmup, seconds
+        self.console, self.warmup, self.seconds, self.learn = console, warmup, seconds, learn
         self.status = None
         self.last_print = 0.0
         self.rate = SmoothedRate(10.0)  # over the last 10 s: a 1 s row without an update does not read 0
@@ -435,14 +438,14 @@ class _BenchProgress:
         phase = (f"warming up {t:.0f} / {self.warmup:g} s" if t < self.warmup
                  else f"measuring {t - self.warmup:.0f} / {self.seconds:g} s")
         rate = self.rate.rate()
-        if int(row.get("updates", 0)) == 0:
+        if int(row.get("updates" if self.learn else "agent_steps", 0)) == 0:
             speed = f"no update yet ({int(row.get('acted_steps', 0)):,} agent steps acted)"
         elif rate != rate:  # one row so far
             speed = "rate known after the next row"
         else:
             span = self.rate.samples[-1][0] - self.rate.samples[0][0]
             speed = f"{rate:,.0f} steps/s over the last {span:.0f} s"
-        text = f"{phase}: {steps:,} agent steps learnt, {speed}"
+        text = f"{phase}: {steps:,} agent steps {'learnt' if self.learn else 'acted (no updates)'}, {speed}"
         if self.console.is_terminal:
             self.status.update(text)
         elif time.monotonic() - self.last_print >= 5.0:
@@ -459,7 +462,7 @@ class _BenchProgress:
 
 
 def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progress=None,
-                       profiler=None) -> ThroughputResult:
+                       profiler=None, acting_only: bool = False) -> ThroughputResult:
     """Train with ``config`` for ``warmup + seconds`` (no checkpoints but the last, in a temporary
     folder) and summarise the metrics rows logged after the warm-up.
 
@@ -467,6 +470,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     second, so the figure is what training really consumes. ``profiler`` (a
     :class:`fwrl.agents.stage_profile.WindowProfiler` whose window starts where the measured one
     ends) sees every row; the run goes on for its window, which the figures leave out.
+    ``acting_only``: no updates (each batch handed back to the store unread), one learner rank.
     """
     import csv
     import tempfile
@@ -474,6 +478,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     from fwrl.runner.train import train
 
     _check_window(seconds, warmup)
+    _check_acting_only(config, acting_only)
     config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
                                            checkpoint_interval=1e9, milestone_interval=0, eval_every=0))
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
@@ -496,14 +501,22 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
             if config.learners > 1:
                 _train_ranks(config, run, warmup + seconds, warmup)
             else:
-                train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled)  # the window counts
+                train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled,  # the window counts
+                      learn=not acting_only)
                 # from the workers' start, not the command's (max_seconds would count start-up too)
         finally:
             if profiler is not None:
                 profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config)
+    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config,
+                           learn=not acting_only)
+
+
+def _check_acting_only(config: TrainConfig, acting_only: bool) -> None:
+    if acting_only and config.learners > 1:
+        raise FwrlError(f"--acting-only measures one learner rank that makes no updates; --learners "
+                        f"{config.learners} runs ranks that all-reduce in theirs: drop --learners or --acting-only.")
 
 
 def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: float) -> None:
@@ -625,14 +638,15 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
 
 def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float = 15.0, ceiling_seconds: float = 10.0,
                      json_path: str | None = None, paths: str | None = None, rounds: int = 1,
-                     profile_path: str | None = None, profile_seconds: float = 5.0) -> int:
+                     profile_path: str | None = None, profile_seconds: float = 5.0, acting_only: bool = False) -> int:
     """``fwrl bench throughput``: agent steps/s of ``config`` (a resolved training config), the env
     ceiling of the same workers measured in the same run, their ratio, and where the time goes;
     ``paths`` (``--paths``, as :func:`parse_env_paths` reads it): the same for each env path of
     the spec, alternating ``rounds`` times, side by side; ``json_path``: also write them (and
     the config) as JSON (one record, or ``{"paths": {path: [records]}}`` with ``--paths``);
     ``profile_path``: run ``profile_seconds`` longer, under ``torch.profiler`` (:mod:`fwrl.agents.stage_profile`;
-    the figures leave that time out), and write the report there."""
+    the figures leave that time out), and write the report there; ``acting_only``: no updates (the
+    acting path's rate with no learner work beside it)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -640,6 +654,7 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
 
     _check_window(seconds, warmup)
     _check_rounds(rounds)
+    _check_acting_only(config, acting_only)
     if ceiling_seconds < 0:
         raise FwrlError(f"--ceiling-seconds must be >= 0 (0: skip the env ceiling), got {ceiling_seconds:g}.")
     chosen = parse_env_paths(config.env, paths)
@@ -675,16 +690,19 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
                                                 if cfg.backend == "ray" else None, progress=status.update)
             console.print(f"{label}training {cfg.env} / {cfg.core} ({cfg.stem} stem) on {cfg.device}: "
                           f"{warmup:g} s warm-up, {seconds:g} s measured ...")
-            result = measure_throughput(cfg, seconds, warmup, progress=_BenchProgress(console, warmup, seconds),
-                                        profiler=profiler)
+            result = measure_throughput(cfg, seconds, warmup, progress=_BenchProgress(console, warmup, seconds,
+                                                                                      learn=not acting_only),
+                                        profiler=profiler, acting_only=acting_only)
             measured[path].append((cfg, ceiling, result))
     if len(measured) == 1 and rounds == 1:
         (path, [(cfg, ceiling, result)]), = measured.items()
         table = Table("measure", "value", title=f"fwrl bench throughput: {cfg.env} / {cfg.core} (env path {path})")
         for name, value in _throughput_rows(cfg, ceiling, result):
             table.add_row(name, value, style="bold" if name in ("agent steps/s", "ratio to the env ceiling") else None)
+        if acting_only:
+            table.add_row("learner", "none (--acting-only: each batch handed back to the store unread)")
         out.print(table)
-        record = _throughput_record(cfg, ceiling, result)
+        record = {**_throughput_record(cfg, ceiling, result), "acting_only": acting_only}
     else:
         out.print(_throughput_paths_table(config, measured))
         record = {"paths": {path: [_throughput_record(*m) for m in runs] for path, runs in measured.items()}}
