@@ -83,7 +83,7 @@ GOALS = {
 # kernels behind the learner's, and 3.0 ms of each 7.4 ms call waiting for workers (dynamic batching waits
 # for half of them once one is ready). So after the two wide graphed rows come rdn's layouts against them in
 # one run: rdn with no learner (ACTING_ONLY), high-priority acting streams (PRIORITY, "prio"), no batching
-# wait (NO_WAIT, "nowait"), both, and
+# wait (NO_WAIT, "nowait"), both, two graphed acting threads (TWO_THREADS), and
 # lstm with both; 14 workers (FEWER_WORKERS, "w14"); rdn at 16 envs per worker plain and with both; rdn
 # with two learner processes (never reached yet); then the eager and split rows.
 # "2 threads"
@@ -118,12 +118,18 @@ NO_WAIT = ("--acting-batch-wait", "0")
 # GPU nor its Python on the GIL). Near the env ceiling: the learner's company is what holds acting back
 # (the prio row and two learner processes say which part); near the plain row: the acting call itself is.
 ACTING_ONLY = ("--acting-only",)
+# Two graphed acting threads ("graph 2 threads"), each over half the workers on its own stream: at 19cb767
+# 1.6 ms of each acting call went to a stream sync with the GIL released (the actions waiting for the
+# step's kernels behind the learner's), time in which a second thread can stage, launch and complete its
+# own call. Their graphed path passed its CUDA test at 19cb767 but has never been timed.
+TWO_THREADS = ("--acting-threads", "2")
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph acting-only", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *ACTING_ONLY)),
                 ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
                 ("rdn x8 graph nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *NO_WAIT)),
                 ("rdn x8 graph prio nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
+                ("rdn x8 graph 2 threads", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *TWO_THREADS)),
                 ("lstm x8 graph prio nowait", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
                 ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
                 ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
@@ -139,7 +145,7 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("lstm graph", "lstm", LEARNER_ENVS_PER_WORKER, GRAPH),
                 ("rdn graph", "rdn", LEARNER_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 2 learners", "rdn", WIDE_ENVS_PER_WORKER, TWO_LEARNERS),
-                ("rdn x8 2 threads", "rdn", WIDE_ENVS_PER_WORKER, ("--acting-threads", "2")),
+                ("rdn x8 2 threads", "rdn", WIDE_ENVS_PER_WORKER, TWO_THREADS),
                 ("rdn x8 split2", "rdn", WIDE_ENVS_PER_WORKER, SPLIT2),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
@@ -147,6 +153,7 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
 VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
 WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
+                 "rdn x8 graph 2 threads",
                  "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
@@ -674,7 +681,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     if variants:
         md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
                "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
-               "`--acting-only`): "
+               "`--acting-only`; 2 threads: `--acting-threads 2`): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "

@@ -261,11 +261,13 @@ class InferenceLoop:
             plan = None
             if self.store is not None:  # evaluation (no store) bootstraps nothing: no riders
                 plan = self.store.plan(workers, [r.life for r in results])
-                cut = np.flatnonzero(np.concatenate([r.arrays[TRUNCATED] for r in results]))
+                truncated = [r.arrays[TRUNCATED] for r in results]
+                cut = np.flatnonzero(np.concatenate(truncated))
                 index += [plan.env_entries, plan.agent_entries, cut]
-                for key in (OBS, OBS_EXTRA):
+                for key in (OBS, OBS_EXTRA):  # the cut slots' final observations alone, in batch order
                     if len(cut) and key in self._staging.record.names:
-                        extras[RIDER + key] = np.concatenate([r.arrays[FINAL_OF[key]] for r in results])[cut]
+                        extras[RIDER + key] = np.concatenate([r.arrays[FINAL_OF[key]][flags]
+                                                              for r, flags in zip(results, truncated)])
             extras[INDEX] = np.concatenate(index)
             # one graph per batch size and number of riders
             key = (n, len(extras[INDEX]))
