@@ -19,7 +19,10 @@ products of c's. The sum is evaluated with the equivalent backward recursion
 
     v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1})),
 
-with v_{s+n} = V(x_{s+n}) = ``bootstrap_value``. All tensors are time-major
+with v_{s+n} = V(x_{s+n}) = ``bootstrap_value``. Where every gamma_s c_s is at most 1 (c_bar lambda
+<= 1, IMPALA's c_bar = lambda = 1) and the ``[T, T, B]`` weights are small, the sum of Eq. 1 is taken
+at once instead (:func:`_discounted_sums`): a handful of tensor ops, where the recursion is four per
+step (200 kernel launches per update at T = 50 on a GPU). All tensors are time-major
 ``[T, B]`` (``bootstrap_value`` is ``[B]``); the targets are computed under
 ``torch.no_grad`` and returned detached: they are constants of the loss.
 """
@@ -67,6 +70,33 @@ def _check_shapes(log_rhos: Tensor, discounts: Tensor, rewards: Tensor,
         )
 
 
+# the largest [T, T, B] weights tensor the closed form builds (64 MiB of float32); past it, the recursion
+CLOSED_FORM_MAX_ENTRIES = 1 << 24
+
+
+def _discounted_sums(deltas: Tensor, coeffs: Tensor, closed_form: bool = True) -> Tensor:
+    """``acc_s = sum_{t>=s} (prod_{i=s}^{t-1} coeffs_i) deltas_t`` (IMPALA Eq. 1's sum, ``coeffs`` =
+    gamma c), ``[T, B]``. ``closed_form`` (the caller's promise that every coefficient is at most 1, so
+    no product overflows) and a weights tensor within :data:`CLOSED_FORM_MAX_ENTRIES`: the weights
+    ``w[s, t] = prod_{i=s}^{t-1} coeffs_i`` (0 for t < s) as one cumulative product, then one batched
+    matrix product; otherwise the backward recursion ``acc_s = deltas_s + coeffs_s acc_{s+1}`` (IMPALA
+    Remark 1)."""
+    T = deltas.shape[0]
+    if closed_form and T * T * deltas[0].numel() <= CLOSED_FORM_MAX_ENTRIES:
+        later = torch.ones(T, T, dtype=torch.bool, device=deltas.device).triu()  # [s, i]: i >= s
+        later = later.view(T, T, *([1] * (deltas.dim() - 1)))
+        # prods[s, i] = prod_{i'=s}^{i} coeffs_i' (the factors before s are 1)
+        prods = torch.cumprod(torch.where(later, coeffs.unsqueeze(0), 1.0), dim=1)
+        weights = torch.cat([torch.ones_like(prods[:, :1]), prods[:, :-1]], dim=1) * later  # w[s, t]
+        return torch.einsum("st...,t...->s...", weights, deltas)
+    acc_all = torch.empty_like(deltas)
+    acc = torch.zeros_like(deltas[0])
+    for t in range(T - 1, -1, -1):
+        acc = deltas[t] + coeffs[t] * acc
+        acc_all[t] = acc
+    return acc_all
+
+
 @torch.no_grad()
 def from_importance_weights(
     log_rhos: Tensor,
@@ -99,13 +129,8 @@ def from_importance_weights(
     values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
 
-    # Backward recursion: acc_s = delta_s + gamma_s c_s acc_{s+1}, acc_T = 0.
-    vs_minus_values = torch.empty_like(deltas)
-    acc = torch.zeros_like(bootstrap_value)
-    for t in range(deltas.shape[0] - 1, -1, -1):
-        acc = deltas[t] + discounts[t] * cs[t] * acc
-        vs_minus_values[t] = acc
-    vs = vs_minus_values + values
+    bounded = clip_c_threshold is not None and lambda_ * clip_c_threshold <= 1.0  # every c_i <= 1
+    vs = _discounted_sums(deltas, discounts * cs, closed_form=bounded) + values
 
     vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     pg_rhos = rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
