@@ -91,6 +91,8 @@ GOALS = {
 # (--learners 2 sharing the GPU, each rank acting over half the workers with B / 2, so an update still
 # takes B x T agent steps).
 PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the first lstm row run, op by op
+# the acting thread of the acting-only row, op by op: its calls with no learner beside them
+ACTING_ONLY_PROFILE_FILE = "learner-profile-acting-only.md"
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
 WIDE_ENVS_PER_WORKER = 8
 GRAPH = ("--inference-graph",)
@@ -614,10 +616,11 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
             extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
-        # the first row run (lstm x8 graph; in the dry run, which skips graphs, eager lstm x8) runs 5 s more
-        # under torch.profiler, left out of its figures
-        profile = (["--profile-path", part.out / PROFILE_FILE, "--profile-seconds", 2 if part.dry else 5]
-                   if not rows else [])
+        # the first row run (lstm x8 graph; in the dry run, which skips graphs, eager lstm x8) and the
+        # acting-only row run 5 s more under torch.profiler, left out of their figures
+        profile_file = PROFILE_FILE if not rows else ACTING_ONLY_PROFILE_FILE if "--acting-only" in extra else None
+        profile = (["--profile-path", part.out / profile_file, "--profile-seconds", 2 if part.dry else 5]
+                   if profile_file else [])
         try:
             part.run(fwrl("bench", "throughput", *common, "--envs-per-worker", envs, "--core", core, *extra,
                           *profile, "--ceiling-seconds", ceiling_seconds, "--json-path", path),
@@ -686,6 +689,9 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
                f"torch.profiler): `{PROFILE_FILE}`.\n")
+    if (part.out / ACTING_ONLY_PROFILE_FILE).exists():
+        md += (f"\nThe acting thread of the acting-only row (no learner beside it), op by op: "
+               f"`{ACTING_ONLY_PROFILE_FILE}`.\n")
     if env_paths:
         md += (f"\n## Env ceiling by env path (random actions, the same {workers} workers)\n\n"
                f"`{env_paths['command']}`; per CPU s: env steps per second of the worker processes' CPU time\n\n")
