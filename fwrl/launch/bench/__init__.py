@@ -439,7 +439,7 @@ class _BenchProgress:
                  else f"measuring {t - self.warmup:.0f} / {self.seconds:g} s")
         rate = self.rate.rate()
         if int(row.get("updates" if self.learn else "agent_steps", 0)) == 0:
-            speed = f"no update yet ({int(row.get('acted_steps', 0)):,} agent steps acted)"
+            speed = f"no {'update' if self.learn else 'batch'} yet ({int(row.get('acted_steps', 0)):,} agent steps acted)"
         elif rate != rate:  # one row so far
             speed = "rate known after the next row"
         else:
@@ -585,15 +585,16 @@ def _acting_graph(config: TrainConfig) -> bool:
     return acting_graph(config.inference_graph, pick_device(config.device), _acting_threads(config))
 
 
-def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult) -> dict:
-    """What ``--json-path`` writes for one measured config."""
+def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, result: ThroughputResult,
+                       acting_only: bool = False) -> dict:
+    """What ``--json-path`` writes for one measured config (``acting_only``: measured without updates)."""
     from fwrl.envs.groups import env_path
 
     return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
             "worker_splits": config.worker_splits,
             "inference_graph": _acting_graph(config), "acting_priority": config.acting_priority,
             "acting_batch_wait": config.acting_batch_wait,
-            "learners": config.learners, "seconds": result.seconds,
+            "learners": config.learners, "acting_only": acting_only, "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
@@ -702,10 +703,10 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
         if acting_only:
             table.add_row("learner", "none (--acting-only: each batch handed back to the store unread)")
         out.print(table)
-        record = {**_throughput_record(cfg, ceiling, result), "acting_only": acting_only}
+        record = _throughput_record(cfg, ceiling, result, acting_only)
     else:
         out.print(_throughput_paths_table(config, measured))
-        record = {"paths": {path: [_throughput_record(*m) for m in runs] for path, runs in measured.items()}}
+        record = {"paths": {path: [_throughput_record(*m, acting_only) for m in runs] for path, runs in measured.items()}}
     if profiler is not None:
         _write_profile(profiler, Path(profile_path), config, console)
     if json_path:
