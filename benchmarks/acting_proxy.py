@@ -32,6 +32,15 @@ the graph before a GPU is lent::
 
     python benchmarks/acting_proxy.py --graph --baseline 7acc213 --out benchmarks/results/acting_graph_proxy.md
 
+``--beside-learner`` measures the graphed acting path's host side (as ``--graph``, its replays made
+no-ops) in wall microseconds per call, alone and beside a thread that makes learner updates of the
+same agent on a small batch (B 4, T 20: dispatch-bound, as a GPU's learner thread is), alternated
+three times in each run: on a GPU box the acting and learner threads share one interpreter, and every
+Python line the learner runs between its torch calls holds the GIL the acting thread waits for. Side
+by side with ``--baseline``, it shows what a change to either thread's Python does to the other::
+
+    python benchmarks/acting_proxy.py --beside-learner --baseline 3626ab1 --settings overhead --out benchmarks/results/acting_beside_learner_proxy.md
+
 ``--threads 1 2`` measures this checkout's acting with that many acting threads instead (each its
 own loop over a slice of the workers, as ``fwrl train --acting-threads N`` runs them, one torch
 thread each): the wall microseconds per agent step of all threads together, the figure several
@@ -178,6 +187,8 @@ def _emulate_graph(loop) -> None:
         class Replay:
             @staticmethod
             def replay():
+                if getattr(loop, "proxy_no_replay", False):  # --beside-learner: the host side alone
+                    return
                 began = time.thread_time()
                 with _ranged(REPLAY):
                     call()
@@ -271,6 +282,90 @@ def measure(setting: str, steps: int, graph: bool = False) -> dict:
     return out
 
 
+LEARNER_B, LEARNER_T = 4, 20  # the beside-learner thread's batch: small, so its updates are dispatch-bound
+
+
+def _learner_thread(setting: str):
+    """(start, stop, updates) of a thread that makes IMPALA updates of this checkout's learner on a
+    fixed small batch of the setting's agent, as fast as it can, until stopped."""
+    import threading
+
+    import torch
+
+    from fwrl.agents.learner import Learner
+    from fwrl.agents.model import AgentNet
+    from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
+    from fwrl.agents.policy_weights import PolicyWeights
+    from fwrl.agents.rollouts import Batch
+    from fwrl.settings.config import TrainConfig
+
+    shape, dtype, actions, stem, core, options, _, _ = SETTINGS[setting]
+    B, T = LEARNER_B, LEARNER_T
+    model = AgentNet(shape, actions, core, options, stem=stem)
+    optimizer = make_optimizer(model.parameters(), lr=6e-4)
+    learner = Learner(model, PolicyWeights(AgentNet(shape, actions, core, options, stem=stem)), optimizer,
+                      linear_decay_scheduler(optimizer, 10**12, B * T), TrainConfig().learner_settings(), None)
+    g = torch.Generator().manual_seed(0)
+    obs = (torch.randint(0, 256, (T + 1, B, *shape), generator=g, dtype=torch.uint8) if dtype == "uint8"
+           else torch.randn(T + 1, B, *shape, generator=g))
+    tensors = {"obs": obs, "reward": torch.randn(T + 1, B, generator=g), "done": torch.rand(T + 1, B, generator=g) < 0.05,
+               "truncated": torch.zeros(T + 1, B, dtype=torch.bool), "bootstrap_value": torch.zeros(T + 1, B),
+               "action": torch.randint(actions, (T + 1, B), generator=g),
+               "policy_logits": torch.randn(T + 1, B, actions, generator=g), "baseline": torch.zeros(T + 1, B)}
+    state = {name: value.expand(B, *value.shape[1:]).clone() for name, value in model.initial_state(1).items()}
+    batch = Batch(tensors, state, [[0] * (T + 1)], [B])
+    learner.update_batch(batch)  # warm-up
+    stop, updates = threading.Event(), [0]
+
+    def run() -> None:
+        while not stop.is_set():
+            learner.update_batch(batch)
+            updates[0] += 1
+    thread = threading.Thread(target=run, daemon=True)
+    return thread.start, lambda: (stop.set(), thread.join()), updates
+
+
+def measure_beside(setting: str, steps: int, rounds: int = 3) -> dict:
+    """The graphed acting path's host side (its replays made no-ops), wall microseconds per call,
+    alone and beside a thread of learner updates, alternated ``rounds`` times (medians): what the
+    learner's Python holding the GIL adds to each acting call."""
+    import statistics
+    import threading
+
+    import torch
+
+    from fwrl.agents.inference import InferenceLoop
+
+    sys.setswitchinterval(0.001)  # as fwrl train sets it (fwrl.runner.stopping.switch_interval)
+    pool, model, store = _parts(setting)
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0)
+    _emulate_graph(loop)
+    for _ in range(CUT_EVERY):  # warm-up: first pages, allocator, the graphs of a whole cycle of cuts
+        loop.step(0.0, on_rollout=store.release)
+    loop.proxy_no_replay = True
+
+    def per_call() -> float:
+        began = time.perf_counter()
+        for _ in range(steps):
+            loop.step(0.0, on_rollout=store.release)
+        return 1e6 * (time.perf_counter() - began) / steps
+
+    alone, beside, rates, rates_alone = [], [], [], []
+    for _ in range(rounds):
+        alone.append(per_call())
+        start, stop, updates = _learner_thread(setting)
+        start()
+        time.sleep(1.0)  # the learner alone (this thread sleeps)
+        rates_alone.append(updates[0] / 1.0)
+        began, first = time.perf_counter(), updates[0]
+        beside.append(per_call())
+        rates.append((updates[0] - first) / (time.perf_counter() - began))
+        stop()
+    return {"setting": setting, "slots": pool.num_slots, "alone_us": round(statistics.median(alone), 1),
+            "beside_us": round(statistics.median(beside), 1), "learner_updates_per_s": round(statistics.median(rates), 1),
+            "learner_alone_updates_per_s": round(statistics.median(rates_alone), 1)}
+
+
 def measure_threads(setting: str, steps: int, threads: int) -> dict:
     """Acting with ``threads`` threads (this checkout): each steps its slice ``steps`` times."""
     import threading
@@ -344,9 +439,10 @@ def _checkout(rev: str, folder: Path) -> Path:
     return folder
 
 
-def _run(path: Path, setting: str, steps: int, threads: int = 0, graph: bool = False) -> dict:
+def _run(path: Path, setting: str, steps: int, threads: int = 0, graph: bool = False, beside: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
-    extra = (["--measure-threads", str(threads)] if threads else []) + (["--measure-graph"] if graph else [])
+    extra = ((["--measure-threads", str(threads)] if threads else []) + (["--measure-graph"] if graph else [])
+             + (["--measure-beside"] if beside else []))
     out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps), *extra], env=env,
                          capture_output=True, text=True, check=True, cwd=path).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -400,6 +496,9 @@ def main() -> int:
                         "by plain calls: the operators the acting thread issues outside the graph per call")
     parser.add_argument("--measure-process", help=argparse.SUPPRESS)
     parser.add_argument("--measure-graph", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--beside-learner", action="store_true", help="the graphed acting path's host side (replays "
+                        "made no-ops), wall us per call alone and beside a thread of learner updates (GIL sharing)")
+    parser.add_argument("--measure-beside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.processes and not args.threads:
         parser.error("--processes is measured beside --threads (e.g. --threads 1 2 --processes 2)")
@@ -409,6 +508,7 @@ def main() -> int:
         return 0
     if args.measure:
         print(json.dumps(measure_threads(args.measure, args.steps, args.measure_threads) if args.measure_threads
+                         else measure_beside(args.measure, args.steps) if args.measure_beside
                          else measure(args.measure, args.steps, args.measure_graph)))
         return 0
     if args.threads:
@@ -421,8 +521,11 @@ def main() -> int:
         for setting in args.settings:
             for _ in range(args.repeats):
                 for name, path in checkouts.items():  # alternated, so drift hits both alike
-                    results.setdefault((name, setting), []).append(_run(path, setting, args.steps, graph=args.graph))
+                    results.setdefault((name, setting), []).append(_run(path, setting, args.steps, graph=args.graph,
+                                                                        beside=args.beside_learner))
                     print(name, setting, results[(name, setting)][-1], file=sys.stderr, flush=True)
+    if args.beside_learner:
+        return _beside_report(args, results)
     if args.graph:
         return _graph_report(args, results)
     rows = []
@@ -462,6 +565,21 @@ def _graph_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
                          f"{this['host_us'] / base['host_us']:.2f} |")
     _publish(args, f"The graphed acting path's calls outside its graph, on the CPU ({time.strftime('%Y-%m-%d')})",
              "acting calls each, one torch thread, the CUDA graph replaced by plain calls", lines)
+    return 0
+
+
+def _beside_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
+    """The beside-learner table: host wall us per acting call alone, beside learner updates, their ratio."""
+    lines = ["| setting | checkout | slots per call | host us per call, alone | beside a learner thread | beside / alone "
+             "| learner updates/s, alone | beside the acting thread |", "|---|---|---|---|---|---|---|---|"]
+    for (name, setting), runs in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
+        med = _medians(runs, ("alone_us", "beside_us", "learner_updates_per_s", "learner_alone_updates_per_s"))
+        lines.append(f"| {setting} | {name} | {runs[0]['slots']} | {med['alone_us']} | {med['beside_us']} | "
+                     f"{med['beside_us'] / med['alone_us']:.2f} | {med['learner_alone_updates_per_s']} | "
+                     f"{med['learner_updates_per_s']} |")
+    _publish(args, f"The acting path's host side beside a learner thread, on the CPU ({time.strftime('%Y-%m-%d')})",
+             f"acting calls each (3 alternations of alone and beside a learner thread of B {LEARNER_B} x T "
+             f"{LEARNER_T} updates per run), one torch thread, the CUDA graph's replays made no-ops", lines)
     return 0
 
 
