@@ -99,13 +99,13 @@ def profile_report(profiler: torch.profiler.profile, title: str, seconds: float 
     stages = _cpu_times(events, acting, lambda name: name.startswith("fwrl/") and name != ACTING_CALL)
     for name, times in sorted(stages.items(), key=lambda item: -sum(item[1])):
         lines.append(f"| {name} | {len(times):,} | {sum(times) / 1e3:,.1f} | {per_call(sum(times))} |")
-    calls = _cpu_times(events, acting, lambda name: name in RUNTIME_CALLS)
-    if calls:
+    runtime = _cpu_times(events, acting, lambda name: name in RUNTIME_CALLS)
+    if runtime:
         lines += ["", "## CUDA runtime calls of the acting thread", "",
                   "| call | count | per acting call | CPU us each |", "|---|---|---|---|"]
         for name in RUNTIME_CALLS:
-            if name in calls:
-                times = calls[name]
+            if name in runtime:
+                times = runtime[name]
                 lines.append(f"| {name} | {len(times):,} | {per_call(len(times))} | {sum(times) / len(times):,.1f} |")
     averages = profiler.key_averages()
     lines += ["", "## Ops by own CPU time", "", "```",

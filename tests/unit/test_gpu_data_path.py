@@ -172,6 +172,30 @@ def test_the_profile_report_counts_acting_calls_and_their_stages():
     assert "fwrl/acting_call" not in rows
 
 
+def test_the_profile_report_divides_cuda_runtime_calls_by_the_acting_calls():
+    """The runtime-call table (CUDA only, so built here from recorded events): each call's count per
+    acting call, on the acting thread alone."""
+    from types import SimpleNamespace
+
+    from fwrl.agents.stage_profile import profile_report
+    from fwrl.agents.stage_timer import ACTING_CALL
+
+    def event(name, thread=1, us=10.0):
+        return SimpleNamespace(name=name, thread=thread, cpu_time_total=us, device_type=torch.autograd.DeviceType.CPU)
+
+    events = ([event(ACTING_CALL)] * 4 + [event("cudaLaunchKernel", us=6.0)] * 10
+              + [event("cudaStreamSynchronize", us=1500.0)] * 2 + [event("cudaLaunchKernel", thread=2)] * 7)
+    profiler = SimpleNamespace(events=lambda: events, key_averages=_NoAverages)
+    report = profile_report(profiler, "t", 1.0)
+    assert "| cudaLaunchKernel | 10 | 2.5 | 6.0 |" in report, report
+    assert "| cudaStreamSynchronize | 2 | 0.5 | 1,500.0 |" in report, report
+
+
+class _NoAverages(list):
+    def table(self, **_):
+        return ""
+
+
 def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
     """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
     same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
