@@ -388,24 +388,24 @@ class RolloutStore:
         state = {name: value.index_select(0, cols) for name, value in self.initial_state.items()}
         versions = [list(self._versions[p.rollout.page]) for p in pieces]
         gathered = _record_event(self.device)
-        for piece in pieces:
-            with self._lock:
-                self._unread[piece.rollout.page] -= piece.width
-                done = self._unread[piece.rollout.page] == 0
-            if done:
-                self._hand_back(piece.rollout.page, gathered)
+        self._mark_read(pieces, [gathered] * len(pieces))
         return Batch(tensors, state, versions, [p.width for p in pieces])
 
     def discard(self, pieces: Sequence[RolloutPiece]) -> None:
         """Hand back the columns of ``pieces`` unread (no device work): a page whose every column is
         gathered or discarded is free again once the writes its ``ready`` event marks are done
         (``fwrl bench throughput --acting-only``)."""
-        for piece in pieces:
+        self._mark_read(pieces, [piece.rollout.ready for piece in pieces])
+
+    def _mark_read(self, pieces: Sequence[RolloutPiece], events: Sequence[torch.cuda.Event | None]) -> None:
+        """The columns of ``pieces`` are read: a page with none left unread goes back to the free
+        pages with its piece's event (the next writer's stream waits for it)."""
+        for piece, event in zip(pieces, events):
             with self._lock:
                 self._unread[piece.rollout.page] -= piece.width
                 done = self._unread[piece.rollout.page] == 0
             if done:
-                self._hand_back(piece.rollout.page, piece.rollout.ready)
+                self._hand_back(piece.rollout.page, event)
 
     def release(self, rollout: Rollout) -> None:
         """Hand back a finished rollout's page without gathering it."""

@@ -345,18 +345,25 @@ def _piece(rollout: Rollout, start: int, stop: int):
     return RolloutPiece(rollout, start, stop)
 
 
-def test_queue_batches_exact_columns_and_gather_hands_pages_back():
+def _three_finished_rollouts():
+    """(store, queue, stop, free pages before) after three workers of K 3 each finished one rollout
+    (T 2) whose rewards and initial state are the worker's number."""
     spec = RolloutSpec(2, 3, StepRecord.of((1,), "float32"), 2)
     store = RolloutStore(spec, 3, torch.device("cpu"), {"h": torch.zeros(1, 5)},
                          capacity=store_capacity(3, 3, 4, 4))
     stop = threading.Event()
     q = RolloutQueue(maxsize=4)
     free = store.free_pages
-    for w in range(3):  # three workers, each finishing one rollout of value w
+    for w in range(3):
         for row in range(3):
             env = _env(w, 3)
             env["reward"][:] = w
             store.record([w], [0], env, {"h": torch.full((3, 5), float(w))}, _agent(3), 0, lambda r: q.put(r, stop))
+    return store, q, stop, free
+
+
+def test_queue_batches_exact_columns_and_gather_hands_pages_back():
+    store, q, stop, free = _three_finished_rollouts()
     assert store.free_pages == free - 3
     batch = store.gather(q.get_batch(4, stop))
     assert batch.tensors["reward"].shape == (3, 4) and batch.initial_state["h"].shape == (4, 5)
@@ -376,15 +383,7 @@ def test_discard_hands_pages_back_unread_like_gather():
     columns as agent steps without an update."""
     from fwrl.agents.learner import Learner, LearnerSettings
 
-    spec = RolloutSpec(2, 3, StepRecord.of((1,), "float32"), 2)
-    store = RolloutStore(spec, 3, torch.device("cpu"), {"h": torch.zeros(1, 5)},
-                         capacity=store_capacity(3, 3, 4, 4))
-    stop = threading.Event()
-    q = RolloutQueue(maxsize=4)
-    free = store.free_pages
-    for w in range(3):
-        for row in range(3):
-            store.record([w], [0], _env(w, 3), {"h": torch.zeros(3, 5)}, _agent(3), 0, lambda r: q.put(r, stop))
+    store, q, stop, free = _three_finished_rollouts()
     model = AgentNet((1,), 2, "lstm", {"hidden_size": 5}, stem="mlp")
     learner = Learner(model, PolicyWeights(model), torch.optim.SGD(model.parameters(), lr=0.1), None,
                       LearnerSettings(), store)
