@@ -113,10 +113,12 @@ class LearnerGroup:
         stop (then no rank should step: the gradients are left as they were)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         numel = sum(g.numel() for g in grads)
-        if self._buffer is None or self._buffer.numel() != numel + 1:
-            self._buffer = torch.empty(numel + 1, device=self.device, dtype=torch.float32)
+        # float32 (half and bfloat16 gradients are summed in it); float64 where the weights are
+        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        if self._buffer is None or self._buffer.numel() != numel + 1 or self._buffer.dtype != dtype:
+            self._buffer = torch.empty(numel + 1, device=self.device, dtype=dtype)
         flat = self._buffer
-        torch.cat([g.detach().reshape(-1).float() for g in grads], out=flat[:numel])
+        torch.cat([g.detach().reshape(-1).to(dtype) for g in grads], out=flat[:numel])
         flat[numel] = 1.0 if stop else 0.0
         _collective(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
         if flat[numel].item() > 0:

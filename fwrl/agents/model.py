@@ -236,13 +236,14 @@ class AgentNet(nn.Module):
         obs = inputs[OBS]
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *obs.shape[2:])
-        x = x / 255.0 if x.dtype == torch.uint8 else as_dtype(x, torch.float32)  # one op each: the division casts
+        dtype = self.baseline.weight.dtype  # float32, or float64 where a test asks for exact sums
+        x = as_dtype(x / 255.0 if x.dtype == torch.uint8 else x, dtype)  # one op each: the division casts
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         parts = [self.stem(x).view(T, B, -1)]
         if self.extra_size:
-            parts.append(as_dtype(inputs[OBS_EXTRA], torch.float32))
-        parts.append(as_dtype(inputs[REWARD], torch.float32).clamp(-1.0, 1.0).unsqueeze(-1))
+            parts.append(as_dtype(inputs[OBS_EXTRA], dtype))
+        parts.append(as_dtype(inputs[REWARD], dtype).clamp(-1.0, 1.0).unsqueeze(-1))
         core_out, state = self.core(torch.cat(parts, dim=-1), state, as_dtype(inputs[DONE], torch.bool))
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
