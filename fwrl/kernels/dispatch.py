@@ -4,9 +4,11 @@ Every rule's entry point (``fwrl.kernels.<rule>``) calls :func:`dispatch` with i
 reference (``naive``) and a loader of its fused kernel (``fused_recurrent``, imported on
 the first call that may use it: importing a rule does not import Triton).
 
-CUDA tensors with a shape a kernel supports use Triton; everything else uses
-the reference. ``FWRL_KERNELS=reference|triton`` forces one (forcing triton
-on an unsupported input is an error that says why).
+CUDA tensors with a shape a kernel supports use Triton; CPU tensors use the rule's CPU path
+(``cpu.py``: the same maths in a few batched torch calls per step with a hand-derived backward)
+where the rule has one; everything else uses the reference. ``FWRL_KERNELS=reference|triton|cpu``
+forces one (forcing triton on an unsupported input is an error that says why; the CPU path runs
+on any device, but reads the reset steps on the host, so it does not belong in a CUDA graph).
 
 Every call names its layer (``layer=``, a stable key such as the calling
 module's ``kernel_layer_name``); the first call of each layer logs, at INFO on
@@ -30,7 +32,7 @@ from torch import Tensor, nn
 
 from fwrl.errors import FwrlError, install_command, unknown_choice
 
-BACKENDS = ("auto", "reference", "triton")
+BACKENDS = ("auto", "reference", "triton", "cpu")
 
 logger = logging.getLogger("fwrl.kernels")
 
@@ -127,9 +129,11 @@ def dispatch(
     supports_args: tuple,
     cannot_run: str,
     layer: str | None,
+    cpu: Callable[..., Any] | None = None,
 ) -> Any:
     """The fused kernel ``fused().run(*args, **kwargs)`` where the backend allows Triton and
-    its ``supports(*supports_args, **kwargs)`` gives no reason against; otherwise
+    its ``supports(*supports_args, **kwargs)`` gives no reason against; the rule's CPU path
+    ``cpu(*args, **kwargs)`` for CPU inputs (or everywhere under ``FWRL_KERNELS=cpu``); otherwise
     ``reference(*args, **kwargs)``, or under ``FWRL_KERNELS=triton`` an error
     "FWRL_KERNELS=triton but <cannot_run>: <reason>.". Logs the choice once per ``layer``;
     warns once per layer and reason when a CUDA input falls back. ``kernel`` names the rule
@@ -139,6 +143,12 @@ def dispatch(
     layer = layer or f"{kernel} (unnamed)"
     if backend == "reference":
         _announce(layer, kernel, "reference", x, "FWRL_KERNELS=reference")
+        return reference(*args, **kwargs)
+    if cpu is not None and (backend == "cpu" or (backend == "auto" and not _on_cuda(x))):
+        _announce(layer, kernel, "cpu", x, "FWRL_KERNELS=cpu" if backend == "cpu" else "")
+        return cpu(*args, **kwargs)
+    if backend == "cpu":
+        _announce(layer, kernel, "reference", x, f"the {kernel} rule has no CPU path")
         return reference(*args, **kwargs)
     triton_kernel, reason = _load_fused(fused)
     if triton_kernel is not None:

@@ -65,3 +65,25 @@ def recurrent_softmax(h: Tensor) -> Tensor:
     """f of paper 000 Eq. 12: softmax over the last axis with 1e-6 added to the denominator."""
     e = torch.exp(h - h.amax(dim=-1, keepdim=True))
     return e / (e.sum(dim=-1, keepdim=True) + RECURRENT_SOFTMAX_EPS)
+
+
+def adjacent_pair(q: Tensor, k: Tensor) -> Tensor | None:
+    """``q`` and ``k`` as one [..., 2, D] view where ``k`` follows ``q`` in memory with the same strides
+    (the slow net's ``[q | k | ...]`` slices of one output), else None: phi maps both in one call."""
+    D = q.shape[-1]
+    if (q.shape != k.shape or q.stride() != k.stride() or q.stride(-1) != 1 or q.dtype != k.dtype
+            or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+            or k.storage_offset() != q.storage_offset() + D):
+        return None
+    return q.as_strided((*q.shape[:-1], 2, D), (*q.stride()[:-1], D, 1), q.storage_offset())
+
+
+def apply_feature_map_pair(name: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """(phi(q), phi(k)): one call of phi over both where they are adjacent slices (:func:`adjacent_pair`)
+    and no gradient is recorded; two calls otherwise (the same values either way: phi maps each
+    vector on its own)."""
+    pair = None if torch.is_grad_enabled() else adjacent_pair(q, k)
+    if pair is None:
+        return apply_feature_map(name, q), apply_feature_map(name, k)
+    return apply_feature_map(name, pair).unbind(-2)
+

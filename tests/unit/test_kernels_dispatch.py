@@ -140,6 +140,7 @@ def test_triton_path_is_logged_and_does_not_warn(monkeypatch, caplog):
     interpreted = load_kernel_module("delta_rule", interpret=True)
     fused = dispatch.Fused(interpreted.delta_rule_triton, interpreted.supports)
     monkeypatch.setattr(dispatch, "_load_fused", lambda load: (fused, None))
+    monkeypatch.setattr(dispatch, "_on_cuda", lambda x: True)  # CPU tensors would take the CPU path
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     caplog.set_level(logging.INFO, logger=LOGGER)
     g = torch.Generator().manual_seed(1)

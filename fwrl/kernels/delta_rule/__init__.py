@@ -6,6 +6,7 @@ from torch import Tensor
 
 from fwrl.kernels.dispatch import Fused, dispatch
 
+from .cpu import delta_rule_cpu
 from .naive import delta_rule_reference
 
 
@@ -26,7 +27,7 @@ def delta_rule(
     return dispatch(
         "delta_rule", delta_rule_reference, _fused, (q, k, v, beta, W0, reset),
         dict(rule=rule, feature_map=feature_map, grad_mode=grad_mode), (q, k, v),
-        "the delta-rule kernel cannot run", layer,
+        "the delta-rule kernel cannot run", layer, cpu=delta_rule_cpu,
     )
 
 

@@ -1,0 +1,192 @@
+"""Every rule's CPU path (``fwrl/kernels/<rule>/cpu.py``) against its PyTorch reference (``naive.py``).
+
+One table of rules; each is checked the same way:
+
+- float64, forward and the gradient of every input (each output weighted by its own random
+  tensor, so every output's gradient path counts), with episode starts nowhere, at step 0, in
+  the middle (one row once, another on consecutive steps) and everywhere, in both grad modes,
+  over one step, a short unroll and one longer than a chunk: equal to 1e-9;
+- float32 against the float64 reference, to float32 round-off;
+- without autograd (acting: one step, and several) the same outputs as with it;
+- a sequence cut in two calls, the state carried, equals one call;
+- the dispatch: CPU tensors take the CPU path by default and the reference under
+  ``FWRL_KERNELS=reference``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.delta_rule import delta_rule
+from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
+from fwrl.kernels.delta_rule.naive import delta_rule_reference
+
+RESETS = ("none", "start", "mid", "everywhere")
+LENGTHS = (1, 6, 70)  # one step (acting), an unroll, more than one chunk of the chunked form
+
+
+def resets(T: int, B: int, pattern: str) -> torch.Tensor:
+    """[T, B] episode starts: none, start (step 0), mid (row 0 once, row 1 on three consecutive
+    steps) or everywhere."""
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    if pattern == "start":
+        reset[0] = True
+    elif pattern == "mid":
+        reset[T // 2, 0] = True
+        reset[T // 2: T // 2 + 3, 1 % B] = True
+    elif pattern == "everywhere":
+        reset[:] = True
+    return reset
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule's reference, CPU path and public function, and how to make its inputs.
+
+    ``inputs(T, B, generator)`` returns the float64 tensors before ``reset``; ``state`` names the
+    positions of the inputs that are the carried state, in the order the rule returns its final
+    state (after the per-step outputs). ``options`` are the keyword variants checked."""
+
+    name: str
+    reference: Callable[..., Any]
+    cpu: Callable[..., Any]
+    public: Callable[..., Any]
+    inputs: Callable[[int, int, torch.Generator], tuple[torch.Tensor | None, ...]]
+    state: tuple[int, ...]
+    options: tuple[dict, ...] = field(default_factory=lambda: ({},))
+
+
+def _delta_rule_inputs(T, B, g, H=2, D=4, F=None, beta=True):
+    F = D if F is None else F
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return (n(T, B, H, D), n(T, B, H, D), n(T, B, H, D), n(T, B, H) if beta else None, n(B, H, D, F, scale=0.5))
+
+
+RULES = [
+    Rule("delta_rule", delta_rule_reference, delta_rule_cpu, delta_rule, _delta_rule_inputs, state=(4,),
+         options=tuple({"rule": r, "feature_map": f} for r in ("delta", "sum")
+                       for f in ("elu1_sumnorm", "softmax", "dpfp-1"))),
+    # more rules: one Rule(...) each, above this line
+]
+IDS = [rule.name for rule in RULES]
+
+
+def _inputs(rule: Rule, options: dict, T: int, B: int, seed: int = 0) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    if rule.name == "delta_rule":  # the sum rule has no beta; dpfp-1 doubles the key features
+        return _delta_rule_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None,
+                                  beta=options.get("rule", "delta") == "delta")
+    return rule.inputs(T, B, g)
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    """The flat list of a rule's returned tensors (per-step outputs, then the final state)."""
+    flat = []
+    for x in result if isinstance(result, (tuple, list)) else (result,):
+        flat.extend(_outputs(x) if isinstance(x, (tuple, list)) else [x])
+    return flat
+
+
+def _run(fn, inputs, reset, weights, dtype=None, **kwargs) -> list[torch.Tensor | None]:
+    """The outputs of ``fn`` and the gradients of sum_i <out_i, weight_i> for every input (None: no
+    gradient reaches it)."""
+    leaves = [None if x is None else x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
+    outs = _outputs(fn(*leaves, reset, **kwargs))
+    loss = sum((o.double() * w).sum() for o, w in zip(outs, weights))
+    grads = torch.autograd.grad(loss, [x for x in leaves if x is not None], allow_unused=True)
+    grads = iter(grads)
+    return [o.detach() for o in outs] + [None if x is None else next(grads) for x in leaves]
+
+
+def _weights(rule: Rule, options: dict, T: int, B: int) -> list[torch.Tensor]:
+    with torch.no_grad():
+        outs = _outputs(rule.reference(*_inputs(rule, options, T, B), resets(T, B, "none"), **options))
+    g = torch.Generator().manual_seed(99)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+
+
+def _assert_same(ref, got, atol, rtol, label):
+    assert len(ref) == len(got), label
+    for i, (r, x) in enumerate(zip(ref, got)):
+        if r is None or x is None:  # no gradient reaches this input on one side: zero on the other
+            other = x if r is None else r
+            assert other is None or not other.abs().max() > 0, f"{label}: entry {i}: a gradient on one side only"
+            continue
+        assert torch.isfinite(x).all(), f"{label}: entry {i} is not finite"
+        torch.testing.assert_close(x.double(), r.double(), atol=atol, rtol=rtol, msg=lambda m: f"{label}: entry {i}: {m}")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+@pytest.mark.parametrize("T", LENGTHS)
+def test_cpu_path_matches_the_reference_in_float64(rule, grad_mode, T):
+    B = 3
+    for options in rule.options:
+        weights = _weights(rule, options, T, B)
+        for pattern in RESETS:
+            inputs, reset = _inputs(rule, options, T, B), resets(T, B, pattern)
+            ref = _run(rule.reference, inputs, reset, weights, grad_mode=grad_mode, **options)
+            got = _run(rule.cpu, inputs, reset, weights, grad_mode=grad_mode, **options)
+            _assert_same(ref, got, 1e-9, 1e-9, f"{rule.name} {options} {grad_mode} T {T} resets {pattern}")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_cpu_path_in_float32_is_the_reference_to_round_off(rule):
+    T, B = 21, 4
+    for options in rule.options:
+        weights = _weights(rule, options, T, B)
+        inputs, reset = _inputs(rule, options, T, B, seed=1), resets(T, B, "mid")
+        ref = _run(rule.reference, inputs, reset, weights, **options)
+        got = _run(rule.cpu, inputs, reset, weights, dtype=torch.float32, **options)
+        _assert_same(ref, got, 2e-4, 1e-4, f"{rule.name} {options} float32")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+@pytest.mark.parametrize("T", (1, 6))
+def test_cpu_path_without_autograd_gives_the_same_outputs(rule, T):
+    B = 3
+    for options in rule.options:
+        inputs, reset = _inputs(rule, options, T, B, seed=2), resets(T, B, "mid" if T > 1 else "start")
+        reset[0, 1] = False  # one row resets at step 0, the others carry
+        with torch.no_grad():
+            acting = _outputs(rule.cpu(*inputs, reset, **options))
+        learning = _run(rule.cpu, inputs, reset, _weights(rule, options, T, B), **options)[:len(acting)]
+        _assert_same(learning, acting, 1e-12, 1e-12, f"{rule.name} {options} T {T} without autograd")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_cpu_path_carries_its_state_across_calls(rule):
+    T, B, cut = 9, 3, 4
+    for options in rule.options:
+        inputs, reset = _inputs(rule, options, T, B, seed=3), resets(T, B, "mid")
+        whole = _outputs(rule.cpu(*inputs, reset, **options))
+        steps = [i for i, x in enumerate(inputs) if i not in rule.state and x is not None and x.shape[0] == T]
+        first = [x[:cut] if i in steps else x for i, x in enumerate(inputs)]
+        first_out = _outputs(rule.cpu(*first, reset[:cut], **options))
+        per_step = len(first_out) - len(rule.state)
+        second = [x[cut:] if i in steps else x for i, x in enumerate(inputs)]
+        for position, carried in zip(rule.state, first_out[per_step:]):
+            second[position] = carried
+        second_out = _outputs(rule.cpu(*second, reset[cut:], **options))
+        joined = [torch.cat([a, b]) for a, b in zip(first_out[:per_step], second_out[:per_step])]
+        _assert_same(whole, joined + second_out[per_step:], 1e-12, 1e-12, f"{rule.name} {options} carried")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_cpu_tensors_take_the_cpu_path_unless_the_reference_is_asked_for(rule, monkeypatch):
+    import fwrl.kernels.dispatch as dispatch
+
+    options = rule.options[0]
+    inputs, reset = _inputs(rule, options, 3, 2), resets(3, 2, "none")
+    calls = []
+    monkeypatch.setattr(dispatch, "_announce", lambda layer, kernel, backend, x, why="": calls.append(backend))
+    for backend, expected in (("auto", "cpu"), ("cpu", "cpu"), ("reference", "reference")):
+        monkeypatch.setenv("FWRL_KERNELS", backend)
+        calls.clear()
+        rule.public(*inputs, reset, **options)
+        assert calls == [expected], f"FWRL_KERNELS={backend}: ran {calls}, expected {expected}"
