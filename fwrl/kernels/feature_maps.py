@@ -76,14 +76,3 @@ def adjacent_pair(q: Tensor, k: Tensor) -> Tensor | None:
             or k.storage_offset() != q.storage_offset() + D):
         return None
     return q.as_strided((*q.shape[:-1], 2, D), (*q.stride()[:-1], D, 1), q.storage_offset())
-
-
-def apply_feature_map_pair(name: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """(phi(q), phi(k)): one call of phi over both where they are adjacent slices (:func:`adjacent_pair`)
-    and no gradient is recorded; two calls otherwise (the same values either way: phi maps each
-    vector on its own)."""
-    pair = None if torch.is_grad_enabled() else adjacent_pair(q, k)
-    if pair is None:
-        return apply_feature_map(name, q), apply_feature_map(name, k)
-    return apply_feature_map(name, pair).unbind(-2)
-

@@ -190,3 +190,22 @@ def test_cpu_tensors_take_the_cpu_path_unless_the_reference_is_asked_for(rule, m
         calls.clear()
         rule.public(*inputs, reset, **options)
         assert calls == [expected], f"FWRL_KERNELS={backend}: ran {calls}, expected {expected}"
+
+
+def test_acting_step_maps_adjacent_query_and_key_slices_in_one_call():
+    """The slow net's [q | k | v | beta] slices of one tensor (adjacent q and k: phi maps them in one
+    call) give the same step as separate tensors, and as the reference."""
+    g = torch.Generator().manual_seed(4)
+    B, H, D = 3, 2, 4
+    p = torch.randn(1, B, H, 3 * D + 1, generator=g, dtype=torch.float64)
+    W0 = torch.randn(B, H, D, D, generator=g, dtype=torch.float64)
+    reset = torch.tensor([[True, False, False]])
+    slices = p[..., :D], p[..., D:2 * D], p[..., 2 * D:3 * D], p[..., 3 * D]
+    with torch.no_grad():
+        adjacent = delta_rule_cpu(*slices, W0, reset)
+        separate = delta_rule_cpu(*(x.clone() for x in slices), W0, reset)
+        reference = delta_rule_reference(*slices, W0, reset)
+    for a, s_, r in zip(adjacent, separate, reference):
+        torch.testing.assert_close(a, s_, rtol=0, atol=1e-15)
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
