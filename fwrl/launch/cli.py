@@ -496,8 +496,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     from fwrl.evaluation.progress import EvalProgress
     from fwrl.runner.build import torch_threads
+    from fwrl.utils.allocator import keep_freed_memory
 
     torch.set_num_threads(torch_threads(0, num_workers, opts.backend))  # not every core: the workers need theirs
+    keep_freed_memory()  # no page faults for each step's tensors on the CPU (fwrl.utils.allocator)
 
     with EvalProgress(env) as progress:  # episodes played, the running mean return, an ETA
         result = ev.evaluate(

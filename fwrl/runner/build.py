@@ -39,6 +39,7 @@ from fwrl.runner.agent import build_model, pick_device, resolve_core_options
 from fwrl.runner.run_metrics import Episodes, normaliser
 from fwrl.runner.stopping import Clock
 from fwrl.settings.config import TrainConfig, save_config
+from fwrl.utils.allocator import keep_freed_memory
 
 # the counters a resumed run continues (a checkpoint's "progress"), and their start
 PROGRESS = {"elapsed_seconds": 0.0, "episodes": 0, "acted_steps": 0}
@@ -195,6 +196,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
         raise FwrlError(f"setting num_workers={config.num_workers} leaves learner rank {ranks.rank} of "
                         f"{ranks.world_size} without an env worker; use num_workers >= {ranks.world_size}.")
     torch.set_num_threads(learner_threads(config.model_copy(update={"num_workers": num_workers})))
+    keep_freed_memory()  # no page faults for each step's tensors on the CPU (fwrl.utils.allocator)
     device = rank_device(pick_device(config.device), ranks)
     threads = acting_threads(config.acting_threads, num_workers)
     graph = acting_graph(config.inference_graph, device, threads)  # before any work: it may refuse the device
