@@ -137,6 +137,29 @@ def test_function_equals_forward_mode_reference(resets):
     torch.testing.assert_close(grads[0], g_x, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("steps", [1, T])
+@pytest.mark.parametrize("resets", [False, True])
+def test_acting_without_autograd_advances_like_the_forward_mode_reference(resets, steps):
+    """Acting (no autograd) advances c and the sensitivities by the forward-mode recursions: the same
+    values as the reference and as the learner's Function, resets included."""
+    gen = torch.Generator().manual_seed(5)
+    params = make_params(gen)
+    x = torch.randn(steps, B, D, generator=gen, dtype=F64)
+    c0, sens0 = torch.randn(B, H, generator=gen, dtype=F64), random_sens(gen)
+    done = make_done(resets)[:steps]
+    if steps == 1 and resets:
+        done[0, 0] = True
+    c_ref, sens_ref, _ = er.rtrl_reference(x, c0, sens0, params, done)
+    with torch.no_grad():
+        c_act, sens_act = er.elstm_rtrl(x, c0, sens0, params, done)
+    c_fn, sens_fn = er.elstm_rtrl(x, c0, sens0, {k: v.requires_grad_() for k, v in params.items()}, done)
+    torch.testing.assert_close(c_act, c_ref, rtol=0, atol=1e-13)
+    torch.testing.assert_close(c_act, c_fn.detach(), rtol=0, atol=1e-13)
+    for key in er.SENSITIVITY_KEYS:
+        torch.testing.assert_close(sens_act[key], sens_ref[key], rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(sens_act[key], sens_fn[key].detach(), rtol=1e-12, atol=1e-13)
+
+
 def test_rtrl_keeps_no_per_step_sensitivities_for_backward():
     """Saved for backward: O(T*B*H + B*H*D), never the T sensitivity tensors Z_t [B, H, D]."""
     gen = torch.Generator().manual_seed(4)

@@ -300,6 +300,45 @@ class _ElstmRTRL(torch.autograd.Function):
         return (g_x, *grads, None, None, None, None, None, None, None, None)
 
 
+def advance_sensitivities(
+    x: Tensor,
+    c0: Tensor,
+    sens0: dict[str, Tensor],
+    params: dict[str, Tensor],
+    done: Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """c and the sensitivities over T steps in forward mode, without autograd: acting, where the
+    sensitivities only advance (T = 1). The recursions of :func:`rtrl_reference` with the input
+    projections of all steps in one product and each step's [B, H, D] updates as one product and one
+    fused multiply-add (the Function's reverse sums are built for learning: per-row batched products
+    of a T-step block, several times the calls for one step)."""
+    p = params
+    U = x @ torch.cat([p["W_z"], p["W_f"]]).T  # [T, B, 2H]
+    H = c0.shape[-1]
+    resets = set(done.any(dim=1).nonzero().flatten().tolist())
+    c, sens, cs = c0, dict(sens0), []
+    for t in range(x.shape[0]):
+        keep = (~done[t]).to(c.dtype)[:, None] if t in resets else None
+        c_prev = c if keep is None else c * keep
+        z = torch.tanh(U[t, :, :H] + p["b_z"] + p["w_z"] * c_prev)
+        f = torch.sigmoid(U[t, :, H:] + p["b_f"] + p["w_f"] * c_prev)
+        c = torch.lerp(z, c_prev, f)  # f c_{t-1} + (1 - f) z
+        a, b, d = local_derivatives(c_prev, z, f, p["w_z"], p["w_f"])
+        if keep is not None:  # a reset row starts its sensitivities from zero
+            d = d * keep
+        x_t = x[t].unsqueeze(1)
+        sens = {
+            "Z": (d.unsqueeze(-1) * sens["Z"]).addcmul_(a.unsqueeze(-1), x_t),
+            "F": (d.unsqueeze(-1) * sens["F"]).addcmul_(b.unsqueeze(-1), x_t),
+            "s_wz": torch.addcmul(a * c_prev, d, sens["s_wz"]),
+            "s_wf": torch.addcmul(b * c_prev, d, sens["s_wf"]),
+            "s_bz": torch.addcmul(a, d, sens["s_bz"]),
+            "s_bf": torch.addcmul(b, d, sens["s_bf"]),
+        }
+        cs.append(c)
+    return torch.stack(cs), sens
+
+
 def elstm_rtrl(
     x: Tensor,
     c0: Tensor,
@@ -314,8 +353,11 @@ def elstm_rtrl(
     sensitivities). Backpropagating a loss into c fills the gradients of the
     six recurrent parameters with sum_t delta_t . dc_t/dtheta (carried
     sensitivities included) and gives x the one-step Jacobian only; c0 and
-    sens0 receive no gradient.
+    sens0 receive no gradient. Without autograd (acting) the forward-mode recursions run instead
+    (:func:`advance_sensitivities`: the same values, in fewer calls for a step).
     """
+    if not torch.is_grad_enabled():
+        return advance_sensitivities(x, c0, sens0, params, done)
     out = _ElstmRTRL.apply(
         x, *(params[k] for k in PARAM_KEYS), done, c0.detach(),
         *(sens0[k].detach() for k in SENSITIVITY_KEYS),
