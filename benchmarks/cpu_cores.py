@@ -1,0 +1,281 @@
+"""Every memory core's speed on the CPU, side by side: the learner's update, the acting step, and
+agent steps/s of real training (issue 53).
+
+Two parts, each alternating the cores within a round (so a busy spell of the machine hits every
+core alike) and reporting the median over the rounds:
+
+- ``micro``: in this process, one torch thread (as the learner thread runs beside two env workers
+  on two cores), the agent of each setting on a synthetic batch: one learner update (forward over
+  T + 1 steps, the IMPALA loss, backward, RMSProp step) and one acting forward (T = 1, no autograd,
+  a batch of every env of the setting), in ms;
+- ``throughput``: ``fwrl bench throughput`` of each (setting, core) in its own process: agent steps/s,
+  its ratio to the LSTM's in the same round, and from the learner thread's own shares the ms per
+  update it spent busy and its idle share (near 0: learner-bound; the acting thread's forward share
+  says how much acting costs).
+
+``--kernels auto,reference`` runs every core on both paths of its rule (the CPU path, and the naive
+reference that defined the maths and ran on the CPU before it), side by side in the same rounds.
+
+    python benchmarks/cpu_cores.py --settings minatar quickstart pong --rounds 3 \\
+        --out benchmarks/results/cpu_cores.md [--json-path ...] [--cores lstm,delta_net] [--part micro]
+
+Settings (``SETTINGS``): ``minatar`` (Breakout, 2 workers x 8 envs, B 8, T 20: the MinAtar family
+defaults), ``quickstart`` (``--preset quickstart``: memory:cue_delay, B 8, T 40), ``pong`` (Atari Pong,
+impala stem, 2 workers x 8 envs, B 8, T 50).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SETTINGS: dict[str, list[str]] = {
+    "minatar": ["--env", "minatar:breakout", "--num-workers", "2", "--envs-per-worker", "8",
+                "--batch-size", "8", "--unroll-length", "20"],
+    "quickstart": ["--preset", "quickstart"],
+    "pong": ["--env", "atari:Pong", "--stem", "impala", "--num-workers", "2", "--envs-per-worker", "8",
+             "--batch-size", "8", "--unroll-length", "50"],
+}
+CORES = ("feedforward", "lstm", "gru", "linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm",
+         "srwm", "fake_sr", "sr_delta_net", "elstm", "elstm:grad=rtrl")
+BASELINE = "lstm"
+
+
+def core_flags(spec: str) -> list[str]:
+    """``name[:key=value...]`` as fwrl's flags: ``--core name --core-opt key=value ...``."""
+    name, *options = spec.split(":")
+    flags = ["--core", name]
+    for option in options:
+        flags += ["--core-opt", option]
+    return flags
+
+
+def _config(setting: str, spec: str):
+    from fwrl.launch.cli import main  # noqa: F401  (registers the presets and flags)
+    from fwrl.settings.config import build_config
+
+    flags = SETTINGS[setting] + core_flags(spec)
+    preset, overrides, i = None, {}, 0
+    while i < len(flags):
+        key, value = flags[i].removeprefix("--").replace("-", "_"), flags[i + 1]
+        if key == "preset":
+            preset = value
+        elif key == "core_opt":
+            overrides.setdefault("core_options", {}).update([value.split("=", 1)])
+        else:
+            overrides[key] = value
+        i += 2
+    return build_config(preset, overrides)
+
+
+# --------------------------------------------------------------------------- micro
+
+
+def _micro_case(setting: str, spec: str):
+    """(update, act) closures for the agent of ``setting`` and core ``spec`` on synthetic data."""
+    import torch
+
+    from fwrl.agents.losses import impala_loss
+    from fwrl.agents.optim import make_optimizer
+    from fwrl.envs.registry import describe_env
+    from fwrl.runner.agent import build_model, resolve_core_options
+
+    config = _config(setting, spec)
+    info = describe_env(config.env)
+    config = resolve_core_options(config, info)
+    torch.manual_seed(0)
+    model = build_model(config, info)
+    optimizer = make_optimizer(model.parameters(), lr=config.learning_rate)
+    T, B, envs = config.unroll_length, config.batch_size, config.num_workers * config.envs_per_worker
+    g = torch.Generator().manual_seed(0)
+
+    def inputs(steps: int, columns: int) -> dict:
+        obs = (torch.randint(0, 256, (steps, columns, *info.obs_shape), generator=g, dtype=torch.uint8)
+               if info.obs_dtype == "uint8" else torch.randn(steps, columns, *info.obs_shape, generator=g))
+        batch = {"obs": obs, "reward": torch.randn(steps, columns, generator=g),
+                 "done": torch.rand(steps, columns, generator=g) < 0.02}
+        if info.extra_size:
+            batch["obs_extra"] = torch.randn(steps, columns, info.extra_size, generator=g)
+        return batch
+
+    batch = inputs(T + 1, B)
+    batch.update(action=torch.randint(info.num_actions, (T + 1, B), generator=g),
+                 policy_logits=torch.randn(T + 1, B, info.num_actions, generator=g),
+                 baseline=torch.zeros(T + 1, B))
+    state = model.initial_state(B)
+    step, step_state = inputs(1, envs), model.initial_state(envs)
+
+    def update() -> None:
+        outputs, _ = model(batch, state)
+        loss, _ = impala_loss(outputs, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def act() -> None:
+        with torch.no_grad():
+            model(step, step_state)
+
+    return update, act
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def run_micro(settings: list[str], cores: list[str], kernels: list[str], rounds: int) -> list[dict]:
+    import torch
+
+    from fwrl.utils.allocator import keep_freed_memory
+
+    torch.set_num_threads(1)
+    keep_freed_memory()  # as fwrl train's learner process
+    rows = []
+    for setting in settings:
+        cases = {}
+        for spec in cores:
+            for backend in kernels:
+                os.environ["FWRL_KERNELS"] = backend
+                cases[spec, backend] = _micro_case(setting, spec)
+        times = {key: ([], []) for key in cases}
+        for round_ in range(rounds):
+            for (spec, backend), (update, act) in cases.items():
+                os.environ["FWRL_KERNELS"] = backend
+                times[spec, backend][0].append(_timed(update, 5))
+                times[spec, backend][1].append(_timed(act, 30))
+            print(f"micro {setting}: round {round_ + 1} / {rounds}", file=sys.stderr, flush=True)
+        for (spec, backend), (updates, acts) in times.items():
+            rows.append({"setting": setting, "core": spec, "kernels": backend,
+                         "update_ms": statistics.median(updates), "act_ms": statistics.median(acts),
+                         "update_ms_all": updates, "act_ms_all": acts})
+    os.environ.pop("FWRL_KERNELS", None)
+    return rows
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def _throughput(setting: str, spec: str, backend: str, seconds: float, warmup: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        command = [sys.executable, "-m", "fwrl.launch.cli", "bench", "throughput", *SETTINGS[setting],
+                   *core_flags(spec), "--seconds", str(seconds), "--warmup", str(warmup),
+                   "--ceiling-seconds", "0", "--json-path", str(out)]
+        done = subprocess.run(command, env={**os.environ, "FWRL_KERNELS": backend}, capture_output=True,
+                              text=True)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        record = json.loads(out.read_text())
+    learner = record["thread_shares"]["learner"]
+    acting = record["thread_shares"]["acting"]
+    busy = 1.0 - learner["learner_idle"]
+    return {"steps_per_second": record["steps_per_second"], "updates": record["updates"],
+            "seconds": record["seconds"], "learner_idle": learner["learner_idle"],
+            "learner_ms_per_update": busy * record["seconds"] / max(record["updates"], 1) * 1e3,
+            "acting_forward_share": acting["inference_forward"]}
+
+
+def run_throughput(settings: list[str], cores: list[str], kernels: list[str], rounds: int, seconds: float,
+                   warmup: float) -> list[dict]:
+    rows = []
+    for setting in settings:
+        runs: dict[tuple[str, str], list[dict]] = {(s, b): [] for s in cores for b in kernels}
+        for round_ in range(rounds):
+            for (spec, backend), results in runs.items():
+                results.append(_throughput(setting, spec, backend, seconds, warmup))
+                print(f"throughput {setting} round {round_ + 1} / {rounds}: {spec} ({backend}) "
+                      f"{results[-1]['steps_per_second']:,.0f} agent steps/s", file=sys.stderr, flush=True)
+        baseline = runs.get((BASELINE, kernels[0]))
+        for (spec, backend), results in runs.items():
+            row = {"setting": setting, "core": spec, "kernels": backend, "rounds": results}
+            for key in ("steps_per_second", "learner_ms_per_update", "learner_idle", "acting_forward_share"):
+                row[key] = statistics.median(r[key] for r in results)
+            if baseline:  # the ratio to the LSTM of the same round, then the median of the ratios
+                row["ratio_to_lstm"] = statistics.median(
+                    r["steps_per_second"] / b["steps_per_second"] for r, b in zip(results, baseline))
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+
+
+def markdown(micro: list[dict], throughput: list[dict], args: argparse.Namespace) -> str:
+    lines = [f"# Memory cores on the CPU ({time.strftime('%Y-%m-%d')})", "",
+             f"`python benchmarks/cpu_cores.py {' '.join(sys.argv[1:])}`", "",
+             f"Medians of {args.rounds} rounds, the cores alternated within each round. "
+             f"FWRL_KERNELS: auto = each rule's CPU path, reference = the naive PyTorch reference.", ""]
+    if micro:
+        lines += ["## Learner update and acting step (one torch thread, synthetic data)", "",
+                  "| setting | core | kernels | update ms | act ms |", "|---|---|---|---|---|"]
+        lines += [f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['update_ms']:.1f} | {r['act_ms']:.2f} |"
+                  for r in micro]
+        lines.append("")
+    if throughput:
+        lines += ["## Training throughput (`fwrl bench throughput`, "
+                  f"{args.seconds:g} s after {args.warmup:g} s of warm-up)", "",
+                  "| setting | core | kernels | agent steps/s | x lstm | learner ms / update | learner idle | "
+                  "acting forward share |", "|---|---|---|---|---|---|---|---|"]
+        for r in throughput:
+            ratio = f"{r['ratio_to_lstm']:.2f}" if "ratio_to_lstm" in r else ""
+            lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['steps_per_second']:,.0f} | {ratio} | "
+                         f"{r['learner_ms_per_update']:.0f} | {r['learner_idle']:.0%} | "
+                         f"{r['acting_forward_share']:.0%} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--cores", default=",".join(CORES), help="comma-separated name[:key=value] specs")
+    parser.add_argument("--kernels", default="auto", help="comma-separated FWRL_KERNELS values: auto, reference")
+    parser.add_argument("--part", choices=("micro", "throughput", "both"), default="both")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0, help="throughput: measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=8.0, help="throughput: warm-up seconds per run")
+    parser.add_argument("--out", type=Path, help="write the markdown tables here")
+    parser.add_argument("--json-path", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    from fwrl.memory_modules import core_names
+
+    cores = [c.strip() for c in args.cores.split(",") if c.strip()]
+    known = set(core_names())
+    unknown = [c for c in cores if c.split(":")[0] not in known]
+    if unknown:
+        parser.error(f"unknown core {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [k for k in kernels if k not in ("auto", "reference", "cpu")]
+    if bad or args.rounds < 1:
+        parser.error(f"bad --kernels {', '.join(bad)} (valid: auto, reference, cpu) or --rounds {args.rounds}")
+    micro = run_micro(args.settings, cores, kernels, args.rounds) if args.part in ("micro", "both") else []
+    throughput = (run_throughput(args.settings, cores, kernels, args.rounds, args.seconds, args.warmup)
+                  if args.part in ("throughput", "both") else [])
+    text = markdown(micro, throughput, args)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps({"argv": sys.argv[1:], "micro": micro, "throughput": throughput},
+                                             indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
