@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable, ClassVar, Literal
 
 from pydantic import Field
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fwrl.kernels import GRAD_MODES
@@ -150,12 +151,22 @@ class _Block(nn.Module):
             _dropout(config.dropout),
         )
         self.dropout = _dropout(config.dropout)
+        self.dropout_p = config.dropout
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         y, state = self.fwp(self.norm1(x), state, done)
-        x = x + self.dropout(self.out_linear(y))
-        x = x + self.ff(self.norm2(x))
-        return x, state
+        y = self.out_linear(y)
+        x = x + (self.dropout(y) if self.dropout_p else y)
+        return x + self._feed_forward(self.norm2(x)), state
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        """W2 ReLU(W1 x): ``self.ff`` where it has dropouts, else its two Linear layers called directly
+        (the same weights and result, five module calls fewer per step: on the CPU each costs
+        microseconds, which a T = 1 acting step of a small agent feels)."""
+        if self.dropout_p:
+            return self.ff(x)
+        first, second = self.ff[0], self.ff[3]
+        return F.linear(F.relu(F.linear(x, first.weight, first.bias)), second.weight, second.bias)
 
 
 class FWPTransformerCore(Core):

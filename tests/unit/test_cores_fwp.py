@@ -584,3 +584,18 @@ def test_head_init_small_is_the_default_behind_the_atari_stems():
     assert (lt.output_scale, lt.head_gains) == (0.1, (None, None))
     dn = AgentNet((4, 84, 84), 3, "delta_net", small, stem="nature").core
     assert (dn.output_scale, dn.head_gains) == (1.0, (0.01, 0.1))
+
+
+def test_block_feed_forward_without_dropout_is_its_sequential():
+    """Without dropout the block calls the feed-forward's two Linear layers directly: the same result as
+    ``ff`` itself; with dropout it runs ``ff`` (dropouts included)."""
+    x = torch.randn(3, 2, 16)
+    plain = build_core("delta_net", 5, dict(hidden_size=16, num_heads=2, head_dim=8, ff_dim=32)).blocks[0]
+    torch.testing.assert_close(plain._feed_forward(x), plain.ff(x), rtol=0, atol=0)
+    dropped = build_core("delta_net", 5, dict(hidden_size=16, num_heads=2, head_dim=8, ff_dim=32, dropout=0.5))
+    block = dropped.blocks[0].train()
+    torch.manual_seed(0)
+    first = block._feed_forward(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(first, block.ff(x), rtol=0, atol=0)
+    assert not torch.allclose(first, block.eval()._feed_forward(x))  # the dropouts ran in training
