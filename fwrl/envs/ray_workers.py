@@ -35,6 +35,7 @@ raises :class:`WorkersLost`. A worker whose actors fail in their constructor
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -176,7 +177,10 @@ class RayWorkerPool(WorkerPool):
         sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
             if self.address == "local":
-                ray.init(**kwargs)
+                # as many logical CPUs as the workers ask for, at least the machine's: a private Ray
+                # places every worker (oversubscribing the cores, as the local backend's processes do)
+                # instead of leaving those past the core count waiting for a CPU that never frees
+                ray.init(num_cpus=self._local_cpus(), **kwargs)
             else:
                 ray.init(address=self.address, logging_level="warning")
         except ConnectionError as exc:
@@ -189,6 +193,28 @@ class RayWorkerPool(WorkerPool):
             if callable(sigterm):
                 signal.signal(signal.SIGTERM, sigterm)
         self._we_initialised = True
+
+    def _local_cpus(self) -> int:
+        """Logical CPUs of a private Ray (``--ray-address local``): the machine's, or what the workers
+        ask for where that is more."""
+        return max(os.cpu_count() or 1, math.ceil(self.num_workers * self.cpus_per_worker - 1e-9))
+
+    def _check_capacity(self) -> None:
+        """Refuse, in one line, more workers than the cluster can ever hold at once: Ray would keep
+        the others waiting for resources without a word."""
+        total = self._ray.cluster_resources()
+        if self.resource:
+            fits, each = math.floor(total.get(self.resource, 0) + 1e-9), f"1 {self.resource!r}"
+        elif self.cpus_per_worker > 0:
+            fits, each = math.floor(total.get("CPU", 0) / self.cpus_per_worker + 1e-9), f"{self.cpus_per_worker:g} CPU"
+        else:
+            return
+        if fits < self.num_workers:
+            raise FwrlError(
+                f"the Ray cluster at {self.address!r} can hold {fits} env worker(s) at once (each asks for "
+                f"{each}; cluster resources: {_short_resources(total)}), not the {self.num_workers} asked "
+                f"for: use --num-workers {max(fits, 1)} or fewer, or add env nodes."
+            )
 
     def _choose_resource(self) -> str | None:
         available = self._ray.cluster_resources()
@@ -240,6 +266,7 @@ class RayWorkerPool(WorkerPool):
         ray = self._ray
         self._connect()
         self.resource = self._choose_resource()
+        self._check_capacity()
         self._remote_class = ray.remote(EnvActor)
         self._last_running = time.monotonic()
         for worker in range(self.num_workers):

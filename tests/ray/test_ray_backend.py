@@ -136,6 +136,33 @@ def test_missing_custom_resource_names_the_choices(cluster):
     pool.close()
 
 
+@needs_ray
+def test_more_workers_than_the_cluster_holds_are_refused_in_one_line(cluster):
+    """Ray would keep the workers past the cluster's capacity waiting for a resource without a word:
+    the pool refuses them at start, naming what it can hold."""
+    from fwrl.envs.ray_workers import RayWorkerPool
+
+    pool = RayWorkerPool(PoolSettings(ENV, 99, 1), address=cluster.address, verbose=False)
+    with pytest.raises(FwrlError, match=r"can hold \d+ env worker\(s\) at once \(each asks for 1 'envs'.*"
+                                        r"not the 99 asked for: use --num-workers \d+ or fewer"):
+        pool.start()
+    pool.close()
+
+
+@needs_ray
+def test_a_private_ray_places_more_workers_than_cores():
+    """``--ray-address local`` on a machine with fewer cores than workers: every worker is placed (the
+    private Ray gets a logical CPU per worker) and steps, as local processes would."""
+    workers = (os.cpu_count() or 1) + 2
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-m", "fwrl.launch.cli", "bench", "envs", "--env", ENV,
+                           "--num-workers", str(workers), "--envs-per-worker", "1", "--backend", "ray",
+                           "--ray-address", "local", "--seconds", "1", "--warmup", "0"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{workers} x 1 (ray backend)" in done.stdout
+
+
 # --------------------------------------------------------------------------- fwrl train
 
 def _train_cmd(runs: Path, *extra: str) -> list[str]:
