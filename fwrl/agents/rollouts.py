@@ -42,6 +42,7 @@ before writing the page again).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -456,6 +457,26 @@ def _words(rows: Tensor) -> Tensor:
     if rows.dtype in (torch.uint8, torch.bool) and rows.shape[-1] % 4 == 0 and rows.is_contiguous():
         return rows.view(torch.int32)
     return rows
+
+
+def queue_size(batch_size: int, envs_per_worker: int) -> int:
+    """Finished rollouts the queue holds before acting blocks: two batches' worth of pages, at least 2."""
+    return max(2, 2 * batch_size // envs_per_worker + 1)
+
+
+def step_bytes(spec: RolloutSpec, state_template: dict[str, Tensor]) -> tuple[int, int]:
+    """(bytes of one step of one column in the store, bytes of one column's initial core state)."""
+    row = sum(math.prod(g.shape) * torch.empty((), dtype=g.dtype).element_size() for g in spec.groups())
+    state = sum(math.prod(v.shape[1:]) * v.element_size() for v in state_template.values())
+    return row, state
+
+
+def store_bytes(spec: RolloutSpec, capacity: int, state_template: dict[str, Tensor]) -> int:
+    """The bytes a :class:`RolloutStore` of ``capacity`` pages allocates: its groups over T + 1 rows and
+    its initial states, for every column (``state_template``: the core's state for one column, any
+    device: only shapes and dtypes are read)."""
+    row, state = step_bytes(spec, state_template)
+    return capacity * spec.envs_per_worker * ((spec.unroll_length + 1) * row + state)
 
 
 def store_capacity(num_workers: int, envs_per_worker: int, batch_size: int, queue_size: int) -> int:

@@ -28,7 +28,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights, acting_copy
 from fwrl.agents.rollout_queue import RolloutQueue
-from fwrl.agents.rollouts import RolloutSpec, RolloutStore, store_capacity
+from fwrl.agents.rollouts import RolloutSpec, RolloutStore, queue_size, store_capacity
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.backends import make_pool
 from fwrl.envs.registry import EnvInfo, describe_env
@@ -234,7 +234,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     pool_settings = config.pool_settings(num_workers, seed)  # its workers are the splits of the processes
     k = pool_settings.envs_per_worker
     spec = RolloutSpec(config.unroll_length, k, record, info.num_actions, info.action_dims)
-    rollouts = RolloutQueue(maxsize=max(2, 2 * config.batch_size // k + 1))
+    rollouts = RolloutQueue(maxsize=queue_size(config.batch_size, k))
     store = RolloutStore(spec, pool_settings.num_workers, device, model.initial_state(1, device),
                          capacity=store_capacity(pool_settings.num_workers, k, config.batch_size, rollouts.maxsize))
     actor_timers, learner_timer = tuple(StageTimer(device) for _ in range(threads)), StageTimer(device)

@@ -6,6 +6,7 @@ local executor of ``fwrl sweep``; :func:`check_workers_runnable` for ``fwrl eval
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -70,7 +71,8 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
         raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "
                         f"{config.device!r} is {device} here.")
     with torch.device("meta"):
-        build_model(config, info)
+        model = build_model(config, info)
+    check_memory(config, info, model.initial_state(1, "meta"), device)
     games = parse_env_spec(config.env).num_tasks
     if config.num_workers < games:
         raise FwrlError(f"env {config.env!r} has {games} games and worker i runs game i mod {games}, so "
@@ -83,3 +85,81 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     if config.load_vision_from and not resume and not Path(config.load_vision_from).is_file():
         raise FwrlError(f"setting load_vision_from={config.load_vision_from!r}: no such checkpoint file.")
     return info
+
+
+# A local env worker process at least: a spawned Python with numpy, gymnasium and its env library
+# (resident set measured here: Pong 70 MB, MinAtar 180 MB).
+WORKER_BYTES = 60 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give this run (Linux: MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_estimate(config: TrainConfig, info: "EnvInfo", state_template: dict) -> dict[str, int]:
+    """A lower bound of the bytes ``config`` allocates, by part: every learner rank's rollout store and
+    gathered batch (``fwrl.agents.rollouts``: the store's own formula) and the local env workers."""
+    from fwrl.agents.distributed import Ranks, share
+    from fwrl.agents.rollouts import RolloutSpec, queue_size, step_bytes, store_bytes, store_capacity
+    from fwrl.envs.step_record import StepRecord
+
+    ranks = learner_ranks(config)
+    record = StepRecord.of(info.obs_shape, info.obs_dtype, info.extra_size)
+    store = batch = 0
+    for rank in range(ranks):
+        pool = config.pool_settings(share(config.num_workers, Ranks(rank, ranks)))
+        spec = RolloutSpec(config.unroll_length, pool.envs_per_worker, record, info.num_actions, info.action_dims)
+        capacity = store_capacity(pool.num_workers, pool.envs_per_worker, config.batch_size,
+                                  queue_size(config.batch_size, pool.envs_per_worker))
+        store += store_bytes(spec, capacity, state_template)
+        row, state = step_bytes(spec, state_template)
+        batch += config.batch_size * ((config.unroll_length + 1) * row + state)
+    return {"rollout store": store, "learner batch": batch,
+            "env worker processes": config.num_workers * WORKER_BYTES if config.backend == "local" else 0}
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_memory(config: TrainConfig, info: "EnvInfo", state_template: dict, device) -> None:
+    """Refuse, in one line and before anything is written, a run whose rollout store, batch and env
+    workers alone (:func:`memory_estimate`) need more memory than this machine has free (on a CUDA
+    device, the store and batch against the device's free memory)."""
+    parts = memory_estimate(config, info, state_template)
+    on_device = parts["rollout store"] + parts["learner batch"]
+    checks = []
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        checks.append((on_device, free, f"memory of {device}", ("rollout store", "learner batch")))
+        checks.append((parts["env worker processes"], available_memory(), "memory", ("env worker processes",)))
+    else:
+        checks.append((sum(parts.values()), available_memory(), "memory", tuple(parts)))
+    for need, free, where, names in checks:
+        if free is None or need <= free:
+            continue
+        detail = ", ".join(f"{name} {_size(parts[name])}" for name in names if parts[name])
+        raise FwrlError(
+            f"this run needs at least {_size(need)} of {where} ({detail}; batch_size={config.batch_size}, "
+            f"unroll_length={config.unroll_length}, num_workers={config.num_workers}, "
+            f"envs_per_worker={config.envs_per_worker}), more than the {_size(free)} free here: lower those "
+            "settings."
+        )
+

@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
 INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
+# Upper bounds of the integer budgets: beyond them a run is a typo (1e100 agent steps trained with a
+# learning rate that never moved); IMPALA's largest runs were 10^10 frames.
+MAX_STEPS = 10**12
+MAX_EPISODES = 10**6
+MAX_REPEATS = 1000
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?|mps")
 THREADS_HELP = ("torch threads of the learner; 0: the allowed cores minus one per local env worker "
                 "(at most half of the cores)")
@@ -76,7 +81,7 @@ class TrainConfig(Settings):
     step_timeout: float = Field(60.0, gt=0, description="seconds an env worker may take per step before it is restarted")
     batch_size: int = Field(32, ge=1, description="rollouts per learner update, B")
     unroll_length: int = Field(50, ge=1, description="agent steps per rollout, T")
-    total_steps: int = Field(50_000_000, ge=1, description="agent-step budget; the learning rate decays linearly to 0 over it")
+    total_steps: int = Field(50_000_000, ge=1, le=MAX_STEPS, description="agent-step budget; the learning rate decays linearly to 0 over it")
     max_seconds: float = Field(0.0, ge=0, description="time limit of a session: stop with a checkpoint this many seconds after the command started, start-up and stop included; 0: no limit")
     learning_rate: float = Field(6e-4, gt=0, description="RMSProp learning rate")
     rmsprop_alpha: float = Field(0.99, ge=0, lt=1, description="RMSProp smoothing constant")
@@ -104,10 +109,10 @@ class TrainConfig(Settings):
     freeze_vision: bool = Field(False, description="do not train the vision stem")
     seed: int = Field(1, ge=0, lt=2**32, description="random seed")
     checkpoint_interval: float = Field(600.0, gt=0, description="seconds between checkpoint.pt writes")
-    milestone_interval: int = Field(0, ge=0, description="agent steps between kept checkpoint-<steps>.pt; 0: none")
+    milestone_interval: int = Field(0, ge=0, le=MAX_STEPS, description="agent steps between kept checkpoint-<steps>.pt; 0: none")
     log_interval: float = Field(5.0, gt=0, description="seconds between metrics rows")
-    eval_every: int = Field(0, ge=0, description="agent steps between evaluations written to metrics.csv; 0: none")
-    eval_episodes: int = Field(10, ge=0, description="episodes per task and split of each --eval-every evaluation")
+    eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="agent steps between evaluations written to metrics.csv; 0: none")
+    eval_episodes: int = Field(10, ge=0, le=MAX_EPISODES, description="episodes per task and split of each --eval-every evaluation")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> "TrainConfig":
@@ -219,8 +224,8 @@ class EvaluateConfig(Settings):
     """Settings of ``fwrl evaluate`` (the run's own config comes from its checkpoint)."""
 
     env: str | None = Field(None, min_length=1, description="env spec to evaluate on; default: the run's env")
-    episodes: int | None = Field(None, ge=1, description="episodes per task, split and repeat; default: atari 30, procgen 200, others 100")
-    repeats: int | None = Field(None, ge=1, description="repeats; default: atari 5, dmlab 3, others 1")
+    episodes: int | None = Field(None, ge=1, le=MAX_EPISODES, description="episodes per task, split and repeat; default: atari 30, procgen 200, others 100")
+    repeats: int | None = Field(None, ge=1, le=MAX_REPEATS, description="repeats; default: atari 5, dmlab 3, others 1")
     policy: Literal["greedy", "sample"] = Field("greedy", description="argmax or sampled actions")
     splits: str | None = Field(None, min_length=1, description="comma-separated splits; procgen: train,test_1000,test_1200,test_1400")
     num_workers: int | None = Field(None, ge=1, description="env worker processes; default: the CPU cores, at most 8")

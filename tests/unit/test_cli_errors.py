@@ -208,7 +208,11 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),
                      (["--resume"], "--resume", "--name"),
-                     (["--frobnicate", "3"], "--frobnicate", "3")])))
+                     (["--frobnicate", "3"], "--frobnicate", "3"),
+                     # more memory than any machine has (the rollout store; the worker processes)
+                     (["--batch-size", "1000000000"], "batch_size", "1000000000"),
+                     (["--unroll-length", "1000000000"], "unroll_length", "1000000000"),
+                     (["--num-workers", "100000"], "num_workers", "100000")])))
 def test_train_cross_setting_and_env_checks(case):
     argv, name, value = case
     with tempfile.TemporaryDirectory() as tmp:

@@ -394,3 +394,18 @@ def test_discard_hands_pages_back_unread_like_gather():
     assert store.free_pages == free - 1
     assert learner.stats.agent_steps == 4 * 2 and learner.stats.updates == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_store_bytes_is_what_the_store_allocates():
+    """The preflight's memory estimate (``store_bytes``) counts exactly the store's tensors."""
+    from fwrl.agents.rollouts import store_bytes
+
+    record = StepRecord.of((3, 5, 5), "uint8", 2)
+    spec = RolloutSpec(7, 4, record, 6, ())
+    model = AgentNet((3, 5, 5), 6, "delta_net", dict(hidden_size=8, num_heads=2, head_dim=4, ff_dim=8),
+                     stem="minatar", extra_size=2)
+    template = model.initial_state(1)
+    store = RolloutStore(spec, 3, torch.device("cpu"), template, capacity=store_capacity(3, 4, 5, 3))
+    allocated = sum(t.nbytes for t in store.tensors.values()) + sum(t.nbytes for t in store.initial_state.values())
+    assert store_bytes(spec, store.capacity, template) == allocated
+    assert store_bytes(spec, store.capacity, model.initial_state(1, "meta")) == allocated  # shapes only
