@@ -161,25 +161,25 @@ def _run_without_grad(q, k, v, b, W0, keep, resets, heads):
 
 def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, W0: Tensor, reset: Tensor,
               feature_map: str) -> tuple[Tensor, Tensor]:
-    """One step without a gradient (acting) in the fewest torch calls (each costs more than its
-    arithmetic at these sizes): phi of q and k in one call where they are adjacent slices, W q and
-    W k in one product, ``y = W_1 q = W q + u (k . q)``, no host read but whether a row resets.
-    Arguments as :func:`delta_rule_cpu` with T = 1."""
-    _, B, H, _ = q.shape
+    """One step without a gradient (acting) in the fewest torch calls: at these sizes each call
+    costs more than its arithmetic, and on the CPU each one hands the GIL to the learner thread.
+    phi of q and k in one call where they are adjacent slices, W q and W k in one product,
+    ``y = W_1 q = W q + u (k . q)``, no host read but whether a row resets. Arguments as
+    :func:`delta_rule_cpu` with T = 1."""
+    _, B, H, Dk = q.shape
     Dv, F = W0.shape[-2:]
     N = B * H
-    pair = adjacent_pair(q[0], k[0])
-    qk = (torch.stack([q[0], k[0]], -2) if pair is None else pair).view(N, 2, -1)
-    qk = apply_feature_map(feature_map, qk)  # [N, 2, F]: phi(q), phi(k)
+    pair = adjacent_pair(q, k)
+    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).view(N, 2, Dk))
     W = W0.reshape(N, Dv, F)
     if bool(reset.any()):
-        W = W0.masked_fill(reset[0].view(B, 1, 1, 1), 0).view(N, Dv, F)
-    Wq, Wk = torch.bmm(qk, W.mT).unbind(1)
-    phi_q, phi_k = qk.unbind(1)
-    u = v[0].reshape(N, Dv)
+        W = W0.masked_fill(reset.view(B, 1, 1, 1), 0).view(N, Dv, F)
+    WqWk = torch.bmm(qk, W.mT)  # [N, 2, Dv]
+    u = v.reshape(N, Dv)  # the sum rule's; the delta rule's is sigmoid(beta) (v - W k)
     if beta is not None:
-        u = (u - Wk).mul_(torch.sigmoid(beta[0]).reshape(N, 1))
-    y = Wq.addcmul_(u, (phi_k * phi_q).sum(-1, keepdim=True))
+        u = (u - WqWk[:, 1]).mul_(torch.sigmoid(beta.reshape(N, 1)))
+    phi_k = qk[:, 1]
+    y = torch.addcmul(WqWk[:, 0], u, (qk[:, 0] * phi_k).sum(-1, keepdim=True))
     W = torch.addcmul(W, u.unsqueeze(-1), phi_k.unsqueeze(-2))
     return y.view(1, B, H, Dv), W.view(B, H, Dv, F)
 
