@@ -145,14 +145,15 @@ def markdown_table(result: Mapping[str, Any]) -> str:
 
 
 def print_table(result: Mapping[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fwrl.utils.console import show_table
 
     header, rows = shown_table(result)
     table = Table(*header, title=_title(result))
     for cells in rows:
         table.add_row(*cells, style="bold" if cells[0] == "*" or cells[1] == "test" else None)
-    Console().print(table)
+    show_table(table)
 
 
 def write_result(result: Mapping[str, Any], json_path: Path) -> Path:

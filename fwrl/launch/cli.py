@@ -196,7 +196,8 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="cores, presets, and a model's parameter table",
                        description="List the memory cores (and their options) or the presets, or describe "
                                    "the model for --env: parameters per module.")
-    p.add_argument("--cores", action="store_true", help="list the memory cores and their options (the default)")
+    p.add_argument("--cores", action="store_true", help="list the memory cores and all their options (without "
+                   "arguments: one line per core, and the presets)")
     p.add_argument("--presets", action="store_true", help="list the presets")
     p.add_argument("--preset", metavar="NAME|FILE", help="describe (or probe) the model of this preset")
     add_setting_flags(p, TrainConfig, ("env", "core", "stem", "init"), {"env": None})
@@ -255,26 +256,36 @@ def run_info(args: argparse.Namespace) -> int:
         from fwrl.utils.files import check_writable
 
         check_writable(Path(args.json_path), "probe JSON", "Pass --json-path PATH to write it elsewhere.")
+    from fwrl.utils.console import show_table
+
     console = Console()
-    if args.cores or (not describe and not args.presets):
+    overview = not (args.cores or describe or args.presets)
+    if args.cores or overview:
         from fwrl.settings.core_catalog import catalogue  # the registry's cores, without importing torch
 
-        for core in catalogue()["cores"]:
+        if overview:  # one line per core; --cores gives every option
+            table = Table("core", "what it is", title="memory cores (fwrl info --cores: their options)",
+                          title_justify="left")
+            for core in catalogue()["cores"]:
+                table.add_row(core["name"], core["summary"])
+            show_table(table, console)
+        for core in catalogue()["cores"] if args.cores else ():
             table = Table("option", "default", "valid", "meaning", title=f"{core['name']}: {core['summary']}",
                           title_justify="left")
             for option in core["options"]:
                 table.add_row(option["name"], option["default"], option["valid"], option["description"])
             if not core["options"]:
                 table.add_row("(none)", "", "", "")
-            console.print(table)
-    if args.presets:
+            show_table(table, console)
+    if args.presets or overview:
         from fwrl.settings.config import load_preset, preset_names
 
-        table = Table("preset", "env", "core", title="presets")
+        table = Table("preset", "env", "core", title="presets (fwrl info --preset NAME: its model)",
+                      title_justify="left")
         for name in preset_names():
             data = load_preset(name)
             table.add_row(name, str(data.get("env", "")), str(data.get("core", "")))
-        console.print(table)
+        show_table(table, console)
     if describe:
         from fwrl.agents.model import count_parameters, layer_table
         from fwrl.agents.stem_shapes import check_stem
@@ -288,7 +299,7 @@ def run_info(args: argparse.Namespace) -> int:
         for name, n in layer_table(model):
             table.add_row(name, f"{n:,}")
         table.add_row("total", f"{count_parameters(model):,}", style="bold")
-        console.print(table)
+        show_table(table, console)
         console.print(f"observations {info.obs_shape} {info.obs_dtype}, {info.num_actions} actions, "
                       f"tasks: {', '.join(info.task_names)}")
         if args.probe:

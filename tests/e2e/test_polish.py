@@ -334,11 +334,15 @@ def test_a_typo_is_reported_without_importing_torch(argv, message, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_info_lists_the_cores_without_importing_torch(tmp_path):
-    script = textwrap.dedent("""
+@pytest.mark.parametrize("argv", [["info"], ["info", "--cores"], ["info", "--presets"]])
+def test_info_lists_the_cores_without_importing_torch(tmp_path, argv):
+    """``fwrl info`` alone: a line per core and the presets (30 lines, not 574); ``--cores``: every option.
+    Printed into a pipe, the tables keep every row on one line at their natural width (rich draws 80
+    columns off a terminal: headers cut to ``step…``, envs cut)."""
+    script = textwrap.dedent(f"""
         import sys
         from fwrl.launch.cli import main
-        code = main(["info"])
+        code = main({argv!r})
         print("TORCH_IMPORTED=" + str("torch" in sys.modules))
         sys.exit(code)
     """)
@@ -346,7 +350,15 @@ def test_info_lists_the_cores_without_importing_torch(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "TORCH_IMPORTED=False" in proc.stdout
-    assert "rdn:" in proc.stdout and "head_dim" in proc.stdout
+    lines = proc.stdout.splitlines()
+    if argv == ["info", "--cores"]:
+        assert "rdn:" in proc.stdout and "head_dim" in proc.stdout
+    else:
+        assert "meaning" not in proc.stdout and len(lines) < 60  # no option tables
+        assert any(line.startswith("│ memory:cue_delay?delay=10") or "│ memory:cue_delay?delay=10 " in line
+                   for line in lines)  # the quickstart preset's env, whole
+    if argv == ["info"]:
+        assert any(line.startswith("│ rdn ") for line in lines) and "fwrl info --cores" in proc.stdout
 
 
 def test_core_catalogue_is_the_registrys():

@@ -305,7 +305,9 @@ def bench_envs(args: argparse.Namespace) -> int:
                   "paths": {path: [r.to_dict() for r in runs] for path, runs in results.items()}}
         atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
     if len(results) > 1 or rounds > 1:
-        console.print(env_paths_table(results, f"fwrl bench envs: {args.env}, {args.num_workers} workers x "
+        from fwrl.utils.console import show_table
+
+        show_table(env_paths_table(results, f"fwrl bench envs: {args.env}, {args.num_workers} workers x "
                                                f"{args.envs_per_worker} envs ({backend} backend)"))
         console.print("steps/s: env steps per second (mean over the rounds); per CPU s: env steps per second of "
                       "CPU time of the worker processes, all their threads (per core they kept busy; n/a where a "
@@ -327,7 +329,9 @@ def bench_envs(args: argparse.Namespace) -> int:
     table.add_row("measured", f"{r.seconds:.1f} s, {r.env_steps:,} env steps, {r.episodes:,} episodes")
     table.add_row("worker restarts", str(r.restarts))
     table.add_row("startup (spawn + reset)", f"{r.startup_seconds:.1f} s")
-    console.print(table)
+    from fwrl.utils.console import show_table
+
+    show_table(table, console)
     console.print("Training throughput (agent steps/s of fwrl train) divided by env steps/s is the "
                   "fraction left after inference and learning.")
     if json_path:
@@ -695,6 +699,8 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
                                                                                       learn=not acting_only),
                                         profiler=profiler, acting_only=acting_only)
             measured[path].append((cfg, ceiling, result))
+    from fwrl.utils.console import show_table
+
     if len(measured) == 1 and rounds == 1:
         (path, [(cfg, ceiling, result)]), = measured.items()
         table = Table("measure", "value", title=f"fwrl bench throughput: {cfg.env} / {cfg.core} (env path {path})")
@@ -702,10 +708,10 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
             table.add_row(name, value, style="bold" if name in ("agent steps/s", "ratio to the env ceiling") else None)
         if acting_only:
             table.add_row("learner", "none (--acting-only: each batch handed back to the store unread)")
-        out.print(table)
+        show_table(table, out)
         record = _throughput_record(cfg, ceiling, result, acting_only)
     else:
-        out.print(_throughput_paths_table(config, measured))
+        show_table(_throughput_paths_table(config, measured), out)
         record = {"paths": {path: [_throughput_record(*m, acting_only) for m in runs] for path, runs in measured.items()}}
     if profiler is not None:
         _write_profile(profiler, Path(profile_path), config, console)

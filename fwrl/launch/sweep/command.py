@@ -179,8 +179,9 @@ def _finish(sweep: Sweep, code: int) -> int:
 
 
 def print_status(sweep: Sweep, states: list[CellState]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fwrl.utils.console import show_table
 
     table = Table(title=f"sweep {sweep.path}", title_justify="left")
     table.add_column("cell", overflow="fold")  # whole names, folded only where a terminal is narrower
@@ -195,11 +196,7 @@ def print_status(sweep: Sweep, states: list[CellState]) -> None:
                       format_duration(seconds) if seconds else "", f"{steps:,}" if steps else "",
                       "yes" if status.get("evaluated") else "",
                       status.get("message") or (status.get("log", "") if s.state == "failed" else ""))
-    console = Console()
-    if not console.is_terminal:  # a pipe or a file: every row on one line, however long (not 80 columns)
-        natural = console.measure(table, options=console.options.update_width(100_000)).maximum
-        console = Console(width=max(80, natural))
-    console.print(table)
+    show_table(table)  # a pipe or a file: every row on one line, however long (not 80 columns)
     print(SweepProgress(str(sweep.path), states, 1).summary().split(", ETA")[0])
 
 
