@@ -58,7 +58,11 @@ class Stop:
         return "error" if self.errors else self.reason
 
     def _on_signal(self, signum: int, frame) -> None:
-        self.reason = f"signal {signal.Signals(signum).name}"
+        name = signal.Signals(signum).name
+        if not self.signal:  # said at once: an update in progress may take seconds to end
+            print(f"fwrl: {name} received: stopping after the current update, then the final checkpoint",
+                  file=sys.stderr, flush=True)
+        self.reason = f"signal {name}"
         self.signal = signum
         self.event.set()
 

@@ -39,12 +39,42 @@ def test_stop_signals_leave_a_checkpoint_and_the_shell_exit_status(tmp_path, sig
             proc.kill()
     assert proc.returncode == 128 + signum, out[-2000:]
     assert f"stopped by signal {signal.Signals(signum).name}" in out
+    # said when the signal came, not only once the update in progress ended
+    assert f"fwrl: {signal.Signals(signum).name} received: stopping after the current update" in out
     payload = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert payload["progress"]["elapsed_seconds"] < 10.0 and payload["agent_steps"] >= 0
     for name in ("checkpoint.pt", "config.yaml", "metrics.csv"):
         mode = stat.S_IMODE(os.stat(tmp_path / "run" / name).st_mode)
         assert mode == 0o666 & ~_umask(), (name, oct(mode))
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_bench_throughput_stopped_by_ctrl_c_says_its_figures_are_partial(tmp_path):
+    """Ctrl-C during the measured window: the figures of the shorter window are shown, said to be
+    partial (in the JSON too), and the command exits 130 as every other fwrl command."""
+    cmd = [sys.executable, "-m", "fwrl.launch.cli", "bench", "throughput", *QUICK[:-2], "--seconds", "60",
+           "--warmup", "1", "--ceiling-seconds", "0", "--json-path", str(tmp_path / "b.json")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        deadline = time.monotonic() + 90
+        # measuring: a progress line past the warm-up (the window needs two metrics rows after it)
+        line = ""
+        while "measuring" not in line or "agent steps learnt" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else line
+            line = proc.stderr.readline()
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopped by SIGINT before the measured window ended: the figures above are partial" in " ".join(err.split())
+    assert "agent steps/s" in out
+    import json
+
+    assert json.loads((tmp_path / "b.json").read_text())["partial"] is True
 
 
 def _umask() -> int:

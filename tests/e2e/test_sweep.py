@@ -159,7 +159,8 @@ def test_local_sweep_finishes_then_starts_nothing_then_resumes_only_what_is_left
             assert (folder / "status" / name).stat().st_mtime_ns == mtime, name
 
 
-def test_sigterm_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it(tmp_path):
+def test_ctrl_c_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it(tmp_path):
+    """Ctrl-C (SIGINT) to the sweep reaches the running cell as SIGINT, which its status names."""
     folder = tmp_path / "sw"
     args = [str(folder), "--env", ENVS[0], "--core", "lstm", "--seed", "1", "2", "--parallel", "1",
             *TINY, "--total-steps", "1000000"]
@@ -172,14 +173,15 @@ def test_sigterm_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it
             time.sleep(0.5)
         assert (first / "checkpoint.pt").exists(), "the first cell wrote no checkpoint"
         time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, out[-3000:]
+    assert proc.returncode == 130, out[-3000:]
     status = read_status(folder, "seed-1")
-    assert status["state"] == "interrupted" and status["exit_code"] == 143 and status["agent_steps"] > 0
+    assert status["state"] == "interrupted" and status["exit_code"] == 130 and status["agent_steps"] > 0
+    assert status["message"] == "stopped by SIGINT"
     assert read_status(folder, "seed-2") is None  # never started
     assert "run the same command again to resume" in out
 

@@ -362,6 +362,7 @@ class ThroughputResult:
     policy_lag_max: int
     rollout_queue: float
     peak_memory_mb: float
+    interrupted_by: int = 0  # the stop signal that ended the run before its window did (0: none)
 
     @property
     def steps_per_second(self) -> float:
@@ -501,20 +502,23 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
             progress.update = update
         profiled = profiler.stop - profiler.start if profiler is not None else 0.0
+        signal_number = 0
         try:
             if config.learners > 1:
                 _train_ranks(config, run, warmup + seconds, warmup)
             else:
-                train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled,  # the window counts
-                      learn=not acting_only)
-                # from the workers' start, not the command's (max_seconds would count start-up too)
+                stopped = train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled,
+                                learn=not acting_only)  # the window counts from the workers' start
+                signal_number = stopped.signal
         finally:
             if profiler is not None:
                 profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    return _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config,
-                           learn=not acting_only)
+    result = _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config,
+                             learn=not acting_only)
+    result.interrupted_by = signal_number
+    return result
 
 
 def _check_acting_only(config: TrainConfig, acting_only: bool) -> None:
@@ -604,6 +608,7 @@ def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, resu
             "env_ceiling_steps_per_cpu_second": ceiling.steps_per_cpu_second if ceiling is not None else None,
             "policy_lag_mean": result.policy_lag_mean, "policy_lag_max": result.policy_lag_max,
             "rollout_queue": result.rollout_queue, "peak_memory_mb": result.peak_memory_mb,
+            "partial": bool(result.interrupted_by),  # a stop signal ended the run before its window did
             "shares": result.shares,
             "thread_shares": {title.split()[0]: {name: result.shares[f"share/{name}"] for name in names}
                               for title, names in THREADS}}
@@ -680,7 +685,10 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
     console = Console(stderr=True)
     out = Console()
     measured: dict[str, list[tuple[TrainConfig, EnvBenchResult | None, ThroughputResult]]] = {p: [] for p in configs}
+    interrupted = 0
     for round_ in range(rounds):
+        if interrupted:
+            break
         for path, cfg in configs.items():
             label = f"[{path}, round {round_ + 1} of {rounds}] " if len(configs) > 1 or rounds > 1 else ""
             ceiling = None
@@ -699,6 +707,10 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
                                                                                       learn=not acting_only),
                                         profiler=profiler, acting_only=acting_only)
             measured[path].append((cfg, ceiling, result))
+            interrupted = result.interrupted_by
+            if interrupted:  # Ctrl-C (or SIGTERM, SIGHUP): no further runs; what was measured is shown as partial
+                break
+    measured = {path: runs for path, runs in measured.items() if runs}
     from fwrl.utils.console import show_table
 
     if len(measured) == 1 and rounds == 1:
@@ -722,6 +734,12 @@ def bench_throughput(config: TrainConfig, seconds: float = 60.0, warmup: float =
 
         atomic_write_text(Path(json_path), json.dumps(record, indent=2) + "\n")
         console.print(f"wrote {json_path}")
+    if interrupted:
+        import signal
+
+        console.print(f"fwrl bench throughput: stopped by {signal.Signals(interrupted).name} before the measured "
+                      "window ended: the figures above are partial (a shorter window than asked for).")
+        return 128 + interrupted  # the shell's convention, as every fwrl command (130 after Ctrl-C)
     return 0
 
 

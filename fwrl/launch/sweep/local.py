@@ -49,9 +49,9 @@ def run_local(sweep: Sweep, cells: Sequence[str], progress: SweepProgress, paral
     def on_signal(signum, frame) -> None:
         stop["signal"] = stop["signal"] or signum
         stop["count"] += 1
-        for proc in running.values():
+        for proc in running.values():  # the cells run in sessions of their own: pass the signal that came
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if stop["count"] == 1 else signal.SIGKILL)
+                proc.send_signal(stop["signal"] if stop["count"] == 1 else signal.SIGKILL)
 
     old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     eval_workers = max(1, allowed_cores() // parallel)
