@@ -38,5 +38,5 @@ setup(
         "matplotlib",
     ],
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["fwrl=fwrl.launch.cli:main"]},
+    entry_points={"console_scripts": ["fwrl=fwrl.launch.entry:main"]},
 )

@@ -2,7 +2,7 @@
 
 import sys
 
-from fwrl.launch.cli import main
+from fwrl.launch.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

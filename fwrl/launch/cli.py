@@ -4,7 +4,9 @@ Flags are generated from the settings models of ``fwrl.settings.config``
 (``fwrl.launch.flags``), so each setting has one type, default, range and
 help. Every command checks all of its input before it starts a process or
 writes a file. User errors (:class:`fwrl.errors.FwrlError`, and argparse's
-own) print ``fwrl: error: ...`` (one paragraph) and exit 2.
+own) print ``fwrl: error: ...`` (one paragraph) and exit 2; an operating-system error left over
+(a full disk, a read-only or removed folder) prints one line naming the path and exits 74
+(``EX_IOERR`` of sysexits.h); a stop signal N exits 128 + N (130 after Ctrl-C).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainC
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
+EXIT_OS_ERROR = 74  # sysexits.h EX_IOERR: the disk or the file system said no
 
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
 BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers": 4, "envs_per_worker": 1,
@@ -100,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     ranks = ranks_from_env()  # set by torchrun, SLURM, or fwrl train --learners in the rank processes
     if run_dir is None:
-        if args.name:
+        if args.name is not None:  # given: it must be a name, '' included
             run_dir = Path(args.runs_dir) / _run_name(args.name)
         elif ranks.distributed:  # every rank must find the same folder: no -2, -3 suffixes here
             run_dir = Path(args.runs_dir) / _default_name(config)
@@ -178,9 +181,18 @@ def _unused_run_dir(runs_dir: Path, name: str) -> Path:
     return candidate
 
 
+# the longest file name most file systems take (bytes; ext4, XFS, btrfs, APFS, NTFS in UTF-16 units)
+NAME_MAX = 255
+
+
 def _run_name(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise FwrlError(f"--name {name!r} is not a folder name (no slashes; --runs-dir picks the parent folder).")
+    if any(not c.isprintable() for c in name):
+        raise FwrlError(f"--name {name!r} holds a control character (a newline, a tab...): use printable characters.")
+    if len(name.encode()) > NAME_MAX:
+        raise FwrlError(f"--name is {len(name.encode())} bytes long; a folder name takes at most {NAME_MAX} "
+                        f"(it starts {name[:40]!r}).")
     return name
 
 
@@ -540,7 +552,7 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from fwrl.launch.plot import default_out, plot_runs, read_metrics
+    from fwrl.launch.plot import default_out, image_format, plot_runs, read_metrics
     from fwrl.settings.config import parse_size
     from fwrl.utils.files import check_writable
 
@@ -550,6 +562,7 @@ def run_plot(args: argparse.Namespace) -> int:
         read_metrics(run)  # each run has a readable metrics.csv
     out = Path(opts.out) if opts.out else default_out(runs, opts.metric)
     check_writable(out, "plot", "Pass --out PATH to write it elsewhere.")
+    image_format(out)  # before any drawing
 
     import matplotlib.pyplot as plt
 
@@ -653,6 +666,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fwrl: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a disk fault (full, read-only, a folder removed) or an unreadable file: one line
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"fwrl: error: {exc.strerror or exc}{where} (errno {exc.errno})", file=sys.stderr)
+        return EXIT_OS_ERROR
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fwrl.errors import FwrlError, unknown_choice
+from fwrl.utils.files import atomic_write
 
 BY = ("run", "task")
 TASK_PREFIX = {"mean_return": "return"}  # metric -> prefix of its per-task columns
@@ -123,8 +124,23 @@ def plot_runs(
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=dpi)
+        fmt = image_format(out)
+        # whole or not at all: a full disk or a crash leaves no truncated image (atomic_write's temporary file)
+        atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, format=fmt))
     return fig
+
+
+def image_format(out: Path) -> str:
+    """The image format of ``out``'s suffix, one matplotlib writes; a FwrlError naming the formats else."""
+    import matplotlib.pyplot as plt
+
+    formats = sorted(plt.figure().canvas.get_supported_filetypes())
+    plt.close()
+    fmt = out.suffix.lower().lstrip(".")
+    if fmt not in formats:
+        raise FwrlError(f"--out {str(out)!r}: {('.' + fmt) if fmt else 'no suffix'} is not an image format "
+                        f"matplotlib writes; use one of {', '.join('.' + f for f in formats)} (e.g. .png).")
+    return fmt
 
 
 def _label(run_dir: Path, all_dirs: Sequence[Path]) -> str:

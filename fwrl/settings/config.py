@@ -243,15 +243,19 @@ class EvaluateConfig(Settings):
         return check_device(name)
 
 
+MAX_PLOT_PIXELS = 10_000  # per side: 10000 x 10000 RGBA is 400 MB in memory
+
+
 def parse_size(text: str) -> tuple[int, int]:
-    """``fwrl plot --size``: WIDTHxHEIGHT in pixels, each at least 100."""
+    """``fwrl plot --size``: WIDTHxHEIGHT in pixels, each from 100 to :data:`MAX_PLOT_PIXELS`."""
     w, sep, h = text.lower().partition("x")
     try:
         size = (int(w), int(h))
     except ValueError:
         size = (0, 0)
-    if not sep or min(size) < 100:
-        raise FwrlError(f"--size {text!r} is not WIDTHxHEIGHT in pixels (each at least 100), e.g. 1200x800.")
+    if not sep or min(size) < 100 or max(size) > MAX_PLOT_PIXELS:
+        raise FwrlError(f"--size {text!r} is not WIDTHxHEIGHT in pixels (each from 100 to {MAX_PLOT_PIXELS}), "
+                        "e.g. 1200x800.")
     return size
 
 
@@ -262,7 +266,7 @@ class PlotConfig(Settings):
     by: Literal["run", "task"] = Field("run", description="task: one panel per task of multi-task runs, from the columns return/<task>")
     smooth: int = Field(1, ge=1, description="moving average over K points")
     out: str | None = Field(None, min_length=1, description="PNG path; default: <run>/<metric>.png for one run, ./<metric>.png for several")
-    size: str = Field("1200x800", description="WIDTHxHEIGHT in pixels, each at least 100")
+    size: str = Field("1200x800", description="WIDTHxHEIGHT in pixels, each from 100 to 10000")
 
     @field_validator("size")
     @classmethod

@@ -207,6 +207,9 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--sticky-actions"], "sticky_actions", "true"),
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),
+                     (["--name", ""], "--name", "''"),  # given empty: not the default name
+                     (["--name", "a\nb"], "--name", "control character"),
+                     (["--name", "a" * 300], "--name", "300 bytes long"),
                      (["--resume"], "--resume", "--name"),
                      (["--frobnicate", "3"], "--frobnicate", "3"),
                      # more memory than any machine has (the rollout store; the worker processes)

@@ -96,3 +96,33 @@ def test_cli_plot_checks_where_it_writes_before_drawing(runs, tmp_path, monkeypa
     read_only(runs[0])
     assert main(["plot", str(runs[0])]) == 2
     assert "mean_return.png is not writable (Permission denied)" in capsys.readouterr().err
+
+
+def test_plot_refuses_a_format_and_a_size_before_drawing_and_leaves_nothing_on_a_full_disk(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """--out with a suffix matplotlib cannot write and an absurd --size are one-line errors (exit 2, no
+    file); a write that fails (here: the disk full while saving) leaves no truncated image and ends in
+    one line naming the path (exit 74), not a traceback."""
+    import errno
+
+    import matplotlib.figure
+
+    from fwrl.launch.cli import EXIT_OS_ERROR, main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.csv").write_text("agent_steps,mean_return\n100,1.0\n200,2.0\n")
+    assert main(["plot", str(run), "--out", str(tmp_path / "p.txt")]) == 2
+    assert ".txt is not an image format" in capsys.readouterr().err
+    assert main(["plot", str(run), "--out", str(tmp_path / "p.png"), "--size", "100000x100000"]) == 2
+    assert "each from 100 to 10000" in capsys.readouterr().err
+
+    def full(self, fname, **kwargs):
+        fname.write(b"\x89PNG partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "p.png"))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    assert main(["plot", str(run), "--out", str(tmp_path / "p.png")]) == EXIT_OS_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("fwrl: error: No space left on device") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no image, no temporary file
