@@ -117,6 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
         argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
+    created = not run_dir.exists()
     prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
 
     from fwrl.runner.progress import Progress
@@ -125,7 +126,14 @@ def run_train(args: argparse.Namespace) -> int:
 
     # the run's progress display; a slow first update says what to change
     progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
-    result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
+    try:
+        result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
+    except BaseException:  # refused or interrupted before the run had a checkpoint: leave no empty folder
+        if created and ranks.is_main and not (run_dir / "checkpoint.pt").exists():
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     if ranks.is_main:
         per_update = config.batch_size * config.unroll_length * ranks.world_size
         print(f"run {run_dir}: {_result_text(result, config, per_update)}; checkpoint {run_dir / 'checkpoint.pt'}"

@@ -139,6 +139,10 @@ class TrainConfig(Settings):
         if self.worker_splits > 1 and self.backend != "local":
             raise FwrlError(f"setting worker_splits={self.worker_splits} is for the local backend (splits of one "
                             f"worker process), not backend={self.backend!r}: use worker_splits 1 and more workers.")
+        if self.freeze_vision and not self.load_vision_from:
+            raise FwrlError("setting freeze_vision=true freezes a vision stem loaded by load_vision_from, which is "
+                            "not set: it would train the core on a random stem. Give --load-vision-from CKPT or "
+                            "drop --freeze-vision.")
         per_rank = self.num_workers // self.learners
         if per_rank >= 1 and self.acting_threads > per_rank:
             ranks = f" shared by {self.learners} learner ranks ({per_rank} each)" if self.learners > 1 else ""

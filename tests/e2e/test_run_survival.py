@@ -161,14 +161,17 @@ def test_the_same_command_twice_makes_two_runs(tmp_path):
     assert named.returncode == 2 and "already holds a run" in named.stderr
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.6])
-def test_ctrl_c_while_the_command_starts_is_not_a_traceback(tmp_path, delay):
-    """Ctrl-C in the first moments (the command line still importing) ends with ``fwrl: interrupted``
-    and 130 like a Ctrl-C later, never a traceback from inside an import."""
-    proc = subprocess.Popen([sys.executable, "-m", "fwrl", "train", *QUICK, "--runs-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("delay", [0.3, 0.6, 1.5, 2.5])
+def test_ctrl_c_while_the_command_starts_is_not_a_traceback_nor_an_empty_run_folder(tmp_path, delay):
+    """Ctrl-C in the first moments (the command line still importing, the run being built) ends with
+    130 like a Ctrl-C later, never a traceback from inside an import, and leaves either a run with its
+    checkpoint or no run folder at all (not one with a config and nothing to resume)."""
+    proc = subprocess.Popen([sys.executable, "-m", "fwrl", "train", *QUICK, "--runs-dir", str(tmp_path / "runs"),
+                             "--name", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err[-3000:]
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    run = tmp_path / "runs" / "r"
+    assert (run / "checkpoint.pt").is_file() or not run.exists(), sorted(p.name for p in run.iterdir())

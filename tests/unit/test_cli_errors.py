@@ -207,7 +207,8 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--sticky-actions"], "sticky_actions", "true"),
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),
-                     (["--name", ""], "--name", "''"),  # given empty: not the default name
+                     (["--name", ""], "--name", "''"),
+                     (["--freeze-vision"], "freeze_vision", "load_vision_from"),  # given empty: not the default name
                      (["--name", "a\nb"], "--name", "control character"),
                      (["--name", "a" * 300], "--name", "300 bytes long"),
                      (["--resume"], "--resume", "--name"),

@@ -7,6 +7,9 @@ the process cannot remove it. ``prepare_run_dir``, which ``fwrl train`` calls on
 
 from __future__ import annotations
 
+import pytest
+
+from fwrl.errors import FwrlError
 from fwrl.runner.rundir import prepare_run_dir
 from fwrl.utils.files import atomic_write_text, temporary_files
 
@@ -53,3 +56,21 @@ def test_other_learner_ranks_leave_the_folder_alone(tmp_path, capsys):
     prepare_run_dir(run, resume=False, clean=False)
     assert [p.name for p in temporary_files(run)] == [stale]
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, lambda: FwrlError("a vision stem of another shape")])
+def test_a_run_stopped_before_its_first_checkpoint_leaves_no_folder(tmp_path, monkeypatch, failure):
+    """A new run refused or interrupted while it is built (a checkpoint to load that does not fit, Ctrl-C
+    during start-up) leaves no run folder with a config and nothing to resume; a folder that existed
+    before (a resume) is left alone."""
+    import fwrl.runner.train as train_module
+    from fwrl.launch.cli import main
+
+    def fail(config, run_dir, **kwargs):
+        (run_dir / "config.yaml").write_text("written before the failure\n")
+        raise failure()
+
+    monkeypatch.setattr(train_module, "train", fail)
+    code = main(["train", "--env", "memory:cue_delay", "--core", "lstm", "--runs-dir", str(tmp_path), "--name", "r",
+                 "--num-workers", "1", "--envs-per-worker", "1"])
+    assert code in (2, 130) and not (tmp_path / "r").exists()
