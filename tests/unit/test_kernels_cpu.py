@@ -25,6 +25,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.delta_rule import delta_rule
 from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
+from fwrl.kernels.rdn import rdn
+from fwrl.kernels.rdn.cpu import rdn_cpu
+from fwrl.kernels.rdn.naive import rdn_reference
 
 RESETS = ("none", "start", "mid", "everywhere")
 LENGTHS = (1, 6, 70)  # one step (acting), an unroll, more than one chunk of the chunked form
@@ -67,10 +70,19 @@ def _delta_rule_inputs(T, B, g, H=2, D=4, F=None, beta=True):
     return (n(T, B, H, D), n(T, B, H, D), n(T, B, H, D), n(T, B, H) if beta else None, n(B, H, D, F, scale=0.5))
 
 
+def _rdn_inputs(T, B, g, H=2, d=4, F=None):
+    F = d if F is None else F
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return (n(T, B, H, d), n(T, B, H, d), n(T, B, H, d), n(T, B, H), *(n(H, d, d, scale=d ** -0.5) for _ in range(3)),
+            n(H, d, scale=d ** -0.5), n(B, H, d, F, scale=0.3), n(B, H, d, scale=0.5))
+
+
 RULES = [
     Rule("delta_rule", delta_rule_reference, delta_rule_cpu, delta_rule, _delta_rule_inputs, state=(4,),
          options=tuple({"rule": r, "feature_map": f} for r in ("delta", "sum")
                        for f in ("elu1_sumnorm", "softmax", "dpfp-1"))),
+    Rule("rdn", rdn_reference, rdn_cpu, rdn, _rdn_inputs, state=(8, 9),
+         options=tuple({"feature_map": f} for f in ("softmax", "elu1_sumnorm", "dpfp-1"))),
     # more rules: one Rule(...) each, above this line
 ]
 IDS = [rule.name for rule in RULES]
@@ -81,6 +93,8 @@ def _inputs(rule: Rule, options: dict, T: int, B: int, seed: int = 0) -> tuple:
     if rule.name == "delta_rule":  # the sum rule has no beta; dpfp-1 doubles the key features
         return _delta_rule_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None,
                                   beta=options.get("rule", "delta") == "delta")
+    if rule.name == "rdn":  # dpfp-1 doubles the key features
+        return _rdn_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None)
     return rule.inputs(T, B, g)
 
 

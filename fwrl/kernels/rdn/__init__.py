@@ -1,4 +1,5 @@
-"""Recurrent Delta Net (RDN), paper 000 Sec. 3.2 Eq. 15-18: ``rdn``."""
+"""Recurrent Delta Net (RDN), paper 000 Sec. 3.2 Eq. 15-18: ``rdn`` (reference ``naive``, Triton
+``fused_recurrent`` on CUDA, ``cpu`` on the CPU)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from torch import Tensor
 
 from fwrl.kernels.dispatch import Fused, dispatch
 
+from .cpu import rdn_cpu
 from .naive import rdn_reference
 
 
@@ -30,7 +32,7 @@ def rdn(
     return dispatch(
         "rdn", rdn_reference, _fused, (xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, h0, reset),
         dict(feature_map=feature_map, grad_mode=grad_mode), (xq, xk, xv, xb, Rq, W0),
-        "no Triton RDN kernel can run on these inputs (fwrl.kernels.rdn)", layer,
+        "no Triton RDN kernel can run on these inputs (fwrl.kernels.rdn)", layer, cpu=rdn_cpu,
     )
 
 
