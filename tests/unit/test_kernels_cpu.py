@@ -28,6 +28,9 @@ from fwrl.kernels.delta_rule.naive import delta_rule_reference
 from fwrl.kernels.rdn import rdn
 from fwrl.kernels.rdn.cpu import rdn_cpu
 from fwrl.kernels.rdn.naive import rdn_reference
+from fwrl.kernels.srwm import srwm
+from fwrl.kernels.srwm.cpu import srwm_cpu
+from fwrl.kernels.srwm.naive import srwm_reference
 
 RESETS = ("none", "start", "mid", "everywhere")
 LENGTHS = (1, 6, 70)  # one step (acting), an unroll, more than one chunk of the chunked form
@@ -77,12 +80,22 @@ def _rdn_inputs(T, B, g, H=2, d=4, F=None):
             n(H, d, scale=d ** -0.5), n(B, H, d, F, scale=0.3), n(B, H, d, scale=0.5))
 
 
+def _srwm_inputs(T, B, g, H=2, D=4, Dy=None):
+    Dy = D if Dy is None else Dy
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    offsets = tuple(n(B, H, rows, D, scale=0.1) for rows in (Dy, D, D, 4))
+    return (n(T, B, H, D), n(H, Dy, D, scale=D ** -0.5), n(H, D, D, scale=D ** -0.5), n(H, D, D, scale=D ** -0.5),
+            n(H, 4, D, scale=D ** -0.5), offsets)
+
+
 RULES = [
     Rule("delta_rule", delta_rule_reference, delta_rule_cpu, delta_rule, _delta_rule_inputs, state=(4,),
          options=tuple({"rule": r, "feature_map": f} for r in ("delta", "sum")
                        for f in ("elu1_sumnorm", "softmax", "dpfp-1"))),
     Rule("rdn", rdn_reference, rdn_cpu, rdn, _rdn_inputs, state=(8, 9),
          options=tuple({"feature_map": f} for f in ("softmax", "elu1_sumnorm", "dpfp-1"))),
+    Rule("srwm", srwm_reference, srwm_cpu, srwm, _srwm_inputs, state=(5,),
+         options=({"input_map": "softmax"}, {"input_map": "identity"})),
     # more rules: one Rule(...) each, above this line
 ]
 IDS = [rule.name for rule in RULES]
@@ -106,15 +119,22 @@ def _outputs(result) -> list[torch.Tensor]:
     return flat
 
 
+def _leaf(x, dtype):
+    """A fresh leaf that requires grad (a tuple of them for a tuple input, such as the SRWM's offsets)."""
+    if isinstance(x, tuple):
+        return tuple(_leaf(part, dtype) for part in x)
+    return None if x is None else x.detach().to(dtype or x.dtype).requires_grad_()
+
+
 def _run(fn, inputs, reset, weights, dtype=None, **kwargs) -> list[torch.Tensor | None]:
     """The outputs of ``fn`` and the gradients of sum_i <out_i, weight_i> for every input (None: no
-    gradient reaches it)."""
-    leaves = [None if x is None else x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
+    gradient reaches it; a tuple input counts as its parts)."""
+    leaves = [_leaf(x, dtype) for x in inputs]
+    flat = [x for x in _outputs(leaves)]
     outs = _outputs(fn(*leaves, reset, **kwargs))
     loss = sum((o.double() * w).sum() for o, w in zip(outs, weights))
-    grads = torch.autograd.grad(loss, [x for x in leaves if x is not None], allow_unused=True)
-    grads = iter(grads)
-    return [o.detach() for o in outs] + [None if x is None else next(grads) for x in leaves]
+    grads = iter(torch.autograd.grad(loss, [x for x in flat if x is not None], allow_unused=True))
+    return [o.detach() for o in outs] + [None if x is None else next(grads) for x in flat]
 
 
 def _weights(rule: Rule, options: dict, T: int, B: int) -> list[torch.Tensor]:
@@ -179,13 +199,17 @@ def test_cpu_path_carries_its_state_across_calls(rule):
     for options in rule.options:
         inputs, reset = _inputs(rule, options, T, B, seed=3), resets(T, B, "mid")
         whole = _outputs(rule.cpu(*inputs, reset, **options))
-        steps = [i for i, x in enumerate(inputs) if i not in rule.state and x is not None and x.shape[0] == T]
+        steps = [i for i, x in enumerate(inputs)
+                 if i not in rule.state and isinstance(x, torch.Tensor) and x.shape[0] == T]
         first = [x[:cut] if i in steps else x for i, x in enumerate(inputs)]
         first_out = _outputs(rule.cpu(*first, reset[:cut], **options))
-        per_step = len(first_out) - len(rule.state)
+        sizes = [len(inputs[i]) if isinstance(inputs[i], tuple) else 1 for i in rule.state]  # flattened state
+        per_step = len(first_out) - sum(sizes)
         second = [x[cut:] if i in steps else x for i, x in enumerate(inputs)]
-        for position, carried in zip(rule.state, first_out[per_step:]):
-            second[position] = carried
+        carried = iter(first_out[per_step:])
+        for position, size in zip(rule.state, sizes):  # a tuple state (the SRWM's offsets) goes back as one
+            parts = tuple(next(carried) for _ in range(size))
+            second[position] = parts if isinstance(inputs[position], tuple) else parts[0]
         second_out = _outputs(rule.cpu(*second, reset[cut:], **options))
         joined = [torch.cat([a, b]) for a, b in zip(first_out[:per_step], second_out[:per_step])]
         _assert_same(whole, joined + second_out[per_step:], 1e-12, 1e-12, f"{rule.name} {options} carried")

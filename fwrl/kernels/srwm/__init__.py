@@ -2,7 +2,7 @@
 
 The recurrence of the SRWM, Fake SR and SR-DeltaNet cores; its fused kernel takes
 ``fused_recurrent_split`` (W^y's rows over programs) where the whole matrix does not fit
-one program.
+one program. CPU tensors take ``cpu`` (the same maths in fewer, larger calls).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from torch import Tensor
 
 from fwrl.kernels.dispatch import Fused, dispatch
 
+from .cpu import srwm_cpu
 from .naive import srwm_reference
 
 
@@ -31,7 +32,7 @@ def srwm(
     return dispatch(
         "srwm", srwm_reference, _fused, (x, W_y, W_q, W_k, w_b, offsets, reset),
         dict(input_map=input_map, grad_mode=grad_mode), (x, W_y, W_q, W_k, w_b),
-        "no Triton SRWM kernel can run on these inputs (fwrl.kernels.srwm)", layer,
+        "no Triton SRWM kernel can run on these inputs (fwrl.kernels.srwm)", layer, cpu=srwm_cpu,
     )
 
 
