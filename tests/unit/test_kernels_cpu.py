@@ -22,6 +22,12 @@ import pytest
 import torch
 
 from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.delta_lstm import delta_lstm
+from fwrl.kernels.delta_lstm.cpu import delta_lstm_cpu
+from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
+from fwrl.kernels.delta_rnn import delta_rnn
+from fwrl.kernels.delta_rnn.cpu import delta_rnn_cpu
+from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 from fwrl.kernels.delta_rule import delta_rule
 from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
@@ -88,6 +94,19 @@ def _srwm_inputs(T, B, g, H=2, D=4, Dy=None):
             n(H, 4, D, scale=D ** -0.5), offsets)
 
 
+def _delta_rnn_inputs(T, B, g, H=2, d=4, F=None):
+    F = d if F is None else F
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return (*(n(T, B, H, d) for _ in range(3)), n(T, B, H), n(T, B, H, d), n(T, B, H, d), n(T, B, H),
+            n(B, H, d, F, scale=0.3), n(B, H, d, d, scale=0.3), n(B, H, d, scale=0.5))
+
+
+def _delta_lstm_inputs(T, B, g, H=2, d=4):
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return (n(T, B, H, d), n(T, B, H, 6, d), n(T, B, H, 6, d), n(T, B, H, 6), n(B, H, 6, d, d, scale=0.3),
+            n(B, H, d, scale=0.5), n(B, H, d, scale=0.5))
+
+
 RULES = [
     Rule("delta_rule", delta_rule_reference, delta_rule_cpu, delta_rule, _delta_rule_inputs, state=(4,),
          options=tuple({"rule": r, "feature_map": f} for r in ("delta", "sum")
@@ -96,6 +115,9 @@ RULES = [
          options=tuple({"feature_map": f} for f in ("softmax", "elu1_sumnorm", "dpfp-1"))),
     Rule("srwm", srwm_reference, srwm_cpu, srwm, _srwm_inputs, state=(5,),
          options=({"input_map": "softmax"}, {"input_map": "identity"})),
+    Rule("delta_rnn", delta_rnn_reference, delta_rnn_cpu, delta_rnn, _delta_rnn_inputs, state=(7, 8, 9),
+         options=tuple({"feature_map": f} for f in ("softmax", "elu1_sumnorm", "dpfp-1"))),
+    Rule("delta_lstm", delta_lstm_reference, delta_lstm_cpu, delta_lstm, _delta_lstm_inputs, state=(4, 5, 6)),
     # more rules: one Rule(...) each, above this line
 ]
 IDS = [rule.name for rule in RULES]
@@ -106,6 +128,8 @@ def _inputs(rule: Rule, options: dict, T: int, B: int, seed: int = 0) -> tuple:
     if rule.name == "delta_rule":  # the sum rule has no beta; dpfp-1 doubles the key features
         return _delta_rule_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None,
                                   beta=options.get("rule", "delta") == "delta")
+    if rule.name == "delta_rnn":  # dpfp-1 doubles W's key features
+        return _delta_rnn_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None)
     if rule.name == "rdn":  # dpfp-1 doubles the key features
         return _rdn_inputs(T, B, g, F=8 if options.get("feature_map") == "dpfp-1" else None)
     return rule.inputs(T, B, g)

@@ -1,4 +1,5 @@
-"""Delta LSTM (a fast LSTM), paper 000 App. A.2 Eq. 36-40: ``delta_lstm``."""
+"""Delta LSTM (a fast LSTM), paper 000 App. A.2 Eq. 36-40: ``delta_lstm``. CPU tensors take
+``cpu`` (the same maths in fewer, larger calls)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from torch import Tensor
 
 from fwrl.kernels.dispatch import Fused, dispatch
 
+from .cpu import delta_lstm_cpu
 from .naive import delta_lstm_reference
 
 
@@ -27,6 +29,7 @@ def delta_lstm(
         "delta_lstm", delta_lstm_reference, _fused, (q, k, v, beta, W0, c0, y0, reset),
         dict(grad_mode=grad_mode), (q, k, v, beta, W0),
         "no Triton Delta LSTM kernel can run on these inputs (fwrl.kernels.delta_lstm)", layer,
+        cpu=delta_lstm_cpu,
     )
 
 

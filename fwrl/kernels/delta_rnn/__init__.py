@@ -1,4 +1,5 @@
-"""Delta RNN (a fast RNN), paper 000 Sec. 3.1 Eq. 12: ``delta_rnn``."""
+"""Delta RNN (a fast RNN), paper 000 Sec. 3.1 Eq. 12: ``delta_rnn``. CPU tensors take
+``cpu`` (the same maths in fewer, larger calls)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from torch import Tensor
 
 from fwrl.kernels.dispatch import Fused, dispatch
 
+from .cpu import delta_rnn_cpu
 from .naive import delta_rnn_reference
 
 
@@ -31,6 +33,7 @@ def delta_rnn(
         "delta_rnn", delta_rnn_reference, _fused, (q, k, v, beta, kr, vr, betar, W0, R0, h0, reset),
         dict(feature_map=feature_map, grad_mode=grad_mode), (q, k, v, kr, vr),
         "no Triton Delta RNN kernel can run on these inputs (fwrl.kernels.delta_rnn)", layer,
+        cpu=delta_rnn_cpu,
     )
 
 
