@@ -77,6 +77,15 @@ def _on_cuda(x: Tensor) -> bool:
     return x.device.type == "cuda"
 
 
+def _capturing(x: Tensor) -> bool:
+    """Whether ``x``'s CUDA stream is being captured into a CUDA graph (never on the CPU)."""
+    if not _on_cuda(x):
+        return False
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _describe(x: Tensor) -> str:
     return f"{list(x.shape)} {str(x.dtype).removeprefix('torch.')} on {x.device}"
 
@@ -145,8 +154,10 @@ def dispatch(
         _announce(layer, kernel, "reference", x, "FWRL_KERNELS=reference")
         return reference(*args, **kwargs)
     if cpu is not None and (backend == "cpu" or (backend == "auto" and not _on_cuda(x))):
-        _announce(layer, kernel, "cpu", x, "FWRL_KERNELS=cpu" if backend == "cpu" else "")
-        return cpu(*args, **kwargs)
+        if not _capturing(x):
+            _announce(layer, kernel, "cpu", x, "FWRL_KERNELS=cpu" if backend == "cpu" else "")
+            return cpu(*args, **kwargs)
+        backend = "auto"  # the CPU path reads the reset steps on the host: a CUDA graph cannot capture it
     if backend == "cpu":
         _announce(layer, kernel, "reference", x, f"the {kernel} rule has no CPU path")
         return reference(*args, **kwargs)

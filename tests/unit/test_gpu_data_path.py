@@ -301,11 +301,14 @@ class _HostSyncs(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("core", sorted(CORES))
-def test_the_graphed_acting_step_makes_no_host_sync(core):
+def test_the_graphed_acting_step_makes_no_host_sync(core, monkeypatch):
     """The step a graphed loop captures (state gather, the forward sampling with Gumbel noise,
     the riders of time-limit cuts, the state scatter, the store writes), run on the CPU for 20
     steps of a scripted pool, issues no op that would make a GPU's host wait: a CUDA graph cannot
-    capture one (the capture fails, or worse, the replay reuses a value read once)."""
+    capture one (the capture fails, or worse, the replay reuses a value read once). The rules run
+    their references here, the stand-ins of the fused kernels a GPU runs (the rules' CPU paths read
+    the reset steps on the host: they never run under a capture, ``fwrl.kernels.dispatch``)."""
+    monkeypatch.setenv("FWRL_KERNELS", "reference")
     torch.manual_seed(0)
     device = torch.device("cpu")
     loop, store = _scripted_loop(AgentNet((4,), 3, core, CORES[core], stem="mlp").eval(), device)

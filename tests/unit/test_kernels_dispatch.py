@@ -222,3 +222,25 @@ def test_cuda_call_has_no_host_sync_and_is_graph_capturable(core):
     torch.cuda.synchronize()
     for a, b in zip(eager, captured):  # cuBLAS (dR, dS GEMMs) may pick another algorithm
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+def test_the_cpu_path_is_not_taken_under_a_cuda_graph_capture(monkeypatch, caplog):
+    """FWRL_KERNELS=cpu on CUDA tensors runs a rule's CPU path, except while a CUDA graph is being
+    captured (it reads the reset steps on the host, which a capture cannot hold): then the choice is
+    auto's (here the reference: no Triton for these inputs)."""
+    monkeypatch.setenv("FWRL_KERNELS", "cpu")
+    monkeypatch.setattr(dispatch, "_on_cuda", lambda x: True)
+    monkeypatch.setattr(dispatch, "_load_fused", lambda load: (None, "Triton is not importable (test)"))
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    inputs, reset = _rdn_inputs()
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rdn(*inputs, reset, layer="free")
+        capturing[0] = True
+        rdn(*inputs, reset, layer="captured")
+    logs = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert any("layer free: rdn runs on cpu" in m for m in logs), logs
+    assert any("layer captured: rdn runs on reference" in m for m in logs), logs

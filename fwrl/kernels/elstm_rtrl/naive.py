@@ -315,17 +315,15 @@ def advance_sensitivities(
     p = params
     U = x @ torch.cat([p["W_z"], p["W_f"]]).T  # [T, B, 2H]
     H = c0.shape[-1]
-    resets = set(done.any(dim=1).nonzero().flatten().tolist())
+    keeps = (~done).to(c0.dtype).unsqueeze(-1)  # [T, B, 1]: no host read (a CUDA graph captures acting)
     c, sens, cs = c0, dict(sens0), []
     for t in range(x.shape[0]):
-        keep = (~done[t]).to(c.dtype)[:, None] if t in resets else None
-        c_prev = c if keep is None else c * keep
+        c_prev = c * keeps[t]
         z = torch.tanh(U[t, :, :H] + p["b_z"] + p["w_z"] * c_prev)
         f = torch.sigmoid(U[t, :, H:] + p["b_f"] + p["w_f"] * c_prev)
         c = torch.lerp(z, c_prev, f)  # f c_{t-1} + (1 - f) z
         a, b, d = local_derivatives(c_prev, z, f, p["w_z"], p["w_f"])
-        if keep is not None:  # a reset row starts its sensitivities from zero
-            d = d * keep
+        d = d * keeps[t]  # a reset row starts its sensitivities from zero
         x_t = x[t].unsqueeze(1)
         sens = {
             "Z": (d.unsqueeze(-1) * sens["Z"]).addcmul_(a.unsqueeze(-1), x_t),
