@@ -244,7 +244,7 @@ class InferenceLoop:
         with torch.profiler.record_function(ACTING_CALL):
             return self._step(timeout, on_rollout, on_episode)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _step(self, timeout: float, on_rollout: Callable[[Rollout], None] | None,
               on_episode: Callable[[EpisodeRecord], None] | None) -> int:
         timer = self.timer
