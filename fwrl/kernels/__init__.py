@@ -10,15 +10,18 @@ Each rule's folder ``fwrl/kernels/<rule>/`` holds:
 - ``naive.py``: the PyTorch reference, a per-step loop that defines the maths (with the
   paper's equation numbers);
 - ``fused_recurrent.py``: the fused Triton kernel, its autograd wrapper and ``supports(...)``
-  (whether the kernel takes given inputs, and if not why).
+  (whether the kernel takes given inputs, and if not why);
+- ``cpu.py``: the CPU path, the default for CPU tensors: the reference's maths in a few batched
+  torch calls per step (``delta_rule`` learns in chunked form, ``chunk.py``).
 
 The rules: ``delta_rule`` (sum / delta rule, paper 001), ``rdn``, ``delta_rnn`` and
 ``delta_lstm`` (paper 000), ``srwm`` (paper 002; its split kernel, W^y's rows over programs,
 is ``srwm/fused_recurrent_split.py``) and ``elstm_rtrl`` (paper 004; PyTorch only).
 
 Shared by the rules, and importing none of them: this package (``GRAD_MODES``),
-``feature_maps`` (phi of queries and keys), ``dispatch`` (the backend choice) and
-``triton.common`` (the Triton helpers of every fused kernel). Importing a rule does not
+``feature_maps`` (phi of queries and keys), ``dispatch`` (the backend choice),
+``triton.common`` (the Triton helpers of every fused kernel) and ``cpu_common`` (those of the CPU
+paths). Importing a rule does not
 import Triton; its fused kernel does, when a call may use it.
 """
 
