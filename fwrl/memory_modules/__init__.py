@@ -18,6 +18,7 @@ from fwrl.memory_modules import (  # noqa: F401  (registration)
     delta_rnn,
     elstm,
     feedforward,
+    gru,
     linear_transformer,
     lstm,
     rdn,

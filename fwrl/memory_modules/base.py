@@ -80,6 +80,27 @@ def zero_rows(state: State, done_t: Tensor) -> State:
     return out
 
 
+def run_in_segments(rnn: nn.RNNBase, x: Tensor, state: State, done: Tensor, names: tuple[str, ...]
+                    ) -> tuple[Tensor, State]:
+    """``rnn`` (torch's LSTM or GRU, sequence-first) over ``x`` [T, B, D] in as few calls as the
+    episode starts allow: the sequence is cut only at steps where some row starts a new episode, and
+    those rows' states are zeroed there, so the fused kernels (cuDNN, oneDNN) run whole segments
+    instead of a Python loop over steps. ``state`` holds ``names`` (in the order the RNN takes its
+    hidden state: h, then c for the LSTM), each [B, layers, H]. Finding the cuts is a host read,
+    which a single step (acting, captured in CUDA graphs) does without: its reset is row-wise."""
+    T = x.shape[0]
+    starts = done.any(dim=1).nonzero().flatten().tolist() if T > 1 else []
+    bounds = sorted(set([0, *starts, T]))
+    outputs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        state = zero_rows(state, done[start])
+        hidden = tuple(state[name].transpose(0, 1).contiguous() for name in names)
+        y, new = rnn(x if end - start == T else x[start:end], hidden if len(hidden) > 1 else hidden[0])
+        outputs.append(y)
+        state = {name: value.transpose(0, 1) for name, value in zip(names, new if len(names) > 1 else (new,))}
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), state
+
+
 # --------------------------------------------------------------------------- registry
 
 CoreFactory = Callable[[int, CoreConfig], Core]

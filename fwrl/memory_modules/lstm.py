@@ -1,8 +1,8 @@
 """The classic IMPALA memory: one ``nn.LSTM(257, 256)`` layer (REFERENCE §1-2).
 
 The whole sequence runs through ``nn.LSTM`` in as few calls as the resets
-allow: the sequence is cut only at steps where some row starts a new episode,
-and those rows' (h, c) are zeroed there. This keeps the fused LSTM kernels
+allow (``base.run_in_segments``: cut only at steps where some row starts a new
+episode, those rows' (h, c) zeroed there), which keeps the fused LSTM kernels
 (cuDNN on GPU, oneDNN on CPU) instead of a Python loop over steps.
 
 ``forget_bias`` (default 0: PyTorch's init, as the IMPALA agent had) is added
@@ -27,7 +27,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, zero_rows
+from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, run_in_segments
 
 
 class LSTMConfig(CoreConfig):
@@ -58,21 +58,9 @@ class LSTMCore(Core):
         return {"h": torch.zeros(shape, device=device), "c": torch.zeros(shape, device=device)}
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
-        T = x.shape[0]
         if self.input_norm is not None:
             x = self.input_norm(x)
-        # cuDNN runs whole segments between episode starts; finding them is a host sync, which
-        # a single step (inference) does without (its reset is row-wise below)
-        reset_steps = done.any(dim=1).nonzero().flatten().tolist() if T > 1 else []
-        bounds = sorted(set([0, *reset_steps, T]))
-        outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            state = zero_rows(state, done[start])
-            hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())
-            y, (h, c) = self.lstm(x if end - start == T else x[start:end], hc)
-            outputs.append(y)
-            state = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
-        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), state
+        return run_in_segments(self.lstm, x, state, done, ("h", "c"))
 
 
 @register_core("lstm", LSTMConfig, "nn.LSTM, BPTT across the rollout")

@@ -21,7 +21,7 @@ FWP_TINY = {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "
 def tiny_options(core: str) -> dict:
     if core == "feedforward":
         return {}
-    if core in ("lstm", "elstm"):
+    if core in ("lstm", "gru", "elstm"):
         return {"hidden_size": 16}
     return dict(FWP_TINY)
 

@@ -599,3 +599,61 @@ def test_block_feed_forward_without_dropout_is_its_sequential():
     torch.manual_seed(0)
     torch.testing.assert_close(first, block.ff(x), rtol=0, atol=0)
     assert not torch.allclose(first, block.eval()._feed_forward(x))  # the dropouts ran in training
+
+
+def _gru_by_steps(core, x: torch.Tensor, h: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GRU core's maths one step and one layer at a time with ``nn.GRUCell``s holding its weights:
+    rows with done[t] start step t from h = 0."""
+    cells = []
+    for layer in range(core.num_layers):
+        cell = torch.nn.GRUCell(core.gru.input_size if layer == 0 else core.output_size, core.output_size).to(x.dtype)
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).data.copy_(getattr(core.gru, f"{name}_l{layer}"))
+        cells.append(cell)
+    h = h.clone()  # [B, layers, H]
+    ys = []
+    for t in range(x.shape[0]):
+        h = h * (~done[t]).to(h.dtype).view(-1, 1, 1)
+        inp, new = x[t], []
+        for layer, cell in enumerate(cells):
+            inp = cell(inp, h[:, layer])
+            new.append(inp)
+        h = torch.stack(new, 1)
+        ys.append(inp)
+    return torch.stack(ys), h
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gru_core_is_a_gru_cell_stepped_with_resets_and_carried_state(layers):
+    """The GRU core (segments between episode starts through one nn.GRU call each) against GRUCells
+    stepped one at a time, with starts inside the unroll and a carried state; a sequence cut in two
+    calls equals one call; one step (acting) equals the first step of a sequence."""
+    torch.manual_seed(0)
+    core = build_core("gru", 7, {"hidden_size": 5, "num_layers": layers}).double()
+    x = torch.randn(9, 3, 7, dtype=torch.float64)
+    done = torch.zeros(9, 3, dtype=torch.bool)
+    done[0, 2] = done[4, 0] = done[4, 1] = done[6, 1] = True
+    h0 = torch.randn(3, layers, 5, dtype=torch.float64)
+    y, state = core(x, {"h": h0}, done)
+    y_ref, h_ref = _gru_by_steps(core, x, h0, done)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(state["h"], h_ref, rtol=1e-10, atol=1e-12)
+    y1, s1 = core(x[:4], {"h": h0}, done[:4])
+    y2, s2 = core(x[4:], s1, done[4:])
+    torch.testing.assert_close(torch.cat([y1, y2]), y, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s2["h"], state["h"], rtol=1e-10, atol=1e-12)
+    step, _ = core(x[:1], {"h": h0}, done[:1])
+    torch.testing.assert_close(step, y[:1], rtol=1e-10, atol=1e-12)
+
+
+def test_gru_core_learns_through_the_rollout_but_not_across_an_episode_start():
+    """BPTT across the rollout: the last output's gradient reaches the first input of a row that
+    stays in one episode, and nothing before an episode start of a row that has one."""
+    core = build_core("gru", 4, {"hidden_size": 6})
+    x = torch.randn(8, 2, 4, requires_grad=True)
+    done = torch.zeros(8, 2, dtype=torch.bool)
+    done[5, 1] = True
+    y, _ = core(x, core.initial_state(2), done)
+    (grad,) = torch.autograd.grad(y[-1].sum(), x)
+    assert grad[0, 0].abs().sum() > 0 and grad[:5, 1].abs().sum() == 0 and grad[5:, 1].abs().sum() > 0
+

@@ -29,6 +29,7 @@ RESTARTING = "chaos:cue_delay?delay=2&num_cues=3&raise_every=9&only_worker=0"
 
 CORES = {
     "lstm": {"hidden_size": 16},
+    "gru": {"hidden_size": 16},
     "delta_net": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
     "srwm": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16},
     "elstm": {"hidden_size": 8, "grad": "rtrl"},

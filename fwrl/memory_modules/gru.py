@@ -1,0 +1,52 @@
+"""A GRU core: ``nn.GRU`` (Cho et al. 2014, "Learning Phrase Representations using RNN
+Encoder-Decoder for Statistical Machine Translation", EMNLP), BPTT across the rollout.
+
+The baseline a memory comparison starts from: on POPGym's partially observable tasks (Morad et al.
+2023, "POPGym: Benchmarking Partially Observable Reinforcement Learning", ICLR) the GRU had the best
+mean score of the 13 memory models, linear transformers and a fast weight programmer among them.
+
+As the LSTM core: one ``nn.GRU`` over whole segments between episode starts
+(``base.run_in_segments``), the rows that start an episode from h = 0, the state ``h``
+[B, layers, H], an optional LayerNorm on the input (``input_norm``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, run_in_segments
+
+
+class GRUConfig(CoreConfig):
+    hidden_size: int = Field(256, ge=1, description="GRU units")
+    num_layers: int = Field(1, ge=1, description="stacked GRU layers")
+    input_norm: bool = Field(False, description="LayerNorm on the core's input (stem features and reward) "
+                             "before the GRU")
+
+
+class GRUCore(Core):
+    config_class = GRUConfig
+
+    def __init__(self, input_size: int, config: GRUConfig | None = None):
+        super().__init__()
+        config = config or GRUConfig()
+        self.input_norm = nn.LayerNorm(input_size) if config.input_norm else None
+        self.gru = nn.GRU(input_size, config.hidden_size, num_layers=config.num_layers)
+        self.output_size = config.hidden_size
+        self.num_layers = config.num_layers
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        dtype = self.gru.weight_ih_l0.dtype
+        return {"h": torch.zeros(batch_size, self.num_layers, self.output_size, device=device, dtype=dtype)}
+
+    def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return run_in_segments(self.gru, x, state, done, ("h",))
+
+
+@register_core("gru", GRUConfig, "nn.GRU (Cho et al. 2014), BPTT across the rollout")
+def _build(input_size: int, config: GRUConfig) -> Core:
+    return GRUCore(input_size, config)
