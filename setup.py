@@ -10,12 +10,13 @@ EXTRAS = {
     "procgen": ["gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl"],
     "envpool": ["envpool>=1.2"],
     "minatar": ["minatar>=1.0.15"],
+    "popgym": ["popgym>=1.0"],  # POPGym's tasks (numpy and gymnasium only)
     "ray": ["ray[default]>=2.9"],
     "kernels": ["triton>=3.2"],
     # fwrl report: rliable's statistics; rliable 1.2 pins arch < 8, whose releases do not import under pandas 3
     "report": ["rliable>=1.2", "pandas<3"],
     "test": ["pytest>=8", "pytest-xdist>=3.5", "pytest-timeout>=2.3", "hypothesis>=6", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9", "minatar>=1.0.15",
-             "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl", "rliable>=1.2", "pandas<3"],
+             "popgym>=1.0", "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl", "rliable>=1.2", "pandas<3"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
 

@@ -47,6 +47,7 @@ FAMILY_MODULES = {
     "minatar": "fwrl.envs.minatar",
     "gym": "fwrl.envs.gym_env",
     "memory": "fwrl.envs.memory_tasks",
+    "popgym": "fwrl.envs.popgym",
     "chaos": "fwrl.envs.chaos",  # fault injection, a testing aid
 }
 

@@ -76,7 +76,7 @@ def dmlab_human_normalised(level: str, score: float) -> float:
 
 def normalisation_kind(family: str) -> str:
     """How scores of ``family`` are normalised ("" where they are not)."""
-    return {"atari": "human", "dmlab": "human", "procgen": "min-max"}.get(family, "")
+    return {"atari": "human", "dmlab": "human", "procgen": "min-max", "popgym": "popgym"}.get(family, "")
 
 
 def normalise(family: str, task: str, score: float, options: Mapping[str, Any] | None = None) -> float | None:
@@ -89,6 +89,8 @@ def normalise(family: str, task: str, score: float, options: Mapping[str, Any] |
         return atari_human_normalised(task, score) if task in ATARI_RANDOM_HUMAN else None
     if family == "dmlab":
         return dmlab_human_normalised(task, score) if task in DMLAB_RANDOM_HUMAN else None
+    if family == "popgym":  # the package scales each task's rewards: an episode's return lies in [-1, 1]
+        return float(score)
     if family == "procgen":
         from fwrl.envs.procgen import NORMALISATION_TABLE_FOR, normalised_score
 

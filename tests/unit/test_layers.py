@@ -11,11 +11,11 @@ functions count too: they are cycles all the same).
 
 Inside ``launch``, one folder (or module) per job, in the same one-way order:
 ``flags`` (the flags built from the settings models) < the commands (``bench``,
-``plot``, ``sweep``, ``report``) < ``cli``.
+``plot``, ``sweep``, ``report``) < ``cli`` < ``entry`` (the console script).
 
 Inside ``kernels`` (which imports nothing of ``memory_modules``, ``agents`` or
 ``launch``: it is below them), one folder per rule (``fwrl.kernels.<rule>``: its
-public function, ``naive``, ``fused_recurrent``) beside the shared modules
+public function, ``naive``, ``fused_recurrent``, ``cpu``) beside the shared modules
 (:data:`KERNEL_SHARED`). A rule's folder imports its own modules, the shared
 ones and ``fwrl.errors`` / ``fwrl.utils``, never another rule; the shared
 modules import no rule.
@@ -34,12 +34,12 @@ LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", 
 RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "settings": 5,
         "evaluation": 6, "runner": 7, "launch": 8, "__main__": 9}
 # fwrl.launch.<part>: the folders (and single-module commands) of the launch layer, lowest first
-LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "sweep": 1, "report": 1, "cli": 2}
+LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "sweep": 1, "report": 1, "cli": 2, "entry": 3}
 
 
 # The modules of fwrl.kernels every rule may import (the package itself holds GRAD_MODES)
 KERNEL_SHARED = ("fwrl.kernels", "fwrl.kernels.dispatch", "fwrl.kernels.feature_maps", "fwrl.kernels.triton",
-                 "fwrl.kernels.triton.common")
+                 "fwrl.kernels.triton.common", "fwrl.kernels.cpu_common")
 
 
 def module_name(path: Path) -> str:

@@ -38,16 +38,12 @@ import torch
 from torch import Tensor
 
 from fwrl.kernels import check_grad_mode
+from fwrl.kernels.cpu_common import reset_steps
 from fwrl.kernels.feature_maps import adjacent_pair, apply_feature_map
 
 from .chunk import delta_rule_chunked
 
 RULES = ("delta", "sum")
-
-
-def reset_steps(reset: Tensor) -> list[int]:
-    """The steps at which some row starts a new episode (one host read)."""
-    return reset.any(dim=1).nonzero().flatten().tolist()
 
 
 def keep_masks(reset: Tensor, dtype: torch.dtype) -> Tensor:
@@ -68,7 +64,7 @@ def _vecmat(x: Tensor, W: Tensor, out: Tensor | None = None) -> Tensor:
 
 
 def _forward_loop(q: Tensor, k: Tensor, v: Tensor, b: Tensor | None, W_in: Tensor, keep: Tensor,
-                  resets: list[int], heads: int) -> tuple[Tensor, Tensor | None, Tensor]:
+                  resets: set[int], heads: int) -> tuple[Tensor, Tensor | None, Tensor]:
     """Fill ``W_in`` [T + 1, N, Dv, Dk] (``W_in[0]`` holds W0 on entry) step by step; returns y and
     the records r (delta rule) and u [T, N, Dv]."""
     T, N = q.shape[:2]
@@ -78,7 +74,7 @@ def _forward_loop(q: Tensor, k: Tensor, v: Tensor, b: Tensor | None, W_in: Tenso
     else:
         r, u = torch.empty_like(v), torch.empty_like(v)
     y = torch.empty_like(v)
-    reset_at = set(resets)
+    reset_at = resets
     for t in range(T):
         if t in reset_at:
             W_in[t].view(N // heads, heads, *W_in.shape[2:]).mul_(keep[t])
@@ -95,7 +91,7 @@ class _DeltaRule(torch.autograd.Function):
     rule), W0 [N, Dv, Dk], keep [T, B, 1, 1, 1] (N = B x heads); returns y [T, N, Dv] and W_T."""
 
     @staticmethod
-    def forward(ctx, q, k, v, b, W0, keep, resets: list[int], heads: int, full: bool):
+    def forward(ctx, q, k, v, b, W0, keep, resets: set[int], heads: int, full: bool):
         T = q.shape[0]
         W_in = q.new_empty((T + 1, *W0.shape))  # W_in[t]: the matrix step t starts from
         W_in[0] = W0
@@ -117,7 +113,7 @@ class _DeltaRule(torch.autograd.Function):
         kT, qT, dyc = k.unsqueeze(-2), q.unsqueeze(-2), dy.unsqueeze(-1)
         if ctx.full:
             carry = dWT if dWT is not None else torch.zeros_like(W_in[0])
-            reset_at = set(ctx.resets)
+            reset_at = ctx.resets
             for t in range(T - 1, -1, -1):
                 torch.addcmul(carry, dyc[t], qT[t], out=G[t])
                 _matvec(G[t], k[t], out=du[t])

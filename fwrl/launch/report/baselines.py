@@ -1,7 +1,8 @@
 """Per-game reference scores: published normalisation constants, or a random policy's return.
 
 - Atari and DeepMind Lab: human-normalised with the random / human scores of
-  :mod:`fwrl.evaluation.scores`; ProcGen: min-max with Cobbe et al.'s constants.
+  :mod:`fwrl.evaluation.scores`; ProcGen: min-max with Cobbe et al.'s constants; POPGym: the
+  returns as they are (its package scales every task's rewards to episode returns in [-1, 1]).
 - Families without published constants (MinAtar, memory tasks, gym, ...): the
   mean return of a random-action policy, played here
   (``fwrl.envs.registry.make_env(spec, mode="test")``) and cached in
@@ -30,6 +31,7 @@ KIND_TEXT = {
     "human": "human-normalised, (R - random) / (human - random), published constants",
     "min-max": "min-max normalised with the published constants (Cobbe et al. 2020)",
     "relative": "min-max between the random policy's return and the best group mean of this report",
+    "popgym": "as POPGym scales them (Morad et al. 2023): every task's episode return lies in [-1, 1]",
 }
 
 

@@ -8,6 +8,8 @@ A run's score in a game is its final evaluation return (``evaluation.json`` of
 where it has one, else the mean return of its last logged training episodes
 (the last ``mean_return`` of ``metrics.csv``, a running mean over the last 100
 episodes; ``return/<task>`` for multi-task runs), marked as a training return.
+A POPGym run's training score is POPGym's metric, MMER (Morad et al. 2023): the maximum over
+training of that mean episode return.
 An evaluation of an earlier checkpoint than the run's last (``evaluation.json``
 records its agent steps; the run was resumed and trained on since) is stale:
 its score is kept, and marked with the two step counts.
@@ -38,6 +40,7 @@ NOT_GROUPING = frozenset({"seed", "env"} | (RESUMABLE_CHANGES - {"total_steps"})
 SEED_AXES = ("seed",)
 STALE_MARK = "‡"  # an evaluation of an earlier checkpoint than the run's last
 GAME_AXES = ("env",)
+MAX_OVER_TRAINING = ("popgym",)  # families scored by the best mean return over training (POPGym's MMER)
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,8 @@ def _training(rows: list[dict[str, str]], spec: EnvSpec) -> tuple[dict[str, Scor
         game = game_of(spec, task)
         curves[game] = ([s for s, _ in values_ok], [v for _, v in values_ok])
         episodes = series(rows, "episodes")[1]
-        scores[game] = Score(values_ok[-1][1], "training", int(episodes[-1]) if episodes else None)
+        value = max(v for _, v in values_ok) if spec.family in MAX_OVER_TRAINING else values_ok[-1][1]
+        scores[game] = Score(value, "training", int(episodes[-1]) if episodes else None)
     return scores, curves
 
 
