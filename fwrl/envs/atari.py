@@ -111,8 +111,8 @@ class AtariFamily(EnvFamily):
                 close += [g for g in games if g.lower() == game.lower() and g not in close]
                 hint = f" Did you mean {', '.join(close)}?" if close else ""
                 raise FwrlError(
-                    f"unknown atari game {game!r}.{hint} Valid games (ALE/<Game>-v5 ids "
-                    f"of ale_py): {', '.join(games)}."
+                    f"unknown atari game {game!r}.{hint} The {len(games)} games are the <Game> of ale_py's "
+                    f"ALE/<Game>-v5 ids (gymnasium.pprint_registry() lists them once ale_py is imported)."
                 )
         opts["vector"] = vector_path(opts["vector"])
         return opts

@@ -330,6 +330,7 @@ def test_a_typo_is_reported_without_importing_torch(argv, message, tmp_path):
         pytest.importorskip("ale_py")
     code, err, torch_imported = _cli_in_subprocess(argv, tmp_path)
     assert code == 2 and message in err, err
+    assert len(err) < 400, f"a {len(err)}-character message for one typo: {err[:200]}..."  # not 104 game names
     assert not torch_imported, "torch was imported before the typo was reported"
     assert list(tmp_path.iterdir()) == []
 
