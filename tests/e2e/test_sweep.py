@@ -368,3 +368,15 @@ def test_a_changed_grid_is_refused_and_a_grown_one_adds_cells(tmp_path):
     assert "3 of 3 cells would run" in out and "feedforward" in out
     code, _, err = cli("sweep", str(tmp_path / "none"))
     assert code == 2 and "no grid was given" in err
+
+
+def test_a_finished_sweep_says_what_next_and_the_extra_it_needs(monkeypatch):
+    """The closing hint names fwrl report, and the report extra where rliable is not installed."""
+    import importlib.util
+
+    from fwrl.launch.sweep.command import next_step
+
+    real = importlib.util.find_spec
+    assert next_step("sw").startswith("next: fwrl report sw")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else real(name, *a))
+    assert next_step("sw").endswith("it needs the report extra: pip install -e '.[report]'")

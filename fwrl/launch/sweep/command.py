@@ -19,7 +19,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from fwrl.errors import FwrlError, missing_dependency
+from fwrl.errors import FwrlError, install_command, missing_dependency
 from fwrl.launch.flags import given_settings, parse_key_values
 from fwrl.launch.sweep.arguments import grid_from_args
 from fwrl.launch.sweep.cell import EXIT_LATER
@@ -84,7 +84,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             print(f"sweep {path}: nothing to start: {len(states) - len(left)} of {len(states)} cells done"
                   + (f", {len(left)} running or queued elsewhere" if left else ""), file=sys.stderr)
             if not left:
-                print(f"next: fwrl report {path}", file=sys.stderr)
+                print(next_step(path), file=sys.stderr)
             return 0
         if opts.executor == "slurm":
             return _submit(sweep, todo, opts, sbatch_options)
@@ -173,9 +173,16 @@ def _finish(sweep: Sweep, code: int) -> int:
               "continue them", file=sys.stderr)
         return EXIT_LATER
     if all(s.state == "done" for s in states):
-        print(f"next: fwrl report {sweep.path}   (tables, aggregates and curves of the sweep's runs)",
-              file=sys.stderr)
+        print(next_step(sweep.path), file=sys.stderr)
     return 0
+
+
+def next_step(path) -> str:
+    """What a finished sweep suggests next: its report, and the extra that needs where it is missing."""
+    text = f"next: fwrl report {path}   (tables, aggregates and curves of the sweep's runs)"
+    if importlib.util.find_spec("rliable") is None:
+        text += f"; it needs the report extra: {install_command('report')}"
+    return text
 
 
 def print_status(sweep: Sweep, states: list[CellState]) -> None:
