@@ -78,7 +78,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.settings.config import check_resume, config_yaml, read_config
     from fwrl.launch.flags import check_elstm_grad, train_config_from_args, train_overrides
-    from fwrl.runner.rundir import check_run_dir, prepare_run_dir
+    from fwrl.runner.rundir import check_run_dir, lock_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
     if args.resume:
@@ -118,7 +118,20 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
     created = not run_dir.exists()
-    prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
+    lock = None
+    if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # prepare_run_dir says why in one line
+        else:
+            lock = lock_run_dir(run_dir)
+    try:
+        prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
     from fwrl.runner.progress import Progress
     from fwrl.runner.slow_start import SlowStartHint
@@ -134,6 +147,9 @@ def run_train(args: argparse.Namespace) -> int:
 
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            lock.release()
     if ranks.is_main:
         per_update = config.batch_size * config.unroll_length * ranks.world_size
         print(f"run {run_dir}: {_result_text(result, config, per_update)}; checkpoint {run_dir / 'checkpoint.pt'}"

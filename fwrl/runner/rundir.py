@@ -13,6 +13,7 @@ from typing import Any
 
 from fwrl.errors import FwrlError
 from fwrl.utils.files import atomic_write, check_writable_folder, remove_temporary_files
+from fwrl.utils.locks import FileLock
 
 
 def check_run_dir(path: Path, resume: bool) -> Path:
@@ -28,6 +29,22 @@ def check_run_dir(path: Path, resume: bool) -> Path:
         )
     check_writable_folder(path, "run folder", "Choose another --runs-dir.")
     return path
+
+
+LOCK_FILE = ".lock"  # one writer per run folder (fwrl.utils.locks)
+
+
+def lock_run_dir(path: Path) -> FileLock:
+    """Take the run folder's lock for this process (the writer of ``path``), or refuse in one line
+    naming the process that holds it: two ``fwrl train`` writing one folder (the same ``--name``
+    twice, or ``--resume`` of a run still training) interleave their metrics and overwrite each
+    other's checkpoints. Call it before anything is written; release the lock (or exit) when done."""
+    lock = FileLock(Path(path) / LOCK_FILE)
+    holder = lock.acquire()
+    if holder is not None:
+        raise FwrlError(f"run folder {path} is being written by {holder}: wait for that run to end or stop it "
+                        "(Ctrl-C, or SIGTERM: it writes a checkpoint), then --resume it; or choose another --name.")
+    return lock
 
 
 def prepare_run_dir(path: Path, resume: bool, clean: bool = True) -> Path:

@@ -175,3 +175,36 @@ def test_ctrl_c_while_the_command_starts_is_not_a_traceback_nor_an_empty_run_fol
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     run = tmp_path / "runs" / "r"
     assert (run / "checkpoint.pt").is_file() or not run.exists(), sorted(p.name for p in run.iterdir())
+
+
+def test_one_writer_per_run_folder(tmp_path):
+    """A second fwrl train on a run folder in use (the same --name while the first has no checkpoint
+    yet, or --resume of a run still training) is refused in one line naming the writer, before it
+    writes anything; once the writer is gone (here killed with SIGKILL: no stale lock) --resume takes
+    the folder."""
+    cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", *QUICK, "--total-steps", "10000000",
+           "--runs-dir", str(tmp_path), "--name", "run"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / ".lock").exists():  # the first holds the folder; it has no checkpoint yet
+            assert time.monotonic() < deadline and first.poll() is None, first.stdout.read() if first.poll() else ""
+            time.sleep(0.05)
+        same_name = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        while not ((run / "checkpoint.pt").exists() and (run / "metrics.csv").exists()):
+            assert time.monotonic() < deadline and first.poll() is None, first.stdout.read() if first.poll() else ""
+            time.sleep(0.2)
+        resume = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=120)
+        for second in (same_name, resume):
+            assert second.returncode == 2, second.stderr[-2000:]
+            assert (f"is being written by pid {first.pid} on " in second.stderr
+                    or (second is same_name and "already holds a run" in second.stderr)), second.stderr[-2000:]
+        assert f"is being written by pid {first.pid} on " in resume.stderr
+        assert first.poll() is None  # the writer trains on, undisturbed
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    resumed = subprocess.run(cmd[:-6] + ["--total-steps", "400", "--runs-dir", str(tmp_path), "--name", "run",
+                                         "--resume"], capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -10,8 +10,6 @@ settings a run may change on ``--resume`` (resources and logging:
 
 from __future__ import annotations
 
-import fcntl
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +21,7 @@ from fwrl.settings.config import RESUMABLE_CHANGES, TrainConfig, config_yaml, re
 from fwrl.launch.sweep.grid import Cell, Grid
 from fwrl.launch.sweep.status import effective_state, evaluation_done, now_iso, read_status
 from fwrl.utils.files import atomic_write_text, check_writable_folder
+from fwrl.utils.locks import FileLock
 
 MANIFEST = "sweep.yaml"
 FORMAT = 1
@@ -138,29 +137,17 @@ class SweepLock:
 
     def __init__(self, path: Path):
         self.file = Path(path) / ".lock"
-        self.fd: int | None = None
+        self._lock = FileLock(self.file)
 
     def __enter__(self) -> "SweepLock":
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise FwrlError(f"another fwrl sweep{f' (pid {holder})' if holder else ''} is running on "
-                            f"{self.file.parent}; wait for it to end or stop it (Ctrl-C), then run this again.")
-        except OSError:
-            pass  # a file system without locks
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self.fd = fd
+        holder = self._lock.acquire()
+        if holder is not None:
+            raise FwrlError(f"another fwrl sweep ({holder}) is running on {self.file.parent}; wait for it to end "
+                            "or stop it (Ctrl-C), then run this again.")
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._lock.release()
 
 
 # ----------------------------------------------------------------------------- what is left

@@ -18,16 +18,14 @@ lock is skipped.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from fwrl.utils.files import atomic_write_text
+from fwrl.utils.locks import FileLock
 
 STATES = ("pending", "queued", "running", "done", "failed", "interrupted")
 
@@ -64,30 +62,19 @@ def write_status(sweep_dir: Path, cell: str, **fields: Any) -> dict[str, Any]:
 
 
 class CellLock:
-    """An exclusive, non-blocking ``flock`` on ``SWEEP/status/CELL.lock`` (released on close or exit)."""
+    """An exclusive, non-blocking lock on ``SWEEP/status/CELL.lock`` (``fwrl.utils.locks``: released on
+    close or at any exit)."""
 
     def __init__(self, sweep_dir: Path, cell: str):
         self.path = Path(sweep_dir) / "status" / f"{cell}.lock"
-        self.fd: int | None = None
+        self._lock = FileLock(self.path)
 
     def acquire(self) -> bool:
         """Take the lock; False when another process holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                return False
-            # ENOLCK and friends: a file system without locks; run without one
-        self.fd = fd
-        return True
+        return self._lock.acquire() is None
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._lock.release()
 
 
 def is_running(sweep_dir: Path, cell: str) -> bool:
