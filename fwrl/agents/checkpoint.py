@@ -8,6 +8,7 @@ schedule, the agent-step count and the RNG states of torch, numpy and python.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,38 @@ def _cpu_copy(value: Any) -> Any:
     return value
 
 
+def payload_digest(payload: dict[str, Any]) -> str:
+    """sha256 of everything ``payload`` holds but its ``checksum``: every tensor's dtype, shape and bytes
+    and every other value, in a fixed order. Written with the checkpoint and checked when it is read,
+    so bytes damaged on disk inside a tensor (which the zip archive's structure does not notice) are
+    refused instead of loaded."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, dict):
+            digest.update(f"D{len(value)}".encode())
+            for key in sorted(value, key=repr):
+                digest.update(repr(key).encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"L{len(value)}".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"V{value!r}".encode())
+
+    feed({key: value for key, value in payload.items() if key != "checksum"})
+    return digest.hexdigest()
+
+
 def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` atomically (temporary file, fsync, rename, directory fsync)."""
+    """Write ``payload`` with its checksum (:func:`payload_digest`) atomically (temporary file, fsync,
+    rename, directory fsync)."""
+    payload = {**payload, "checksum": payload_digest(payload)}
     atomic_write(Path(path), lambda f: torch.save(payload, f))
 
 
@@ -100,6 +131,13 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             f"{path} is not an fwrl checkpoint (expected format {FORMAT!r}, "
             f"found {payload.get('format') if isinstance(payload, dict) else type(payload).__name__!r})."
         )
+    if "checksum" in payload and payload_digest(payload) != payload["checksum"]:  # older ones have none
+        kept = sorted(path.parent.glob("checkpoint-*.pt"), key=lambda p: p.stat().st_mtime)
+        earlier = [p for p in kept if p != path]
+        offer = (f" An earlier checkpoint of the run is kept: {earlier[-1]} (copy it to {path.name} to resume "
+                 "from it)." if earlier else " The run keeps no earlier checkpoint (--milestone-interval keeps some).")
+        raise FwrlError(f"{path} is damaged: its tensors do not match the checksum written with them (bytes changed "
+                        f"on disk after it was written), so it is refused rather than loaded.{offer}")
     return payload
 
 

@@ -31,7 +31,7 @@ from fwrl.memory_modules import core_names
 CUES = 4
 ENV = f"memory:cue_delay?delay=2&num_cues={CUES}"
 FWP_TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "head_dim": 16, "ff_dim": 32}
-TINY = {"lstm": {"hidden_size": 32}, "elstm": {"hidden_size": 32}, "feedforward": {}}
+TINY = {"lstm": {"hidden_size": 32}, "gru": {"hidden_size": 32}, "elstm": {"hidden_size": 32}, "feedforward": {}}
 
 
 class InlinePool:
