@@ -8,7 +8,9 @@ schedule, the agent-step count and the RNG states of torch, numpy and python.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -110,7 +112,16 @@ def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` with its checksum (:func:`payload_digest`) atomically (temporary file, fsync,
     rename, directory fsync)."""
     payload = {**payload, "checksum": payload_digest(payload)}
-    atomic_write(Path(path), lambda f: torch.save(payload, f))
+
+    def save(f) -> None:
+        try:
+            torch.save(payload, f)
+        except RuntimeError as exc:  # torch's writer reports a full disk as "file write failed"
+            error = errno.ENOSPC if "write failed" in str(exc) else errno.EIO
+            raise OSError(error, f"{os.strerror(error)} while writing the checkpoint "
+                                 f"({str(exc).splitlines()[0][:120]})", str(path)) from None
+
+    atomic_write(Path(path), save)
 
 
 def save_checkpoint(path: Path, **parts: Any) -> None:

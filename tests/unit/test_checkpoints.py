@@ -58,3 +58,24 @@ def test_a_damaged_checkpoint_names_the_earlier_one_kept(tmp_path):
 def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
     torch.save(_payload(), tmp_path / "old.pt")
     assert "checksum" not in load_checkpoint(tmp_path / "old.pt")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_an_os_error_naming_it_and_leaves_the_last_one(tmp_path, monkeypatch):
+    """torch's writer says a full disk as a RuntimeError ('file write failed'): it becomes the OSError
+    the command line says in one line (exit 74), and the checkpoint written before stays whole."""
+    import errno
+
+    path = tmp_path / "checkpoint.pt"
+    write_checkpoint(path, _payload())
+    before = path.read_bytes()
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file "
+                           "data/3: file write failed")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError) as caught:
+        write_checkpoint(path, _payload())
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
