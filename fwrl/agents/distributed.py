@@ -5,7 +5,7 @@ store, and computes the IMPALA loss on its own B rollout columns. After the
 backward pass the ranks' gradients are **summed** with one all-reduce of a
 flat buffer, so every rank takes the same optimiser step and holds the same
 weights. Summed, not averaged: the IMPALA loss is a *sum* over T x B
-(REFERENCE §4), so the sum of the ranks' gradients is exactly the gradient of
+(PAPERS.md §4), so the sum of the ranks' gradients is exactly the gradient of
 one learner on the union of their batches; averaging would shrink every step
 by the number of ranks (RMSProp's eps and the global-norm clip make that
 visible).

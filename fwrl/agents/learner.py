@@ -1,5 +1,5 @@
 """The learner: gathers B rollout columns on its device, computes the IMPALA loss,
-steps the optimiser, and publishes the new weights to the acting copy (REFERENCE §4).
+steps the optimiser, and publishes the new weights to the acting copy (PAPERS.md §4).
 
 One ``update`` is timed in stages (``LEARNER_STAGES``): gathering the batch
 from the rollout store, the forward over T+1 steps with the loss, the
@@ -32,7 +32,7 @@ LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "lear
 
 @dataclass(frozen=True)
 class LearnerSettings:
-    """What the learner takes of a run's settings (REFERENCE §4): the IMPALA loss's weights, the
+    """What the learner takes of a run's settings (PAPERS.md §4): the IMPALA loss's weights, the
     reward clip, the gradient-norm clip, and whether V-trace bootstraps where a time limit cut an
     episode (``bootstrap_truncation``; else the cut ends the return there)."""
 

@@ -1,6 +1,6 @@
 """The IMPALA loss on a rollout batch (Espeholt et al. 2018, Sec. 4.2).
 
-Rollouts follow ``shared/ARCHITECTURE.md``: tensors ``[T+1, B, ...]`` whose
+Rollouts follow ``ARCHITECTURE.md``: tensors ``[T+1, B, ...]`` whose
 step 0 repeats the previous rollout's last step. At index t+1 the batch holds
 what happened after observation t: ``action`` (taken at obs t), ``reward`` and
 ``done`` (its outcome; ``done[t+1]`` means obs t+1 starts a new episode) and

@@ -1,6 +1,6 @@
 """The IMPALA agent network: vision stem + memory core + policy/baseline heads.
 
-REFERENCE §1:
+PAPERS.md §1:
 
 - ``impala`` stem (the default): for channels (16, 32, 32): Conv3x3 s1 p1,
   MaxPool 3x3 s2 p1, two residual blocks ``x + Conv(ReLU(Conv(ReLU(x))))``;

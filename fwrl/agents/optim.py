@@ -1,4 +1,4 @@
-"""The IMPALA optimiser settings (REFERENCE.md Sec. 4; Espeholt et al. 2018).
+"""The IMPALA optimiser settings (PAPERS.md §4; Espeholt et al. 2018).
 
 RMSProp (lr 6e-4, alpha 0.99, eps 0.01, momentum 0), the learning rate
 decayed linearly to 0 over the total number of agent steps, and global-norm

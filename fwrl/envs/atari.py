@@ -5,7 +5,7 @@
 and the wrappers of :mod:`fwrl.envs.wrappers`: noop reset (up to 30), skip 4
 with max over the last two frames, episodic life in train mode, fire on
 reset for games with FIRE, 84x84 greyscale, stack 4 -> ``(4, 84, 84)``
-uint8 (REFERENCE.md section 5; Espeholt et al. 2018; Mnih et al. 2015).
+uint8 (PAPERS.md §5; Espeholt et al. 2018; Mnih et al. 2015).
 
 Options:
 

@@ -1,7 +1,7 @@
 """DeepMind Lab levels (``dmlab:<level>``) over the ``deepmind_lab`` Python module.
 
 Beattie et al. 2016, as run by IMPALA (Espeholt et al. 2018) and the RTRL
-paper (R2AC on rooms_watermaze etc.); REFERENCE.md section 5:
+paper (R2AC on rooms_watermaze etc.); PAPERS.md §5:
 
 - ``dmlab:rooms_watermaze`` plays ``contributed/dmlab30/rooms_watermaze``
   (any DMLab-30 name); a name with a ``/`` is passed to Lab as a full level
@@ -28,7 +28,7 @@ q3map2 again). Several levels joined by ``+`` make a multi-task run (worker i
 plays level i mod n).
 
 ``deepmind_lab`` has no PyPI wheel: :data:`BUILD_COMMAND` builds it from source
-with Bazel in a container (README, "DeepMind Lab"). Before any run folder exists,
+with Bazel in a container (docker/README.md, `Dockerfile.dmlab`). Before any run folder exists,
 :meth:`DMLabFamily.check_installed` says in one line what is wrong: no engine,
 an engine this Python cannot load (built for another Python), a level the
 engine does not have, a map or dataset folder missing (:func:`check_level`).
@@ -89,7 +89,7 @@ OBSERVATION = "RGB_INTERLEAVED"
 TEST_MIXER_SEED = 1611489005
 MAX_SEED = 2**31 - 1
 
-# (human, random) episode returns (REFERENCE.md section 5)
+# (human, random) episode returns (PAPERS.md §5)
 HUMAN_RANDOM: dict[str, tuple[float, float]] = {
     "rooms_watermaze": (54.0, 4.065),
     "rooms_select_nonmatching_object": (65.9, 0.312),
@@ -105,7 +105,7 @@ def human_normalised_score(level: str, score: float) -> float:
     return (float(score) - rand) / (human - rand)
 
 
-# How to get the engine: the container recipe that builds it from source (README, "DeepMind Lab").
+# How to get the engine: the container recipe that builds it from source (docker/README.md, Dockerfile.dmlab).
 BUILD_COMMAND = "docker build -f docker/Dockerfile.dmlab -t fwrl-dmlab ."
 
 
@@ -123,7 +123,7 @@ def _import_lab():
             raise FwrlError(
                 "DeepMind Lab envs need the Python module 'deepmind_lab' (no PyPI wheel), which is "
                 f"not installed for this Python ({sys.executable}); build it from source for this Python "
-                f"and install it, or run fwrl in the image that {BUILD_COMMAND} builds (README, DeepMind Lab)."
+                f"and install it, or run fwrl in the image that {BUILD_COMMAND} builds (docker/README.md, Dockerfile.dmlab)."
             ) from None
         raise FwrlError(
             f"the DeepMind Lab engine installed here does not load in this Python "

@@ -2,7 +2,7 @@
 
 Cobbe et al. 2020, as run in the SRWM paper (Irie et al. 2022, Sec. 4.3) and
 the RTRL paper (chaser): 64x64x3 uint8 frames -> ``(3, 64, 64)``, 15 actions,
-no frame skip or stack (REFERENCE.md section 5). Options (all forwarded to
+no frame skip or stack (PAPERS.md §5). Options (all forwarded to
 ``procgen.ProcgenGym3Env``)::
 
     distribution=easy|hard|extreme|memory|exploration   (default easy)
@@ -38,7 +38,7 @@ the observation, the new episode's first frame, which the following
 first ``reset``; its ``rand_seed`` is the seed given to ``make`` (or to
 ``reset(seed=...)``, which creates a fresh one).
 
-Normalised scores (Cobbe et al. 2020; REFERENCE.md): :data:`NORMALISATION`
+Normalised scores (Cobbe et al. 2020; PAPERS.md §5): :data:`NORMALISATION`
 and :func:`normalised_score`; memory-mode runs use the hard constants (as the
 SRWM paper does).
 """
@@ -75,7 +75,7 @@ OBS_SHAPE = (3, 64, 64)
 MAX_SEED = 2**31 - 1
 VECTOR_LIBRARIES = ("envpool",)
 
-# (R_min, R_max) per game and distribution (Cobbe et al. 2020, REFERENCE.md section 5)
+# (R_min, R_max) per game and distribution (Cobbe et al. 2020, PAPERS.md §5)
 NORMALISATION: dict[str, dict[str, tuple[float, float]]] = {
     "bigfish": {"easy": (1.0, 40.0), "hard": (0.0, 40.0)},
     "bossfight": {"easy": (0.5, 13.0), "hard": (0.5, 13.0)},

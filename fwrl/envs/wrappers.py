@@ -1,6 +1,6 @@
 """Shared gymnasium wrappers for fwrl's env families (no torch here).
 
-Atari chain (torchbeast / IMPALA protocol, REFERENCE.md section 5), applied
+Atari chain (torchbeast / IMPALA protocol, PAPERS.md §5), applied
 by :mod:`fwrl.envs.atari` in this order on an ``ALE/<Game>-v5`` env made with
 ``frameskip=1``::
 

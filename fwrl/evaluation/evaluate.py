@@ -1,7 +1,7 @@
 """``fwrl evaluate``: play test episodes with a trained agent, in parallel, reproducibly.
 
 The pieces, beside this module: ``protocols`` (episodes, repeats and splits per
-env family, REFERENCE.md section 5), ``episodes`` (a pool of test-mode workers,
+env family, PAPERS.md §5), ``episodes`` (a pool of test-mode workers,
 lock step, fixed episodes per slot), ``results`` (aggregates, tables, files)
 and ``scores`` (normalisation, published figures). This module runs whole
 evaluations: :func:`evaluate` for ``fwrl evaluate``, :class:`PeriodicEvaluator`

@@ -1,4 +1,4 @@
-"""Evaluation protocols (REFERENCE.md section 5): episodes, repeats and splits per env family.
+"""Evaluation protocols (PAPERS.md §5): episodes, repeats and splits per env family.
 
 - Atari: 30 episodes x 5 repeats of full games (``mode="test"``: no episodic
   life; ALE's 108 000-frame cap), greedy;

@@ -140,7 +140,7 @@ def markdown_table(result: Mapping[str, Any]) -> str:
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     lines += ["", "sd: across repeats where there are several, else across episodes. "
               f"Normalisation: {result['normalisation'] or 'none for this family'}. "
-              "Published figures come from the papers' full-length runs (REFERENCE.md section 6)."]
+              "Published figures come from the papers' full-length runs (PAPERS.md §6)."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Score normalisation and published figures to compare evaluations with.
 
-Normalisation (REFERENCE.md section 5):
+Normalisation (PAPERS.md §5):
 
 - Atari: human-normalised ``(R - R_random) / (R_human - R_random)`` with the
   random / human scores of the DQN-zoo table (:data:`ATARI_RANDOM_HUMAN`);
@@ -10,7 +10,7 @@ Normalisation (REFERENCE.md section 5):
 - DeepMind Lab: human-normalised with the human / random scores of
   :data:`DMLAB_RANDOM_HUMAN`.
 
-Published figures (REFERENCE.md section 6) are data, :data:`PUBLISHED`: the
+Published figures (PAPERS.md §6) are data, :data:`PUBLISHED`: the
 evaluation table shows the matching ones beside fwrl's own numbers. They
 come from runs far longer than a scaled-down reproduction, so they are a
 reference point, not a pass mark.
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from fwrl.errors import unknown_choice
 
-# game -> (random, human); DQN-zoo table (REFERENCE.md section 5)
+# game -> (random, human); DQN-zoo table (PAPERS.md §5)
 ATARI_RANDOM_HUMAN: dict[str, tuple[float, float]] = {
     "Alien": (227.8, 7127.7),
     "Amidar": (5.8, 1719.5),
@@ -49,7 +49,7 @@ ATARI_RANDOM_HUMAN: dict[str, tuple[float, float]] = {
     "Zaxxon": (32.5, 9173.3),
 }
 
-# level -> (random, human) (REFERENCE.md section 5, which lists human / random)
+# level -> (random, human) (PAPERS.md §5, which lists human / random)
 DMLAB_RANDOM_HUMAN: dict[str, tuple[float, float]] = {
     "rooms_watermaze": (4.065, 54.0),
     "rooms_select_nonmatching_object": (0.312, 65.9),

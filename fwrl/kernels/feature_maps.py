@@ -10,7 +10,7 @@
 
 And f of paper 000 Eq. 12 (``recurrent_softmax``), the softmax with 1e-6 added to its
 denominator that maps the previous output to the recurrent query of the Delta RNN and the
-Delta LSTM (REFERENCE §2).
+Delta LSTM (PAPERS.md §2).
 """
 
 from __future__ import annotations

@@ -499,7 +499,7 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="play test episodes; JSON + table of scores",
                        description="Evaluate a run (its checkpoint.pt) or a checkpoint file with the "
-                                   "protocol of its env family (REFERENCE.md section 5).")
+                                   "protocol of its env family (PAPERS.md §5).")
     p.add_argument("source", help="run folder or checkpoint file")
     add_setting_flags(p, EvaluateConfig)
     p.set_defaults(run=run_evaluate)

@@ -3,7 +3,7 @@
 A core maps a sequence of feature vectors to a sequence of outputs while
 carrying a recurrent state (LSTM cells, fast weight matrices, RTRL
 sensitivities...). The same ``forward`` serves inference (T = 1) and learning
-(T = unroll + 1), see ``shared/ARCHITECTURE.md``:
+(T = unroll + 1), see ``ARCHITECTURE.md``:
 
     x [T, B, D_in], state {name: [B, ...]}, done [T, B] bool
         -> y [T, B, output_size], final state

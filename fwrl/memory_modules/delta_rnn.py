@@ -8,7 +8,7 @@ W_t is written as in the Delta Net (paper 001 Eq. 20-24) with (q, k, v, beta);
 the recurrent fast matrix R_t [d, d] by its own delta rule with (k_r, v_r,
 beta_r). f = softmax (denominator + 1e-6). Per head the slow net emits
 ``[q | k | v | beta | k_r | v_r | beta_r]`` (5d + 2). phi = softmax by
-default (REFERENCE §2). The recurrence runs in
+default (PAPERS.md §2). The recurrence runs in
 :func:`fwrl.kernels.delta_rnn.delta_rnn`. Atari agent: 1.6 M parameters.
 """
 

@@ -1,7 +1,7 @@
 """eLSTM core: LSTM with element-wise recurrence, trained by BPTT or exact RTRL.
 
 Paper 004 (Exploring the Promise and Limits of Real-Time Recurrent Learning),
-Eq. 5-7, REFERENCE §2-3:
+Eq. 5-7, PAPERS.md §2-3:
 
     z = tanh(W_z x + w_z * c_{t-1} + b_z),  f = sigmoid(W_f x + w_f * c_{t-1} + b_f)   (Eq. 5)
     c_t = f * c_{t-1} + (1 - f) * z                                                     (Eq. 6)
@@ -24,7 +24,7 @@ One layer only: with a second recurrent layer RTRL loses its tractability
 (Paper 004, Sec. 5).
 
 Initialisation: W_z, W_f, w_z, w_f, b_z, b_f ~ N(0, 0.1^2) (std 0.1,
-REFERENCE §2); the output gate has PyTorch's Linear default. Option
+PAPERS.md §2); the output gate has PyTorch's Linear default. Option
 ``forget_bias`` (default 0) shifts the mean of b_f: with the default init
 f ~ 0.5, so dc_t/dc_{t-k} ~ 0.5^k and a cue 40 steps back gets no usable
 gradient by any method; a positive forget-gate bias (Gers et al. 2000) keeps

@@ -1,4 +1,4 @@
-"""The feedforward baseline: no memory at all (REFERENCE §1).
+"""The feedforward baseline: no memory at all (PAPERS.md §1).
 
 It is the LSTM agent with the LSTM layer removed: the heads read the core
 input (the 256-d stem features and the clipped reward) directly.

@@ -1,4 +1,4 @@
-"""The Transformer-style block shared by the fast-weight cores (REFERENCE §2).
+"""The Transformer-style block shared by the fast-weight cores (PAPERS.md §2).
 
     x = input_proj(core_input)                      Linear(D_in -> hidden, bias)
     for each of L layers:
@@ -96,7 +96,7 @@ class FWPConfig(CoreConfig):
     grad_mode: Literal[GRAD_MODES] = Field("full", description="full: BPTT through carried fast weights; "
                                            "step: gradient cut at every step")
     # LayerNorm before the fast-weight layer; the SRWM cores feed the raw
-    # residual stream instead (REFERENCE §2).
+    # residual stream instead (PAPERS.md §2).
     pre_norm: bool = Field(True, description="LayerNorm before the fast-weight layer")
     output_scale: float | None = Field(None, gt=0, description="the policy and value heads read the residual "
                                        "stream times this (1: the papers' code); default: 0.1 behind the minatar "

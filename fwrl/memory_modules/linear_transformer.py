@@ -9,7 +9,7 @@ after the write (Eq. 17 and 19):
     y_t = W_t phi(q_t)
 
 with the denominator of Eq. 18-19 replaced by sum normalisation of phi
-(Eq. 29), as the RL runs did (REFERENCE §2). phi: ``elu1_sumnorm`` (ELU + 1,
+(Eq. 29), as the RL runs did (PAPERS.md §2). phi: ``elu1_sumnorm`` (ELU + 1,
 Eq. 30, then Eq. 29; default), ``softmax`` or ``dpfp-1/2/3`` (Eq. 37).
 
 The layer sits in the shared Transformer-style block

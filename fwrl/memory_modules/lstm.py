@@ -1,4 +1,4 @@
-"""The classic IMPALA memory: one ``nn.LSTM(257, 256)`` layer (REFERENCE §1-2).
+"""The classic IMPALA memory: one ``nn.LSTM(257, 256)`` layer (PAPERS.md §1-2).
 
 The whole sequence runs through ``nn.LSTM`` in as few calls as the resets
 allow (``base.run_in_segments``: cut only at steps where some row starts a new

@@ -14,7 +14,7 @@ then the delta rule of the Delta Net (paper 001 Eq. 20-25), h_t = W_t q_t.
 the whole sequence); ``R_q, R_k, R_v`` [H, d, d] and ``r_b`` [H, d] are per head
 and enter the recurrence (:func:`fwrl.kernels.rdn.rdn`).
 
-Initialisation (REFERENCE §2): R_q, R_k, R_v, r_b ~ N(0, 1/sqrt(d)), read as
+Initialisation (PAPERS.md §2): R_q, R_k, R_v, r_b ~ N(0, 1/sqrt(d)), read as
 mean 0 and *standard deviation* 1/sqrt(d) (variance 1/d): with s in (-1, 1)^d
 this keeps R s of order one, like PyTorch's own fan-in scaling.
 Everything else uses PyTorch defaults.
@@ -43,7 +43,7 @@ from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
 from fwrl.utils.settings import redefault
 
 class RDNConfig(FWPConfig):
-    """FWPConfig with softmax features by default (REFERENCE §2)."""
+    """FWPConfig with softmax features by default (PAPERS.md §2)."""
 
     feature_map: Literal[FEATURE_MAP_CHOICES] = redefault(FWPConfig, "feature_map", "softmax")
 

@@ -8,11 +8,11 @@ slices, App. A "Use of multiple heads"; there is no projection inside it).
 
 No LayerNorm before these layers (``pre_norm=False``): Eq. 5 reads phi(x_t)
 of the layer input directly, and in RL phi is a per-head softmax of the
-residual stream (App. B, "Sequence processing components"; REFERENCE §2).
+residual stream (App. B, "Sequence processing components"; PAPERS.md §2).
 The softmax already puts each head's input on the simplex, which is the
 normalisation the self-modification needs (Eq. 6-8 use softmax-normalised
 q, k); a LayerNorm would only change the temperature of that softmax. The
-feed-forward sub-layer keeps its LayerNorm (REFERENCE §2 block).
+feed-forward sub-layer keeps its LayerNorm (PAPERS.md §2 block).
 
 Stability: Eq. 8 does not bound the weights in general. A row m of W moves
 to m + beta (m.q - m.k) k; when q is more peaked than k on the same entry,
@@ -31,7 +31,7 @@ diverge. States are reset at episode ends (``done``).
   Delta Net fast matrix (Eq. 2-4: softmax q, k, sigmoid beta, read after the
   update). State: the SRWM offsets and the fast matrix W.
 
-Initialisation: W_y, W_q, W_k, w_b ~ N(0, std 1/sqrt(d)) (REFERENCE §2).
+Initialisation: W_y, W_q, W_k, w_b ~ N(0, std 1/sqrt(d)) (PAPERS.md §2).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class SRWMConfig(FWPConfig):
     num_heads: int = redefault(FWPConfig, "num_heads", 8)
     head_dim: int = redefault(FWPConfig, "head_dim", 16)
     # phi for the generated query/key (Eq. 6-8) and for the Delta Net's q, k
-    # in sr_delta_net: a softmax, as in the authors' RL runs (REFERENCE §2).
+    # in sr_delta_net: a softmax, as in the authors' RL runs (PAPERS.md §2).
     feature_map: Literal["softmax"] = redefault(FWPConfig, "feature_map", "softmax")
     pre_norm: bool = redefault(FWPConfig, "pre_norm", False)
     # phi applied to the layer input in Eq. 5: softmax in RL, identity in the

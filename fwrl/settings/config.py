@@ -64,7 +64,7 @@ def check_device(name: str) -> str:
 
 
 class TrainConfig(Settings):
-    """Every setting of a training run (REFERENCE §4 defaults). One field per line."""
+    """Every setting of a training run (PAPERS.md §4 defaults). One field per line."""
 
     env: str = Field("atari:Pong", min_length=1, description="env spec, e.g. atari:Pong or memory:cue_delay?delay=10")
     core: str = Field("lstm", min_length=1, description="memory core, one of those fwrl info --cores lists")

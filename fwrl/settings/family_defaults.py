@@ -1,6 +1,6 @@
 """Defaults per env family: the settings the learning suite found, where nothing else sets them.
 
-``TrainConfig``'s defaults are the papers' Atari settings (REFERENCE §4). On
+``TrainConfig``'s defaults are the papers' Atari settings (PAPERS.md §4). On
 MinAtar the learning suite (``benchmarks/learning/README.md``: tuning runs on
 Breakout at 1 M agent steps, then the CPU grid) found other settings, the same
 for every core: small batches at a higher rate (B 8, lr 1.2e-3; the LSTM's

@@ -38,7 +38,7 @@ NAMES = ("y", "W_T", "c_T", "y_T", "dq", "dk", "dv", "dbeta", "dW0", "dc0", "dy0
 
 
 def _inputs(T, B, H, d, *, seed=0, W_scale=0.5):
-    """q, k, v, beta, W0, c0, y0 (six matrices per head, REFERENCE order)."""
+    """q, k, v, beta, W0, c0, y0 (six matrices per head, in naive.MATRICES' order)."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape, scale=1.0):

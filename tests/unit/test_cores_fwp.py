@@ -4,7 +4,7 @@ Checks, for every core: sequence call == step-by-step calls (values and
 gradients) with resets inside the sequence; each update rule against a naive
 implementation written here from the papers' equations; float64 gradcheck;
 the RDN / Delta RNN identities with the Delta Net; long-run stability; the
-``step`` gradient truncation; the Atari parameter counts of REFERENCE §2.
+``step`` gradient truncation; the Atari parameter counts of PAPERS.md §2.
 """
 
 from __future__ import annotations
@@ -479,7 +479,7 @@ def test_lstm_input_norm_reads_the_input_through_a_layer_norm():
 
 
 def test_rdn_recurrent_init_std():
-    """R_q, R_k, R_v, r_b ~ N(0, std = 1/sqrt(d)) (REFERENCE §2)."""
+    """R_q, R_k, R_v, r_b ~ N(0, std = 1/sqrt(d)) (PAPERS.md §2)."""
     torch.manual_seed(0)
     core = build_core("rdn", 257, {})
     layer = core.blocks[0].fwp
@@ -499,7 +499,7 @@ def test_forcing_triton_on_reference_only_recurrence_is_an_error(monkeypatch):
 
 
 def impala_stem_params(in_channels: int = 4, flat: int = 3872) -> int:
-    """IMPALA 'large' stem (REFERENCE §1): per stage a conv and two residual blocks."""
+    """IMPALA 'large' stem (PAPERS.md §1): per stage a conv and two residual blocks."""
     total, c_in = 0, in_channels
     for c in (16, 32, 32):
         total += c_in * c * 9 + c  # stage conv
@@ -525,7 +525,7 @@ def test_atari_agent_parameter_count(name, options, published):
     agent = AgentNet((4, 84, 84), 18, core=name, core_options=options, stem="impala")
     total = count_parameters(agent)
     # The paper gives one decimal in millions: the count must round to it. The
-    # RDN (1.546 M, the architecture of REFERENCE §2 with per-head R matrices)
+    # RDN (1.546 M, the architecture of PAPERS.md §2 with per-head R matrices)
     # is 3.1 % above its rounded 1.5 M; all others are within 3 %.
     assert round(total / 1e6, 1) == published
     tolerance = 0.035 if (name, options) == ("rdn", {}) else 0.03

@@ -1,4 +1,4 @@
-"""Self-referential cores srwm, fake_sr, sr_delta_net (paper 002, REFERENCE §2)."""
+"""Self-referential cores srwm, fake_sr, sr_delta_net (paper 002, PAPERS.md §2)."""
 
 from __future__ import annotations
 
@@ -354,7 +354,7 @@ def test_reference_kernel_rejects_unknown_modes():
 
 
 def _impala_stem_params() -> int:
-    """IMPALA stem on 3x64x64 (REFERENCE §1), by formula."""
+    """IMPALA stem on 3x64x64 (PAPERS.md §1), by formula."""
     total, c_in = 0, 3
     for c in (16, 32, 32):
         total += c_in * c * 9 + c  # entry conv

@@ -1,4 +1,4 @@
-"""eLSTM core (Paper 004, Eq. 5-7) and its exact RTRL gradients (Eq. 8-12, REFERENCE §3).
+"""eLSTM core (Paper 004, Eq. 5-7) and its exact RTRL gradients (Eq. 8-12, PAPERS.md §3).
 
 Everything in float64 at tiny shapes. The derived sensitivity recursions are
 proved against autograd BPTT; the learner's autograd Function is proved

@@ -1,4 +1,4 @@
-"""Atari family: torchbeast / IMPALA protocol facts (REFERENCE.md section 5)."""
+"""Atari family: torchbeast / IMPALA protocol facts (PAPERS.md §5)."""
 
 from __future__ import annotations
 

@@ -318,7 +318,7 @@ def test_level_cache_option_reaches_lab(fake_lab, tmp_path):
 needs_engine = pytest.mark.skipif(
     importlib.util.find_spec("deepmind_lab") is None,
     reason=f"deepmind_lab is not installed for this Python; build it from source, e.g. in the image of "
-           f"{dmlab.BUILD_COMMAND} (README, DeepMind Lab)",
+           f"{dmlab.BUILD_COMMAND} (docker/README.md, Dockerfile.dmlab)",
 )
 
 

@@ -70,3 +70,27 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_virtualenv():
                            text=True, check=True).stdout
     block = README.split("**Run the tests on a fresh machine**", 1)[1].split("```bash\n", 1)[1].split("\n```")[0]
     assert found == block.strip() and found.endswith("python -m pytest")
+
+
+def test_docs_cite_the_papers_and_files_a_user_has():
+    """Docstrings, messages, tests and docs cite the papers and PAPERS.md, never the developers' notes
+    outside the repository (shared/REFERENCE.md, shared/ARCHITECTURE.md), which a user does not have;
+    every ``docker/README.md`` or ``PAPERS.md §N`` they name exists."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    outside = re.compile(r"REFERENCE §|REFERENCE\.md|shared/REFERENCE|\.\./shared/|shared/ARCHITECTURE")
+    found, sections = [], set()
+    for name in tracked:
+        if not name.endswith((".py", ".md", ".yaml", ".sh")) and "Dockerfile" not in name:
+            continue
+        if name.startswith("benchmarks/results/") or name == "tests/unit/test_readme.py":
+            continue  # results record what was true when they were measured
+        text = (ROOT / name).read_text(errors="replace")
+        found += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
+        sections |= set(re.findall(r"PAPERS\.md §(\d)", text))
+    assert not found, "citations of files outside the repository:\n" + "\n".join(found)
+    papers = (ROOT / "PAPERS.md").read_text()
+    assert sections and all(f"## §{n} " in papers for n in sections), sorted(sections)

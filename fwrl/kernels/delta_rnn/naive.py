@@ -12,7 +12,7 @@ with keys, values and learning rates from the slow net:
     y_t = W_t phi(q_t) + R_t f(y_{t-1})
 
 s is the softmax and f the softmax with 1e-6 added to its denominator
-(``fwrl.kernels.feature_maps.recurrent_softmax``, REFERENCE §2), so the
+(``fwrl.kernels.feature_maps.recurrent_softmax``, PAPERS.md §2), so the
 recurrent query and keys are positive and sum to (about) one, as the delta rule
 needs. With y_0 = 0 the first recurrent query is
 uniform. phi (the feature map of q and k) is softmax in the authors' runs.

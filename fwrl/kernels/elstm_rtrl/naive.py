@@ -6,7 +6,7 @@ Per step, element-wise over the hidden units i (x_t has entries x_j):
     g_t = W_f x_t + w_f * c_{t-1} + b_f ,   f_t = sigmoid(g_t)             (Eq. 5)
     c_t = f_t * c_{t-1} + (1 - f_t) * z_t                                  (Eq. 6)
 
-Local derivatives (REFERENCE §3):
+Local derivatives (PAPERS.md §3):
 
     a_t = dc_t/du_t     = (1 - f_t)(1 - z_t^2)
     b_t = dc_t/dg_t     = (c_{t-1} - z_t) f_t (1 - f_t)         (Eq. 8/11, "f hat")
@@ -61,7 +61,7 @@ Two implementations of the same maths:
   a, b, d, c_{t-1} ([T, B, H] each) alive between forward and backward.
   Never O(T*B*H*D).
   The input x gets only the one-step Jacobian ``dc_t/dx_t = a_t W_z + b_t W_f``
-  (row-wise), so a vision stem below the eLSTM trains (REFERENCE §3).
+  (row-wise), so a vision stem below the eLSTM trains (PAPERS.md §3).
 """
 
 from __future__ import annotations

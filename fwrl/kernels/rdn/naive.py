@@ -13,7 +13,7 @@ reads the previous output of the fast net through recurrent slow weights::
 
 ``h_t`` is stored raw (tanh is applied when it is read at the next step); the
 output of the layer at step t is ``h_t``. phi is softmax in the authors' RL
-runs (REFERENCE §2).
+runs (PAPERS.md §2).
 
 The feed-forward part ``x_q, x_k, x_v, x_b`` (= W_q x, W_k x, W_v x, W_beta x)
 does not depend on the state, so the caller computes it for the whole

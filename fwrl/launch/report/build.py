@@ -269,7 +269,7 @@ def document(report: Report, figures: dict[str, Path]) -> list[doc.Block]:
     published = _published_rows(report)
     if published:
         blocks += [doc.Heading(2, "Published figures"),
-                   doc.Paragraph("The papers' numbers come from their full-length runs (REFERENCE.md section 6), "
+                   doc.Paragraph("The papers' numbers come from their full-length runs (PAPERS.md §6), "
                                  "a reference point rather than a pass mark for shorter runs."),
                    doc.Table(["game", "group", "fwrl", "published", "source"], published)]
     if report.notes:
