@@ -256,3 +256,15 @@ def test_one_seed_gets_a_ci_over_its_evaluation_episodes(tmp_path):
     assert abs(low - direct.low) < 0.25 and abs(high - direct.high) < 0.25
     assert rows["rdn"]["ci_over"] == "seeds" and rows["rdn"]["ci"] == [None, None]  # NaN as JSON null
     assert "(n=1, 10 episodes)" in stdout
+
+
+def test_a_report_of_runs_without_any_score_is_refused_and_writes_nothing(tmp_path, capsys):
+    from fwrl.launch.cli import main
+    from fwrl.settings.config import TrainConfig, save_config
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    save_config(TrainConfig(env="memory:cue_delay", core="lstm"), run / "config.yaml")
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
+    assert "none of the 1 run(s) has a score yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -24,6 +24,7 @@ import numpy as np
 from fwrl.envs.spec import parse_env_spec
 from fwrl.evaluation import scores
 from fwrl.launch.report import document as doc
+from fwrl.errors import FwrlError
 from fwrl.launch.report.baselines import KIND_TEXT, GameRef, RandomPolicyCache, game_refs
 from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, Group, Run, find_runs, group_runs, load_run,
                                         stale_note)
@@ -89,9 +90,17 @@ def run_report(args: argparse.Namespace) -> int:
         check_writable(out / name, "report file", "Pass --out FOLDER to write it elsewhere.")
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     say(f"fwrl report: {len(found)} runs from {', '.join(map(str, paths))}")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    report = build_report(found, out, opts, say)
-    files = write_report(report, out)
+    try:
+        report = build_report(found, out, opts, say)
+        files = write_report(report, out)
+    except BaseException:  # nothing to report, a full disk, Ctrl-C: no empty or half-made report folder
+        if created:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     print(doc.to_markdown(per_game_blocks(report)), end="")
     say("wrote " + ", ".join(str(f) for f in files))
     return 0
@@ -108,6 +117,10 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
     for note in filter(None, map(stale_note, runs)):
         say(f"fwrl report: {note}")
         notes.append(note)
+    if not any(run.scores for run in runs):  # nothing to report: say so, write nothing
+        raise FwrlError(f"none of the {len(runs)} run(s) has a score yet (no evaluation.json and no training "
+                        f"episodes in metrics.csv: {', '.join(str(r.path) for r in runs[:3])}"
+                        f"{', ...' if len(runs) > 3 else ''}); train them first, then report.")
     runs = [run for run in runs if run.scores]
     groups = group_runs(runs)
     label_of = {id(run): g.label for g in groups for run in g.runs}
