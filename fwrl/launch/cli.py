@@ -525,6 +525,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
     device = pick_device(opts.device)
     model, payload, path = load_agent(source, device)
     config = payload["config"]
+    folder_config = path.parent / "config.yaml"
+    if not opts.env and folder_config.is_file():  # the run's own record against its checkpoint's
+        from fwrl.utils.yaml_files import read_yaml
+
+        recorded = read_yaml(folder_config, "run config")
+        if isinstance(recorded, dict) and recorded.get("env") not in (None, config.get("env")):
+            raise FwrlError(f"{path} is an agent of env {config.get('env')!r}, but its run folder's config.yaml says "
+                            f"{recorded.get('env')!r}: the checkpoint was copied from another run. Evaluate it from "
+                            "its own run folder, or pass --env and --out explicitly.")
     env = opts.env or config["env"]
     wrappers = tuple(config.get("env_wrappers", ()))
     check_workers_runnable(env, opts.backend, wrappers)  # the run's env: its library, Ray, its wrappers

@@ -340,3 +340,18 @@ def test_cli_evaluate_writes_elsewhere_with_out(tmp_path):
     assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["runs"][0]["episodes"] == 2 and out.with_suffix(".md").is_file()
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]
+
+
+def test_cli_evaluate_refuses_a_checkpoint_its_run_folder_does_not_describe(tmp_path, capsys):
+    """A run folder whose config.yaml names another env than its checkpoint's agent (a checkpoint copied
+    in from another run) is refused in one line, before any episode or file."""
+    from fwrl.settings.config import TrainConfig, save_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_checkpoint(run / "checkpoint.pt", first_action_model(), "lstm", tiny_options("lstm"))
+    save_config(TrainConfig(env="minatar:breakout", core="lstm"), run / "config.yaml")
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "its run folder's config.yaml says 'minatar:breakout'" in err and "copied from another run" in err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
