@@ -156,7 +156,9 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, Any], sourc
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__  # the first mismatch
         raise FwrlError(
-            f"the weights in {source} do not fit this model ({str(exc).splitlines()[0]}); "
+            f"the weights in {source} do not fit this model ({detail[:300]}); "
             "was it trained with another env, core, stem or core options?"
         ) from None

@@ -9,6 +9,8 @@ without passing on torch's own advice to load it unsafely.
 
 from __future__ import annotations
 
+import errno
+import os
 import zipfile
 from pathlib import Path
 
@@ -17,12 +19,26 @@ from fwrl.errors import FwrlError
 ZIP_MAGIC = b"PK\x03\x04"
 
 
+def missing(path: Path) -> str:
+    """Why ``path`` cannot be opened although it was named: it does not exist, or it is a symbolic link
+    that leads nowhere (a loop, or a target that is gone)."""
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python 3.11: a loop
+            return "is a symbolic link in a loop"
+        except OSError as exc:
+            return "is a symbolic link in a loop" if exc.errno == errno.ELOOP else \
+                f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "does not exist"
+
+
 def checkpoint_of(source: Path) -> Path:
     """The checkpoint of a run folder (its ``checkpoint.pt``) or a checkpoint file; a FwrlError
     where there is none."""
     source = Path(source)
     if not source.exists():
-        raise FwrlError(f"{source} does not exist; pass a run folder of fwrl train or a checkpoint file.")
+        raise FwrlError(f"{source} {missing(source)}; pass a run folder of fwrl train or a checkpoint file.")
     if source.is_dir():
         path = source / "checkpoint.pt"
         if not path.is_file():
@@ -37,7 +53,7 @@ def check_checkpoint_file(path: Path) -> None:
     when it is text), or a zip archive cut short."""
     path = Path(path)
     if not path.is_file():
-        raise FwrlError(f"checkpoint {path} does not exist.")
+        raise FwrlError(f"checkpoint {path} {missing(path)}.")
     with path.open("rb") as f:
         head = f.read(512)
     if not head:
@@ -57,10 +73,10 @@ def load_error(path: Path, exc: BaseException) -> FwrlError:
     """What ``torch.load(path, weights_only=True)`` refused, in fwrl's words (never torch's advice to
     load with ``weights_only=False``)."""
     name = type(exc).__name__
-    if "Unsupported global" in str(exc):
-        return FwrlError(f"{path} holds Python objects beyond tensors, numbers and strings, so it is not an fwrl "
-                         "checkpoint; fwrl loads checkpoints only with torch.load(weights_only=True), which runs no "
-                         "code from the file.")
+    if "Unsupported global" in str(exc) or "Weights only load failed" in str(exc):
+        return FwrlError(f"{path} holds Python objects or pickle instructions beyond tensors, numbers and "
+                         "strings, so it is not an fwrl checkpoint: refused unread (fwrl loads checkpoints only with "
+                         "torch.load(weights_only=True), which runs no code from the file).")
     return FwrlError(f"{path} is not a readable fwrl checkpoint ({name}): it may be damaged or truncated; use "
                      "another checkpoint of the run (checkpoint-<steps>.pt), or train it again.")
 

@@ -36,6 +36,9 @@ def read_yaml(path: Path, what: str) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise FwrlError(f"cannot read {what} {path}: {yaml_problem(exc)}.") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise FwrlError(f"cannot read {what} {path}: it is not a text file (its bytes are not UTF-8); pass a "
+                        "YAML file.") from None
+    except OSError as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
         raise FwrlError(f"cannot read {what} {path}: {reason}.") from None
