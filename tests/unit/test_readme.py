@@ -75,22 +75,35 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_virtualenv():
 def test_docs_cite_the_papers_and_files_a_user_has():
     """Docstrings, messages, tests and docs cite the papers and PAPERS.md, never the developers' notes
     outside the repository (shared/REFERENCE.md, shared/ARCHITECTURE.md), which a user does not have;
-    every ``docker/README.md`` or ``PAPERS.md §N`` they name exists."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    checked in every tracked text file under fwrl/, tests/, benchmarks/ (results included) and docker/
+    and in README.md, ARCHITECTURE.md and PAPERS.md. Every ``PAPERS.md §N`` they name exists, every
+    ``.md`` file fwrl's messages and docstrings name exists, and README's ``(#anchor)`` links are its
+    headings."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
     if not tracked:
         import pytest
 
         pytest.skip("not a git checkout")
     outside = re.compile(r"REFERENCE §|REFERENCE\.md|shared/REFERENCE|\.\./shared/|shared/ARCHITECTURE")
-    found, sections = [], set()
+    found, sections, named = [], set(), set()
     for name in tracked:
-        if not name.endswith((".py", ".md", ".yaml", ".sh")) and "Dockerfile" not in name:
+        if not (name.startswith(("fwrl/", "tests/", "benchmarks/", "docker/"))
+                or name in ("README.md", "ARCHITECTURE.md", "PAPERS.md")) or name == "tests/unit/test_readme.py":
             continue
-        if name.startswith("benchmarks/results/") or name == "tests/unit/test_readme.py":
-            continue  # results record what was true when they were measured
-        text = (ROOT / name).read_text(errors="replace")
+        data = (ROOT / name).read_bytes() if (ROOT / name).is_file() else b""
+        if b"\0" in data[:8192]:
+            continue  # images and other binaries
+        text = data.decode(errors="replace")
         found += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
         sections |= set(re.findall(r"PAPERS\.md §(\d)", text))
+        if name.startswith("fwrl/"):
+            named |= {path for path in re.findall(r"[\w./-]+\.md\b", text)
+                      if "/" in path or path in ("README.md", "ARCHITECTURE.md", "PAPERS.md")}
     assert not found, "citations of files outside the repository:\n" + "\n".join(found)
     papers = (ROOT / "PAPERS.md").read_text()
     assert sections and all(f"## §{n} " in papers for n in sections), sorted(sections)
+    assert not [path for path in named if not (ROOT / path).is_file()], sorted(named)
+    headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                for line in re.sub(r"```.*?```", "", README, flags=re.S).splitlines() if re.match(r"#+ ", line)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", README))
+    assert links and links <= headings, sorted(links - headings)
