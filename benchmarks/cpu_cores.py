@@ -19,6 +19,9 @@ reference that defined the maths and ran on the CPU before it), side by side in 
     python benchmarks/cpu_cores.py --settings minatar quickstart pong --rounds 3 \\
         --out benchmarks/results/cpu_cores.md [--json-path ...] [--cores lstm,delta_net] [--part micro]
 
+A run that fails (a window without updates) is recorded with its error and left out of the medians;
+the tables and the JSON are written after every run, so a long benchmark keeps what it measured.
+
 Settings (``SETTINGS``): ``minatar`` (Breakout, 2 workers x 8 envs, B 8, T 20: the MinAtar family
 defaults), ``quickstart`` (``--preset quickstart``: memory:cue_delay, B 8, T 40), ``pong`` (Atari Pong,
 impala stem, 2 workers x 8 envs, B 8, T 50).
@@ -45,6 +48,9 @@ SETTINGS: dict[str, list[str]] = {
     "pong": ["--env", "atari:Pong", "--stem", "impala", "--num-workers", "2", "--envs-per-worker", "8",
              "--batch-size", "8", "--unroll-length", "50"],
 }
+# (warm-up, measured) seconds per setting where the default window holds too few updates: Pong's impala
+# stem on two cores makes an update of B 8 x T 50 every few seconds, and a slow core's first one later
+WINDOWS = {"pong": (30.0, 30.0)}
 CORES = ("feedforward", "lstm", "gru", "linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm",
          "srwm", "fake_sr", "sr_delta_net", "elstm", "elstm:grad=rtrl")
 BASELINE = "lstm"
@@ -176,8 +182,9 @@ def _throughput(setting: str, spec: str, backend: str, seconds: float, warmup: f
                    "--ceiling-seconds", "0", "--json-path", str(out)]
         done = subprocess.run(command, env={**os.environ, "FWRL_KERNELS": backend}, capture_output=True,
                               text=True)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        if done.returncode != 0 or not out.exists():  # recorded, not fatal: the other runs go on
+            lines = [line for line in done.stderr.splitlines() if line.startswith("fwrl: error")]
+            return {"error": (lines[-1] if lines else done.stderr[-300:]).strip()}
         record = json.loads(out.read_text())
     learner = record["thread_shares"]["learner"]
     acting = record["thread_shares"]["acting"]
@@ -188,25 +195,41 @@ def _throughput(setting: str, spec: str, backend: str, seconds: float, warmup: f
             "acting_forward_share": acting["inference_forward"]}
 
 
-def run_throughput(settings: list[str], cores: list[str], kernels: list[str], rounds: int, seconds: float,
-                   warmup: float) -> list[dict]:
+def run_throughput(settings: list[str], cores: list[str], kernels: list[str], rounds: int, seconds: float | None,
+                   warmup: float | None, save=lambda rows: None) -> list[dict]:
+    """``seconds`` / ``warmup`` None: the setting's own window (:data:`WINDOWS`, else 10 s after 8 s).
+    ``save(rows)`` is called after every run with the rows so far (a long benchmark keeps what it has)."""
     rows = []
     for setting in settings:
+        own_warmup, own_seconds = WINDOWS.get(setting, (8.0, 10.0))
+        window = (own_seconds if seconds is None else seconds, own_warmup if warmup is None else warmup)
         runs: dict[tuple[str, str], list[dict]] = {(s, b): [] for s in cores for b in kernels}
         for round_ in range(rounds):
             for (spec, backend), results in runs.items():
-                results.append(_throughput(setting, spec, backend, seconds, warmup))
-                print(f"throughput {setting} round {round_ + 1} / {rounds}: {spec} ({backend}) "
-                      f"{results[-1]['steps_per_second']:,.0f} agent steps/s", file=sys.stderr, flush=True)
-        baseline = runs.get((BASELINE, kernels[0]))
-        for (spec, backend), results in runs.items():
-            row = {"setting": setting, "core": spec, "kernels": backend, "rounds": results}
-            for key in ("steps_per_second", "learner_ms_per_update", "learner_idle", "acting_forward_share"):
-                row[key] = statistics.median(r[key] for r in results)
-            if baseline:  # the ratio to the LSTM of the same round, then the median of the ratios
-                row["ratio_to_lstm"] = statistics.median(
-                    r["steps_per_second"] / b["steps_per_second"] for r, b in zip(results, baseline))
-            rows.append(row)
+                results.append(_throughput(setting, spec, backend, *window))
+                said = results[-1].get("error") or f"{results[-1]['steps_per_second']:,.0f} agent steps/s"
+                print(f"throughput {setting} round {round_ + 1} / {rounds}: {spec} ({backend}) {said}",
+                      file=sys.stderr, flush=True)
+                save(rows + _rows(setting, runs, kernels, window))
+        rows += _rows(setting, runs, kernels, window)
+    return rows
+
+
+def _rows(setting: str, runs: dict, kernels: list[str], window: tuple[float, float]) -> list[dict]:
+    """Medians over each (core, kernels)'s measured rounds, and the median of its per-round ratios to the
+    LSTM's (rounds where either failed left out)."""
+    rows = []
+    baseline = runs.get((BASELINE, kernels[0]), [])
+    for (spec, backend), results in runs.items():
+        ok = [r for r in results if "error" not in r]
+        row = {"setting": setting, "core": spec, "kernels": backend, "seconds": window[0], "warmup": window[1],
+               "rounds": results, "measured_rounds": len(ok)}
+        for key in ("steps_per_second", "learner_ms_per_update", "learner_idle", "acting_forward_share"):
+            row[key] = statistics.median(r[key] for r in ok) if ok else None
+        pairs = [(r, b) for r, b in zip(results, baseline) if "error" not in r and "error" not in b]
+        if pairs:  # the ratio to the LSTM of the same round, then the median of the ratios
+            row["ratio_to_lstm"] = statistics.median(r["steps_per_second"] / b["steps_per_second"] for r, b in pairs)
+        rows.append(row)
     return rows
 
 
@@ -225,14 +248,21 @@ def markdown(micro: list[dict], throughput: list[dict], args: argparse.Namespace
                   for r in micro]
         lines.append("")
     if throughput:
-        lines += ["## Training throughput (`fwrl bench throughput`, "
-                  f"{args.seconds:g} s after {args.warmup:g} s of warm-up)", "",
+        windows = ", ".join(f"{setting} {seconds:g} s after {warmup:g} s of warm-up" for setting, seconds, warmup
+                            in dict.fromkeys((r["setting"], r["seconds"], r["warmup"]) for r in throughput))
+        lines += [f"## Training throughput (`fwrl bench throughput`: {windows})", "",
                   "| setting | core | kernels | agent steps/s | x lstm | learner ms / update | learner idle | "
                   "acting forward share |", "|---|---|---|---|---|---|---|---|"]
         for r in throughput:
+            if r["steps_per_second"] is None:
+                errors = {x["error"] for x in r["rounds"] if "error" in x}
+                lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | failed: {'; '.join(errors)[:200]} "
+                             "| | | | |")
+                continue
             ratio = f"{r['ratio_to_lstm']:.2f}" if "ratio_to_lstm" in r else ""
-            lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['steps_per_second']:,.0f} | {ratio} | "
-                         f"{r['learner_ms_per_update']:.0f} | {r['learner_idle']:.0%} | "
+            rounds = "" if r["measured_rounds"] == len(r["rounds"]) else f" ({r['measured_rounds']} rounds)"
+            lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['steps_per_second']:,.0f}{rounds} | "
+                         f"{ratio} | {r['learner_ms_per_update']:.0f} | {r['learner_idle']:.0%} | "
                          f"{r['acting_forward_share']:.0%} |")
         lines.append("")
     return "\n".join(lines)
@@ -246,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default="auto", help="comma-separated FWRL_KERNELS values: auto, reference")
     parser.add_argument("--part", choices=("micro", "throughput", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0, help="throughput: measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=8.0, help="throughput: warm-up seconds per run")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="throughput: measured seconds per run (default: 10, pong 30)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="throughput: warm-up seconds per run (default: 8, pong 30)")
     parser.add_argument("--out", type=Path, help="write the markdown tables here")
     parser.add_argument("--json-path", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
@@ -262,18 +294,23 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kernels if k not in ("auto", "reference", "cpu")]
     if bad or args.rounds < 1:
         parser.error(f"bad --kernels {', '.join(bad)} (valid: auto, reference, cpu) or --rounds {args.rounds}")
+    def save(micro: list[dict], throughput: list[dict]) -> str:
+        text = markdown(micro, throughput, args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text + "\n")
+        if args.json_path:
+            args.json_path.parent.mkdir(parents=True, exist_ok=True)
+            args.json_path.write_text(json.dumps({"argv": sys.argv[1:], "micro": micro, "throughput": throughput},
+                                                 indent=1) + "\n")
+        return text
+
     micro = run_micro(args.settings, cores, kernels, args.rounds) if args.part in ("micro", "both") else []
-    throughput = (run_throughput(args.settings, cores, kernels, args.rounds, args.seconds, args.warmup)
+    save(micro, [])
+    throughput = (run_throughput(args.settings, cores, kernels, args.rounds, args.seconds, args.warmup,
+                                 save=lambda rows: save(micro, rows))
                   if args.part in ("throughput", "both") else [])
-    text = markdown(micro, throughput, args)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps({"argv": sys.argv[1:], "micro": micro, "throughput": throughput},
-                                             indent=1) + "\n")
+    print(save(micro, throughput))
     return 0
 
 
