@@ -8,7 +8,11 @@ Normalisation (PAPERS.md §5):
   constants of Cobbe et al. 2020 (:func:`fwrl.envs.procgen.normalised_score`;
   memory mode uses the hard constants, as the SRWM paper does);
 - DeepMind Lab: human-normalised with the human / random scores of
-  :data:`DMLAB_RANDOM_HUMAN`.
+  :data:`DMLAB_RANDOM_HUMAN`;
+- POPGym: the returns as they are: the package's own scaling of each task's
+  rewards is POPGym's normalisation (every episode's return in [-1, 1], the
+  cart-poles' in [0, 1]; :mod:`fwrl.envs.popgym`). A POPGym run's score is
+  MMER, the maximum over training of the mean episode return (:func:`mmer`).
 
 Published figures (PAPERS.md §6) are data, :data:`PUBLISHED`: the
 evaluation table shows the matching ones beside fwrl's own numbers. They
@@ -18,8 +22,9 @@ reference point, not a pass mark.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from fwrl.errors import unknown_choice
 
@@ -90,7 +95,7 @@ def normalise(family: str, task: str, score: float, options: Mapping[str, Any] |
     if family == "dmlab":
         return dmlab_human_normalised(task, score) if task in DMLAB_RANDOM_HUMAN else None
     if family == "popgym":  # the package scales each task's rewards: an episode's return lies in [-1, 1]
-        return float(score)
+        return float(score)  # (its tasks' sources, popgym/envs/*.py; PAPERS.md §5)
     if family == "procgen":
         from fwrl.envs.procgen import NORMALISATION_TABLE_FOR, normalised_score
 
@@ -99,6 +104,53 @@ def normalise(family: str, task: str, score: float, options: Mapping[str, Any] |
             return None
         return normalised_score(task, distribution, score)
     return None
+
+
+# ----------------------------------------------------------------------------- POPGym's metric
+
+MMER_FAMILIES = ("popgym",)  # families whose runs fwrl report scores by MMER
+MMER_WINDOW = 100  # episodes in each mean return a metrics row logs (fwrl.runner.run_metrics.Episodes)
+
+
+@dataclass(frozen=True)
+class Mmer:
+    """A run's MMER in one game: ``value``, the maximum of the logged means of ``rows`` metrics rows;
+    ``full``: each of those means is over a full window of episodes (False: the run logged no row
+    with a full window, and the maximum is over the means it has)."""
+
+    value: float
+    rows: int
+    full: bool
+
+
+def mmer(means: Sequence[float], episodes: Sequence[float | None], *, tasks: int = 1,
+         window: int = MMER_WINDOW) -> Mmer | None:
+    """POPGym's MMER (Morad et al. 2023; PAPERS.md §5), the maximum over training of the mean
+    episode return, from a run's metrics rows (None where no row has a mean yet).
+
+    ``means[i]``: the mean return row i logged (``mean_return``, or ``return/<task>`` of one game of a
+    multi-task run: the mean of the last ``window`` episodes of that game, NaN before its first);
+    ``episodes[i]``: the run's episodes ended by then (all games together), None where unknown.
+
+    POPGym's baselines (RLlib's PPO, ``popgym/baselines/ppo.py``: by default a training iteration of
+    1024 steps x 4 workers x 16 envs) log RLlib's ``episode_reward_mean`` each iteration: the mean
+    return of the episodes that ended during it, topped up with earlier ones to at least 100 (RLlib's
+    ``metrics_num_episodes_for_smoothing``, default 100); MMER is the maximum of those means over
+    training. fwrl's rows log the mean of the last 100 episodes every ``log_interval`` seconds, and
+    MMER is their maximum. Rows logged before the window first filled (fewer than ``window`` x ``tasks``
+    episodes ended, the run's ``tasks`` games sharing them) do not count: a maximum over means of a
+    handful of episodes would reward luck, where each of POPGym's means is over a whole iteration of
+    episodes. A run that never filled the window is scored over the means it has (``full`` False). A
+    resumed run's window starts empty again, and the few rows right after the resume count with the
+    episodes they have.
+    """
+    rows = [(float(m), e) for m, e in zip(means, episodes) if m is not None and math.isfinite(float(m))]
+    if not rows:
+        return None
+    full = [m for m, e in rows if e is not None and math.isfinite(float(e)) and float(e) >= window * tasks]
+    if full:
+        return Mmer(max(full), len(full), True)
+    return Mmer(max(m for m, _ in rows), len(rows), False)
 
 
 # ----------------------------------------------------------------------------- published figures

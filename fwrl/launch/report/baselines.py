@@ -2,7 +2,8 @@
 
 - Atari and DeepMind Lab: human-normalised with the random / human scores of
   :mod:`fwrl.evaluation.scores`; ProcGen: min-max with Cobbe et al.'s constants; POPGym: the
-  returns as they are (its package scales every task's rewards to episode returns in [-1, 1]).
+  returns as they are (its package scales every task's rewards to episode returns in [-1, 1],
+  POPGym's normalisation; the scores are MMER).
 - Families without published constants (MinAtar, memory tasks, gym, ...): the
   mean return of a random-action policy, played here
   (``fwrl.envs.registry.make_env(spec, mode="test")``) and cached in
@@ -31,7 +32,8 @@ KIND_TEXT = {
     "human": "human-normalised, (R - random) / (human - random), published constants",
     "min-max": "min-max normalised with the published constants (Cobbe et al. 2020)",
     "relative": "min-max between the random policy's return and the best group mean of this report",
-    "popgym": "as POPGym scales them (Morad et al. 2023): every task's episode return lies in [-1, 1]",
+    "popgym": ("MMER as POPGym's package scales every task's rewards (Morad et al. 2023): an episode's return "
+               "lies in [-1, 1] (the cart-poles': [0, 1]), so the scores are comparable across tasks as they are"),
 }
 
 
@@ -42,14 +44,14 @@ class GameRef:
     game: str
     family: str
     task: str
-    kind: str  # "human", "min-max" (published constants), "relative" (random -> best here), "" (none)
+    kind: str  # "human", "min-max" (published constants), "popgym" (as they are), "relative" (random -> best here)
     random: float | None = None  # the random policy's mean return (published for atari / dmlab)
     random_source: str = ""  # "published", "random policy, N episodes", or why there is none
     best: float | None = None  # relative: the best group mean of this report
 
     def normalise(self, score: float) -> float | None:
         """``score`` normalised by this game's kind (None where it cannot be)."""
-        if self.kind in ("human", "min-max"):
+        if self.kind in ("human", "min-max", "popgym"):
             spec = parse_env_spec(self.game)
             return scores.normalise(self.family, self.task, score, spec.options)
         if self.kind == "relative" and self.random is not None and self.best is not None and self.best > self.random:

@@ -23,6 +23,7 @@ import numpy as np
 
 from fwrl.envs.spec import parse_env_spec
 from fwrl.evaluation import scores
+from fwrl.evaluation.scores import MMER_WINDOW
 from fwrl.launch.report import document as doc
 from fwrl.errors import FwrlError
 from fwrl.launch.report.baselines import KIND_TEXT, GameRef, RandomPolicyCache, game_refs
@@ -36,6 +37,7 @@ from fwrl.launch.sweep.plan import is_sweep
 from fwrl.utils.files import atomic_write, atomic_write_text, check_writable
 
 TRAINING_MARK = "†"
+SOURCE_TEXT = {"mmer": "MMER (POPGym's metric, over training)"}
 OUTPUTS = ("report.md", "report.json", "random_policy.json", "curves.png", "aggregates.png", "profiles.png")
 
 
@@ -117,6 +119,7 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
     for note in filter(None, map(stale_note, runs)):
         say(f"fwrl report: {note}")
         notes.append(note)
+    notes += [f"{run.path}: {game}: {score.note}." for run in runs for game, score in run.scores.items() if score.note]
     if not any(run.scores for run in runs):  # nothing to report: say so, write nothing
         raise FwrlError(f"none of the {len(runs)} run(s) has a score yet (no evaluation.json and no training "
                         f"episodes in metrics.csv: {', '.join(str(r.path) for r in runs[:3])}"
@@ -198,7 +201,7 @@ def _cell_text(cell: GameGroup | None) -> str:
     if cell is None or not cell.scores:
         return "-"
     n = f"n=1, {len(cell.episode_returns)} episodes" if cell.ci_over_episodes else f"n={len(cell.scores)}"
-    text = describe_interval(cell.mean, cell.low, cell.high) + f" ({n})"
+    text = describe_interval(cell.mean, cell.low, cell.high) + f" ({n}{', MMER' if 'mmer' in cell.sources else ''})"
     return (text + (TRAINING_MARK if "training" in cell.sources else "")
             + (STALE_MARK if "stale evaluation" in cell.sources else ""))
 
@@ -215,6 +218,7 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
     rows = [[game, _random_text(report.refs[game]), *[_cell_text(report.cells[game].get(label)) for label in labels]]
             for game in report.games]
     stale = any("stale evaluation" in c.sources for per in report.cells.values() for c in per.values())
+    mmer = any("mmer" in c.sources for per in report.cells.values() for c in per.values())
     return [doc.Heading(2, "Per game"),
             doc.Paragraph(f"Mean return over seeds with its {report.options.confidence:.0%} bootstrap CI "
                           f"[low, high]; n: seeds (with one seed, the CI is over its evaluation episodes). "
@@ -223,6 +227,9 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
                           "episodes logged in metrics.csv) for some or all seeds"
                           + (f"; {STALE_MARK}: for some or all seeds, an evaluation of an earlier checkpoint (the "
                              "run trained on after it; see the notes)" if stale else "")
+                          + ("; MMER: POPGym's metric (Morad et al. 2023), the maximum over training of the mean "
+                             f"return of the last {MMER_WINDOW} episodes (metrics.csv), which scores popgym runs "
+                             "whether or not they were evaluated" if mmer else "")
                           + ". random: the return of uniformly random actions."),
             doc.Table(["game", "random", *labels], rows)]
 
@@ -236,7 +243,8 @@ def document(report: Report, figures: dict[str, Path]) -> list[doc.Block]:
         doc.Heading(1, "fwrl report"),
         doc.Paragraph(f"{_count(len(report.runs), 'run')} in {_count(len(report.groups), 'group')} over "
                       f"{_count(len(report.games), 'game')}; "
-                      f"scores from {' and '.join(sources) or 'nothing'}. A group is the runs that share every "
+                      f"scores from {' and '.join(SOURCE_TEXT.get(s, s) for s in sources) or 'nothing'}. A group "
+                      "is the runs that share every "
                       "setting but the seed (and the game)."),
         doc.Table(["group", "core", "runs", "seeds", "settings that differ between groups"],
                   _group_rows(report)),

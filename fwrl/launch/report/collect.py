@@ -8,8 +8,9 @@ A run's score in a game is its final evaluation return (``evaluation.json`` of
 where it has one, else the mean return of its last logged training episodes
 (the last ``mean_return`` of ``metrics.csv``, a running mean over the last 100
 episodes; ``return/<task>`` for multi-task runs), marked as a training return.
-A POPGym run's training score is POPGym's metric, MMER (Morad et al. 2023): the maximum over
-training of that mean episode return.
+A POPGym run's score is POPGym's metric, MMER (Morad et al. 2023; :func:`fwrl.evaluation.scores.mmer`):
+the maximum over training of that mean episode return, from metrics.csv even where the run has an
+evaluation (which counts only where metrics.csv has no episode).
 An evaluation of an earlier checkpoint than the run's last (``evaluation.json``
 records its agent steps; the run was resumed and trained on since) is stale:
 its score is kept, and marked with the two step counts.
@@ -31,6 +32,7 @@ from typing import Any, Sequence
 
 from fwrl.envs.spec import EnvSpec, parse_env_spec
 from fwrl.errors import FwrlError
+from fwrl.evaluation.scores import MMER_FAMILIES, MMER_WINDOW, mmer
 from fwrl.launch.plot import read_metrics, series
 from fwrl.settings.config import RESUMABLE_CHANGES, read_config
 from fwrl.launch.sweep.plan import is_sweep, read_manifest
@@ -40,7 +42,6 @@ NOT_GROUPING = frozenset({"seed", "env"} | (RESUMABLE_CHANGES - {"total_steps"})
 SEED_AXES = ("seed",)
 STALE_MARK = "‡"  # an evaluation of an earlier checkpoint than the run's last
 GAME_AXES = ("env",)
-MAX_OVER_TRAINING = ("popgym",)  # families scored by the best mean return over training (POPGym's MMER)
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ class Score:
     """A run's final score in one game, and where it comes from."""
 
     value: float
-    source: str  # "evaluation" (evaluation.json) or "training" (metrics.csv)
+    source: str  # "evaluation" (evaluation.json), "training" (metrics.csv) or "mmer" (POPGym's MMER, metrics.csv)
     episodes: int | None = None
     returns: tuple[float, ...] = ()  # the evaluation episodes' returns (for a CI when a group has one seed)
     agent_steps: int | None = None  # of the evaluated checkpoint (evaluation.json), or of the last metrics row
     run_steps: int | None = None  # the run's last logged agent steps
+    note: str = ""  # what the report should say about how this score was taken
 
     @property
     def stale(self) -> bool:
@@ -152,8 +154,16 @@ def _evaluation_scores(result: dict[str, Any]) -> dict[str, Score]:
     return out
 
 
+def _number(raw: str | None) -> float:
+    try:
+        return float(raw) if raw not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
 def _training(rows: list[dict[str, str]], spec: EnvSpec) -> tuple[dict[str, Score], dict[str, tuple]]:
-    """Last training return and the learning curve of each game, from metrics.csv rows."""
+    """Each game's training score (its last logged mean return; POPGym's MMER for a popgym run) and
+    its learning curve, from metrics.csv rows."""
     scores, curves = {}, {}
     for task in spec.names:
         column = "mean_return" if spec.num_tasks == 1 else f"return/{task}"
@@ -164,8 +174,16 @@ def _training(rows: list[dict[str, str]], spec: EnvSpec) -> tuple[dict[str, Scor
         game = game_of(spec, task)
         curves[game] = ([s for s, _ in values_ok], [v for _, v in values_ok])
         episodes = series(rows, "episodes")[1]
-        value = max(v for _, v in values_ok) if spec.family in MAX_OVER_TRAINING else values_ok[-1][1]
-        scores[game] = Score(value, "training", int(episodes[-1]) if episodes else None)
+        ended = int(episodes[-1]) if episodes else None
+        if spec.family in MMER_FAMILIES:
+            best = mmer([_number(r.get(column)) for r in rows], [_number(r.get("episodes")) for r in rows],
+                        tasks=spec.num_tasks)
+            note = "" if best.full else (
+                f"MMER over means of fewer than {MMER_WINDOW} episodes{' per game' if spec.num_tasks > 1 else ''}: "
+                f"the run logged no row after its {MMER_WINDOW * spec.num_tasks}th episode")
+            scores[game] = Score(best.value, "mmer", ended, note=note)
+        else:
+            scores[game] = Score(values_ok[-1][1], "training", ended)
     return scores, curves
 
 
@@ -186,6 +204,8 @@ def load_run(path: Path, labels: dict[str, str] | None = None) -> Run:
             raise FwrlError(f"cannot read {evaluation}: {exc}.") from None
         evaluated = result.get("agent_steps")
         for game, score in _evaluation_scores(result).items():
+            if run.scores.get(game) is not None and run.scores[game].source == "mmer":
+                continue  # POPGym's metric is over training
             run.scores[game] = replace(score, agent_steps=int(evaluated) if evaluated is not None else None,
                                        run_steps=run_steps)
     return run
