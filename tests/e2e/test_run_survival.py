@@ -166,8 +166,10 @@ def test_ctrl_c_while_the_command_starts_is_not_a_traceback_nor_an_empty_run_fol
     """Ctrl-C in the first moments (the command line still importing, the run being built) ends with
     130 like a Ctrl-C later, never a traceback from inside an import, and leaves either a run with its
     checkpoint or no run folder at all (not one with a config and nothing to resume)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fwrl", "train", *QUICK, "--runs-dir", str(tmp_path / "runs"),
-                             "--name", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal delivers it: a test worker (pytest-xdist) may ignore SIGINT, which children inherit
+    proc = subprocess.Popen([sys.executable, "-m", "fwrl", "train", *QUICK, "--total-steps", "20000", "--runs-dir",
+                             str(tmp_path / "runs"), "--name", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

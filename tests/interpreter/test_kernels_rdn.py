@@ -227,7 +227,8 @@ def test_supports_and_dispatch(monkeypatch):
     reset = torch.zeros(2, 1, dtype=torch.bool)
     monkeypatch.setenv("FWRL_KERNELS", "auto")
     y, _, _ = rdn(*inputs, reset)
-    assert torch.equal(y, rdn_reference(*inputs, reset)[0])
+    # CPU tensors take the rule's CPU path under auto: the reference's values to round-off
+    torch.testing.assert_close(y, rdn_reference(*inputs, reset)[0], rtol=1e-5, atol=1e-6)
     monkeypatch.setenv("FWRL_KERNELS", "triton")
     with pytest.raises(FwrlError, match="no Triton RDN kernel can run"):
         rdn(*inputs, reset)

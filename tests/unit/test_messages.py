@@ -46,7 +46,7 @@ def test_a_pickle_with_instructions_beyond_tensors_is_refused_as_such(tmp_path):
 
     path = tmp_path / "evil.pt"
     torch.save({"format": "fwrl-checkpoint-v1", "x": Evil()}, path)
-    with pytest.raises(FwrlError, match="pickle instructions beyond tensors.*refused unread") as caught:
+    with pytest.raises(FwrlError, match="holds Python objects beyond tensors.*refused unread") as caught:
         load_checkpoint(path)
     assert "damaged" not in str(caught.value)
     assert pickle  # the legacy format is refused before torch reads it (not a zip archive): tested elsewhere
