@@ -20,9 +20,9 @@ is ``srwm/fused_recurrent_split.py``) and ``elstm_rtrl`` (paper 004; PyTorch onl
 
 Shared by the rules, and importing none of them: this package (``GRAD_MODES``),
 ``feature_maps`` (phi of queries and keys), ``dispatch`` (the backend choice),
-``triton.common`` (the Triton helpers of every fused kernel) and ``cpu_common`` (those of the CPU
-paths). Importing a rule does not
-import Triton; its fused kernel does, when a call may use it.
+``triton.common`` (the Triton helpers of every fused kernel), ``cpu_common`` (those of the CPU
+paths) and ``cpu_delta_chunks`` (the chunk-wide delta-rule writes of the fast RNNs' CPU paths).
+Importing a rule does not import Triton; its fused kernel does, when a call may use it.
 """
 
 from fwrl.errors import unknown_choice

@@ -39,7 +39,8 @@ LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "sweep": 1, "report": 1
 
 # The modules of fwrl.kernels every rule may import (the package itself holds GRAD_MODES)
 KERNEL_SHARED = ("fwrl.kernels", "fwrl.kernels.dispatch", "fwrl.kernels.feature_maps", "fwrl.kernels.triton",
-                 "fwrl.kernels.triton.common", "fwrl.kernels.cpu_common")
+                 "fwrl.kernels.triton.common", "fwrl.kernels.cpu_common",
+                 "fwrl.kernels.cpu_delta_chunks")
 
 
 def module_name(path: Path) -> str:

@@ -1,5 +1,6 @@
 """Delta LSTM (a fast LSTM), paper 000 App. A.2 Eq. 36-40: ``delta_lstm``. CPU tensors take
-``cpu`` (the same maths in fewer, larger calls)."""
+``cpu`` (the same maths: the six matrices' write vectors chunk-wide, only the reads and the cell
+step by step, a hand-derived backward)."""
 
 from __future__ import annotations
 

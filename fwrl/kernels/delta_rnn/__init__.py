@@ -1,5 +1,6 @@
 """Delta RNN (a fast RNN), paper 000 Sec. 3.1 Eq. 12: ``delta_rnn``. CPU tensors take
-``cpu`` (the same maths in fewer, larger calls)."""
+``cpu`` (the same maths: W and R's write vectors chunk-wide, only the recurrent read step by step,
+a hand-derived backward)."""
 
 from __future__ import annotations
 
