@@ -124,6 +124,8 @@ class _Actor:
 class RayWorkerPool(WorkerPool):
     """N Ray actors with K envs each, behind the :class:`WorkerPool` interface."""
 
+    kind = "ray"
+
     def __init__(
         self,
         settings: PoolSettings,
@@ -257,8 +259,6 @@ class RayWorkerPool(WorkerPool):
         return a is not None and a.answered
 
     def _restart(self, worker: int, reason: str) -> None:
-        if self.verbose:
-            print(f"fwrl: ray worker {worker} (life {self._lives[worker]}) restarts: {reason}", file=sys.stderr)
         self._where.pop(worker, None)
         super()._restart(worker, reason)
 

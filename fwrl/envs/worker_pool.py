@@ -29,6 +29,7 @@ those slots' core state and drops their partial rollouts.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
@@ -188,6 +189,8 @@ class WorkerPool:
     num_workers: int
     envs_per_worker: int
     restarts: int = 0
+    verbose: bool = True  # say each restart on stderr, with the worker and the reason
+    kind: str = "env"  # how the restart line names the workers ("env worker 3", "ray worker 3")
 
     def __init__(self, settings: PoolSettings, info: "EnvInfo | None" = None):
         """``info``: the env's description where the caller has it (else it is described here)."""
@@ -294,6 +297,9 @@ class WorkerPool:
             who = (f"worker {worker}" if len(siblings) == 1 else
                    f"worker process of workers {siblings[0]}-{siblings[-1]}")
             self.errors.append(f"{who} (life {self._lives[worker]}): {reason}")
+        if self.verbose:
+            print(f"fwrl: {self.kind} {who} (life {self._lives[worker]}) restarts: {reason}", file=sys.stderr,
+                  flush=True)
         if not self._answered(worker):
             self._start_failures[worker] += 1
         self._kill(worker)

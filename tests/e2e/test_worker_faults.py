@@ -188,12 +188,14 @@ def test_sigkill_worker_mid_run(backend):
 
 
 @pytest.mark.parametrize("kind", ["raise", "hang", "exit"])
-def test_injected_faults_restart_exactly(tmp_path, kind, backend):
-    """Worker 0 faults on the 3rd step of each life; worker 1 never does."""
+def test_injected_faults_restart_exactly(tmp_path, kind, backend, capfd):
+    """Worker 0 faults on the 3rd step of each life; worker 1 never does; each restart is said on
+    stderr with the worker, its life and the reason (issue 55 item 7)."""
     log = tmp_path / "faults.txt"
     every = 3
     spec = f"chaos:cue_delay?delay=2&{kind}_every={every}&only_worker=0&fault_log={log}"
     pool = backend.pool(spec, 2, K, step_timeout=2.0)
+    pool.verbose = True  # the test backends quiet Ray's pool; its restart lines are checked here too
     lives = defaultdict(list)  # life of worker 0 -> its results
     others = []
     faults = 2
@@ -222,6 +224,10 @@ def test_injected_faults_restart_exactly(tmp_path, kind, backend):
                 "hang": "no answer within 2 s",
                 "exit": backend.died(EXIT_CODE)}[kind]
     assert len(pool.errors) == faults and all(expected in e for e in pool.errors), pool.errors
+    said = [line for line in capfd.readouterr().err.splitlines() if " restarts: " in line]
+    assert [line.split(" restarts: ")[0] for line in said] == [
+        f"fwrl: {pool.kind} worker 0 (life {life})" for life in range(faults)], said
+    assert all(expected in line for line in said), said
     assert all(line.split()[0] == kind and line.split()[2:] == ["0", "3"]
                for line in log.read_text().splitlines())
 
