@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
+from fwrl.launch.entry import interrupted
 from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
@@ -697,8 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fwrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fwrl: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
     except OSError as exc:  # a disk fault (full, read-only, a folder removed) or an unreadable file: one line
         where = f": {exc.filename}" if exc.filename else ""
         print(f"fwrl: error: {exc.strerror or exc}{where} (errno {exc.errno})", file=sys.stderr)

@@ -179,6 +179,23 @@ def test_ctrl_c_while_the_command_starts_is_not_a_traceback_nor_an_empty_run_fol
     assert (run / "checkpoint.pt").is_file() or not run.exists(), sorted(p.name for p in run.iterdir())
 
 
+def test_a_ctrl_c_caught_inside_exec_of_a_string_still_exits_130(tmp_path):
+    """A Ctrl-C that lands while dataclasses or typing ``exec`` a string (modules being imported) and is
+    caught by the command exits 130 under ``python -m`` too: CPython 3.11 otherwise remembers it as
+    unhandled and ends the process by SIGINT (status -2) after the 130 was returned."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "from fwrl.launch.entry import interrupted\n"
+        "try:\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(interrupted())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "fwrl: interrupted\n")
+
+
 def test_one_writer_per_run_folder(tmp_path):
     """A second fwrl train on a run folder in use (the same --name while the first has no checkpoint
     yet, or --resume of a run still training) is refused in one line naming the writer, before it
