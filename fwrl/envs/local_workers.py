@@ -258,7 +258,7 @@ class LocalWorkerPool(WorkerPool):
         except (OSError, BrokenPipeError):  # it died after its last answer
             self._restart(worker, self._death(worker))
 
-    def close(self) -> None:
+    def close(self, grace: float = 5.0) -> None:
         if self._closed:
             return
         self._closed = True
@@ -269,7 +269,7 @@ class LocalWorkerPool(WorkerPool):
                 proc.conn.send("close")
             except (OSError, BrokenPipeError):
                 pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + max(0.0, grace)  # a hung worker is killed when it runs out
         for p, proc in enumerate(self._procs):
             if proc is None:
                 continue

@@ -362,11 +362,11 @@ class RayWorkerPool(WorkerPool):
         a.sent_at = time.monotonic()
         a.pending = a.handle.step.remote(actions)
 
-    def close(self) -> None:
+    def close(self, grace: float = 5.0) -> None:
         if self._closed:
             return
         self._closed = True
-        for worker in range(self.num_workers):
+        for worker in range(self.num_workers):  # actors are killed at once: no grace needed
             self._kill(worker)
         if self._we_initialised and self._ray.is_initialized():
             self._ray.shutdown()

@@ -264,7 +264,9 @@ class WorkerPool:
             raise ValueError(f"actions must be integers, got dtype {a.dtype}")
         return a.astype(np.int64, copy=False).reshape(want)
 
-    def close(self) -> None:
+    def close(self, grace: float = 5.0) -> None:
+        """Stop every worker: each gets up to ``grace`` seconds in all to leave on its own (a run
+        under a time limit passes what is left of it), then is killed."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared fault handling

@@ -22,6 +22,9 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 # interpreter's own exit after the command returns (about a second with torch and a run in memory:
 # measured 0.95-1.01 s on the 2-core machine, where 1 s of allowance ended a 35 s limit at 35.1-35.3 s).
 STOP_ALLOWANCE = 2.0
+# Of that, what the interpreter's exit takes after the workers are closed: a worker that does not
+# leave on its own (a hung env) is killed once only this much of the limit is left.
+EXIT_ALLOWANCE = 1.0
 
 
 class Stop:
@@ -112,6 +115,11 @@ class TimeLimit:
     def must_stop(self, now: float | None = None) -> bool:
         """Whether stopping must begin now to end within the limit."""
         return (time.monotonic() if now is None else now) + self.reserve() >= self.deadline
+
+    def close_grace(self, most: float = 5.0) -> float:
+        """Seconds the env workers may take to leave on their own at the end: ``most``, or less
+        where the limit leaves less before the interpreter's exit (:data:`EXIT_ALLOWANCE`)."""
+        return min(most, max(0.0, self.deadline - time.monotonic() - EXIT_ALLOWANCE))
 
 
 @contextlib.contextmanager

@@ -127,7 +127,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         acting.join()
         if evaluator is not None:
             evaluator.close()
-        run.pool.close()
+        run.pool.close(grace=limit.close_grace())  # a hung worker does not outlast the time limit
         if progress is not None:
             progress.stop()
         if sink is not None:

@@ -152,6 +152,20 @@ def test_max_seconds_counts_start_up_and_stop(tmp_path):
     assert (tmp_path / "timed" / "checkpoint.pt").is_file()
 
 
+def test_max_seconds_counts_closing_a_hung_worker(tmp_path):
+    """A worker hung in a step when the limit comes (its step timeout far off) is killed within
+    the limit, not waited on for the pool's 5 s of grace (issue 55 item 10)."""
+    env = "chaos:cue_delay?delay=3&hang_every=30&hang_seconds=600&only_worker=1"
+    began = time.monotonic()
+    code, out, err = run_cli(["train", "--env", env, *TINY, "--num-workers", "2", "--step-timeout", "600",
+                              "--total-steps", "1e9", "--max-seconds", BUDGET, "--runs-dir", tmp_path,
+                              "--name", "hung"])
+    wall = time.monotonic() - began
+    assert code == 0, err
+    assert "stopped by time limit" in out, out
+    assert wall < BUDGET + TOLERANCE, f"{wall:.2f} s for a {BUDGET:g} s limit"
+
+
 def test_step_budget_overshoot_is_below_one_batch_and_said_so(tmp_path):
     """B 4 x T 5 = 20 steps per update; a budget of 210 takes 11 updates, 220 steps; acting stops
     once the last batch's rollouts are done; --resume says where it continues."""
