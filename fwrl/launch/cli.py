@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
-from fwrl.launch.entry import interrupted
+from fwrl.launch.exits import EXIT_OS_ERROR, interrupted
 from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
-EXIT_OS_ERROR = 74  # sysexits.h EX_IOERR: the disk or the file system said no
 
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
 BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers": 4, "envs_per_worker": 1,
@@ -120,30 +119,25 @@ def run_train(args: argparse.Namespace) -> int:
         return launch_learners(config.learners, argv)
     created = not run_dir.exists()
     lock = None
-    if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            pass  # prepare_run_dir says why in one line
-        else:
-            lock = lock_run_dir(run_dir)
     try:
+        if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # prepare_run_dir says why in one line
+            else:
+                lock = lock_run_dir(run_dir)
         prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
 
-    from fwrl.runner.progress import Progress
-    from fwrl.runner.slow_start import SlowStartHint
-    from fwrl.runner.train import train
+        from fwrl.runner.progress import Progress
+        from fwrl.runner.slow_start import SlowStartHint
+        from fwrl.runner.train import train
 
-    # the run's progress display; a slow first update says what to change
-    progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
-    try:
+        # the run's progress display; a slow first update says what to change
+        progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
         result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
     except BaseException:  # refused or interrupted before the run had a checkpoint: leave no empty folder
-        if created and ranks.is_main and not (run_dir / "checkpoint.pt").exists():
+        if created and lock is not None and not (run_dir / "checkpoint.pt").exists():  # only the folder's writer
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -6,22 +6,7 @@ later: ``fwrl: interrupted`` and exit status 130, not a traceback from inside an
 
 from __future__ import annotations
 
-import sys
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
-
-def interrupted() -> int:
-    """Say a Ctrl-C that was caught (a KeyboardInterrupt) and return the exit status 130.
-
-    CPython (3.11 at least) marks a KeyboardInterrupt raised inside ``exec`` of a string (dataclasses
-    and typing build methods that way while modules import) as unhandled even once caught, and then ends
-    the interpreter by SIGINT (status -2) instead of the 130 returned. A successful ``exec`` of a string
-    clears that mark.
-    """
-    exec("pass")
-    print("fwrl: interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+from fwrl.launch.exits import interrupted
 
 
 def main() -> int:

@@ -179,13 +179,28 @@ def test_ctrl_c_while_the_command_starts_is_not_a_traceback_nor_an_empty_run_fol
     assert (run / "checkpoint.pt").is_file() or not run.exists(), sorted(p.name for p in run.iterdir())
 
 
+def test_ctrl_c_between_taking_the_run_folder_and_training_leaves_no_folder(tmp_path, monkeypatch):
+    """A Ctrl-C after the run folder is made and locked but before training starts (the runner still
+    importing, the progress display being built) removes the folder, lock file included."""
+    import fwrl.runner.slow_start
+    from fwrl.launch.cli import main
+
+    def interrupted(*args, **kwargs):
+        assert (tmp_path / "runs" / "r" / ".lock").exists()  # the folder is taken when the Ctrl-C comes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fwrl.runner.slow_start, "SlowStartHint", interrupted)
+    assert main(["train", *QUICK, "--total-steps", "200", "--runs-dir", str(tmp_path / "runs"), "--name", "r"]) == 130
+    assert not (tmp_path / "runs" / "r").exists(), sorted(p.name for p in (tmp_path / "runs" / "r").iterdir())
+
+
 def test_a_ctrl_c_caught_inside_exec_of_a_string_still_exits_130(tmp_path):
     """A Ctrl-C that lands while dataclasses or typing ``exec`` a string (modules being imported) and is
     caught by the command exits 130 under ``python -m`` too: CPython 3.11 otherwise remembers it as
     unhandled and ends the process by SIGINT (status -2) after the 130 was returned."""
     (tmp_path / "interrupted_in_exec.py").write_text(
         "import sys\n"
-        "from fwrl.launch.entry import interrupted\n"
+        "from fwrl.launch.exits import interrupted\n"
         "try:\n"
         "    exec('raise KeyboardInterrupt')\n"
         "except KeyboardInterrupt:\n"

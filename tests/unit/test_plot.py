@@ -107,7 +107,8 @@ def test_plot_refuses_a_format_and_a_size_before_drawing_and_leaves_nothing_on_a
 
     import matplotlib.figure
 
-    from fwrl.launch.cli import EXIT_OS_ERROR, main
+    from fwrl.launch.cli import main
+    from fwrl.launch.exits import EXIT_OS_ERROR
 
     run = tmp_path / "run"
     run.mkdir()
