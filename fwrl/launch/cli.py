@@ -71,6 +71,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="run name (default: from env and core, with -2, -3, ... if that run exists)")
     p.add_argument("--runs-dir", default="runs", help="folder holding runs (default runs)")
     p.add_argument("--resume", action="store_true", help="continue the run --name from its checkpoint")
+    p.add_argument("--accept-config-edits", action="store_true",
+                   help="with --resume: train on the run's config.yaml where it was edited since the checkpoint in a "
+                        "setting that defines the model or the learning problem (refused without this flag; "
+                        "recorded in the run's config-edits.log)")
     add_train_config_flags(p)
     p.set_defaults(run=run_train)
 
@@ -81,6 +85,8 @@ def run_train(args: argparse.Namespace) -> int:
     from fwrl.runner.rundir import check_run_dir, lock_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
+    if args.accept_config_edits and not args.resume:
+        raise FwrlError("--accept-config-edits applies to --resume only (a new run has no checkpoint to compare with).")
     if args.resume:
         if not args.name:
             raise FwrlError("--resume needs --name of the run to continue.")
@@ -135,7 +141,8 @@ def run_train(args: argparse.Namespace) -> int:
 
         # the run's progress display; a slow first update says what to change
         progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
-        result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started)
+        result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started,
+                       accept_config_edits=args.accept_config_edits)
     except BaseException:  # refused or interrupted before the run had a checkpoint: leave no empty folder
         if created and lock is not None and not (run_dir / "checkpoint.pt").exists():  # only the folder's writer
             import shutil
@@ -587,7 +594,7 @@ def run_plot(args: argparse.Namespace) -> int:
     opts = PlotConfig.parse(given_settings(args, PlotConfig))
     runs = [Path(r) for r in args.runs]
     for run in runs:
-        read_metrics(run)  # each run has a readable metrics.csv
+        read_metrics(run, say_damage=False)  # each run has a readable metrics.csv (damage is said once, below)
     out = Path(opts.out) if opts.out else default_out(runs, opts.metric)
     check_writable(out, "plot", "Pass --out PATH to write it elsewhere.")
     image_format(out)  # before any drawing

@@ -12,24 +12,30 @@ training metric) are skipped.
 
 from __future__ import annotations
 
-import csv
 import math
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from fwrl.errors import FwrlError, unknown_choice
 from fwrl.utils.files import atomic_write
+from fwrl.utils.metrics_file import METRICS_FILE, read_metrics_file
 
 BY = ("run", "task")
 TASK_PREFIX = {"mean_return": "return"}  # metric -> prefix of its per-task columns
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    path = Path(run_dir) / "metrics.csv" if Path(run_dir).is_dir() else Path(run_dir)
+def read_metrics(run_dir: Path, say_damage: bool = True) -> list[dict[str, str]]:
+    """The whole rows of a run's metrics.csv (a damaged header is an error; rows cut short or glued
+    together are left out and, with ``say_damage``, said on stderr)."""
+    path = Path(run_dir) / METRICS_FILE if Path(run_dir).is_dir() else Path(run_dir)
     if not path.is_file():
         raise FwrlError(f"{run_dir} holds no metrics.csv; pass run folders written by fwrl train.")
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    table = read_metrics_file(path)
+    if table.damaged_rows and say_damage:
+        print(f"fwrl: left out {table.damaged_rows} damaged row(s) of {path} (cut short or glued together)",
+              file=sys.stderr)
+    return table.rows
 
 
 def series(rows: Sequence[dict[str, str]], column: str) -> tuple[list[float], list[float]]:

@@ -38,11 +38,12 @@ from fwrl.errors import FwrlError
 from fwrl.runner.agent import build_model, pick_device, resolve_core_options
 from fwrl.runner.run_metrics import Episodes, normaliser
 from fwrl.runner.stopping import Clock
-from fwrl.settings.config import TrainConfig, save_config
+from fwrl.settings.config import TrainConfig, changed_settings, save_config, saved_settings
 from fwrl.utils.allocator import keep_freed_memory
 
 # the counters a resumed run continues (a checkpoint's "progress"), and their start
-PROGRESS = {"elapsed_seconds": 0.0, "episodes": 0, "acted_steps": 0}
+# (metrics_rows: the rows of metrics.csv written when the checkpoint was taken; -1: not recorded)
+PROGRESS = {"elapsed_seconds": 0.0, "episodes": 0, "acted_steps": 0, "metrics_rows": -1}
 
 
 @dataclass
@@ -86,8 +87,9 @@ class Run:
         left = max(0, self.config.total_steps - self.learner.stats.agent_steps)
         return -(-left // self.steps_per_update) * self.config.batch_size
 
-    def snapshot(self, acted_steps: int) -> dict[str, Any]:
-        """A checkpoint's contents, copied between two updates (the actors go on)."""
+    def snapshot(self, acted_steps: int, metrics_rows: int = -1) -> dict[str, Any]:
+        """A checkpoint's contents, copied between two updates (the actors go on); ``metrics_rows``:
+        the rows of metrics.csv written so far (a resume keeps those, drops later ones)."""
         with self.update_lock:
             began = time.monotonic()
             if self.streams.learner is not None:  # the last update's work must be done before it is copied
@@ -97,7 +99,7 @@ class Run:
                 agent_steps=self.learner.stats.agent_steps, updates=self.learner.stats.updates,
                 config=self.config.to_dict(), env_info=self.info.to_dict(),
                 progress={"elapsed_seconds": self.clock.elapsed(), "episodes": self.episodes.count,
-                          "acted_steps": int(acted_steps)})
+                          "acted_steps": int(acted_steps), "metrics_rows": int(metrics_rows)})
             self.copy_seconds = time.monotonic() - began
             return payload
 
@@ -184,9 +186,10 @@ def freeze_vision(model: AgentNet) -> None:
         p.requires_grad_(False)
 
 
-def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
+def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_config_edits: bool = False) -> Run:
     """Every part of this learner rank's run (nothing started: no worker, no thread). ``resume``
-    continues the run in ``run_dir`` from its ``checkpoint.pt`` (written by any number of ranks)."""
+    continues the run in ``run_dir`` from its ``checkpoint.pt`` (written by any number of ranks);
+    ``accept_config_edits``: on the settings of a config.yaml edited since (recorded), where it differs."""
     ranks = ranks_from_env()  # several learners: torchrun / SLURM / fwrl train --learners set these
     if ranks.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +216,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
     counters = {"agent_steps": 0, "updates": 0, **PROGRESS}
     if resume:  # a checkpoint of N ranks resumes on M: the weights and optimiser are the same on all
         counters.update(_restore(run_dir / "checkpoint.pt", model, optimizer, scheduler, config, steps_per_update,
-                                 device))
+                                 device, accept_config_edits, record_edits=ranks.is_main))
         if ranks.is_main:
             print(_resume_line(run_dir, config, counters), file=sys.stderr, flush=True)
     elif config.load_vision_from:
@@ -251,10 +254,12 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False) -> Run:
 
 
 def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainConfig, steps_per_update: int,
-             device: torch.device) -> dict[str, Any]:
+             device: torch.device, accept_edits: bool = False, record_edits: bool = True) -> dict[str, Any]:
     """Load a checkpoint into the model, optimiser and schedule (with this session's budget) and the
-    RNGs; returns its counters."""
+    RNGs, once ``config`` (config.yaml's) is checked against the config it was trained with; returns
+    its counters."""
     payload = load_checkpoint(path, map_location=device)
+    check_config_edits(path.parent, payload.get("config"), config, accept_edits, record=record_edits)
     load_model_weights(model, payload["model"], str(path))
     optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
@@ -263,6 +268,36 @@ def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainCon
     set_rng_state(payload["rng"])
     return {"agent_steps": payload["agent_steps"], "updates": payload["updates"],
             **{key: payload.get("progress", {}).get(key, start) for key, start in PROGRESS.items()}}
+
+
+CONFIG_EDITS_LOG = "config-edits.log"  # a run's record of the config.yaml edits it resumed on
+
+
+def check_config_edits(run_dir: Path, trained: dict[str, Any] | None, config: TrainConfig, accept: bool,
+                       record: bool = True) -> None:
+    """Refuse to resume on a config.yaml edited since the checkpoint in a setting that defines the
+    model or the learning problem (the learning rate, the env's options, ...), in one line naming each
+    (the checkpoint's value and config.yaml's); with ``accept``, resume on the edited ones and append
+    them to ``config-edits.log`` in the run folder (``record``: the run's writer, rank 0)."""
+    if not trained:  # a checkpoint without its config: nothing to compare
+        return
+    saved = TrainConfig.from_dict(saved_settings(trained), source=f"the config of {run_dir / 'checkpoint.pt'}")
+    edits = changed_settings(saved, config)
+    if not edits:
+        return
+    values = lambda c, k: c.core_options if k == "core_options" else getattr(c, k)  # noqa: E731
+    details = "; ".join(f"{key} {values(saved, key)!r} -> {values(config, key)!r}" for key in edits)
+    log = run_dir / CONFIG_EDITS_LOG
+    if not accept:
+        raise FwrlError(f"{run_dir / 'config.yaml'} was edited since its checkpoint was written, in settings that "
+                        f"define the model or the learning problem ({details}; checkpoint -> config.yaml). Put "
+                        f"those values back, or pass --accept-config-edits to resume on them (recorded in {log}).")
+    if not record:
+        return
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} resumed on an edited config.yaml: {details}\n"
+    with log.open("a") as f:
+        f.write(line)
+    print(f"fwrl train: resuming on an edited config.yaml ({details}); recorded in {log}", file=sys.stderr, flush=True)
 
 
 def _resume_line(run_dir: Path, config: TrainConfig, counters: dict[str, Any]) -> str:

@@ -13,10 +13,11 @@ threads are summed, so their shares are those of the mean acting thread), ``poli
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -25,6 +26,13 @@ from fwrl.agents.learner import LEARNER_STAGES
 from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
 from fwrl.runner.rundir import MetricsCSV
+from fwrl.utils.metrics_file import METRICS_FILE
+
+TENSORBOARD = "tensorboard"  # the run's TensorBoard event files (where tensorboard is installed)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 # Stage shares of the two threads in metrics rows (fractions of each thread's own wall time over
 # the interval; each thread's shares sum to 1): the acting thread's rest is bookkeeping outside
@@ -147,22 +155,40 @@ def peak_memory_mb(device: torch.device) -> float:
 class MetricsSink:
     """Writes each row to ``metrics.csv``, TensorBoard (where installed) and the live panel."""
 
-    def __init__(self, run_dir: Path, progress, resumed_at: int | None = None):
-        """``resumed_at``: a resumed run's checkpoint (agent steps): rows a killed run wrote after it
-        are dropped (they are acted again), and said so."""
-        self.csv = MetricsCSV(Path(run_dir) / "metrics.csv")
-        if resumed_at is not None:
-            dropped = self.csv.drop_rows_after(resumed_at)
+    def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None):
+        """``resumed``: a resumed run's checkpoint counters (``agent_steps``, and ``metrics_rows``, the
+        rows written when it was taken; -1 in checkpoints that predate it): the rows a killed run wrote
+        after it are dropped (they are acted again), and said so. A new run in a folder that holds the
+        metrics of a run killed before its first checkpoint starts them anew."""
+        run_dir = Path(run_dir)
+        path = run_dir / METRICS_FILE
+        if resumed is None and (path.exists() or (run_dir / TENSORBOARD).exists()):
+            path.unlink(missing_ok=True)
+            shutil.rmtree(run_dir / TENSORBOARD, ignore_errors=True)
+            say(f"fwrl train: removed the metrics a run killed before its first checkpoint left in {run_dir}")
+        self.csv = MetricsCSV(path)
+        if self.csv.repaired:
+            say(f"fwrl train: dropped {self.csv.repaired} damaged row(s) at the end of {path} (a write cut short)")
+        purge_step = None
+        if resumed is not None:
+            steps, rows = int(resumed["agent_steps"]), int(resumed.get("metrics_rows", -1))
+            dropped = self.csv.keep_first(rows) if rows >= 0 else self.csv.drop_rows_after(steps)
             if dropped:
-                print(f"fwrl train: dropped {dropped} row(s) of {self.csv.path} written after the checkpoint at "
-                      f"{resumed_at:,} agent steps (the steps after it are acted again)", file=sys.stderr, flush=True)
+                say(f"fwrl train: dropped {dropped} row(s) of {path} written after the checkpoint at {steps:,} agent "
+                    "steps (the steps after it are acted again)")
+            purge_step = steps + 1  # TensorBoard hides the killed run's events after the checkpoint
         self.progress = progress
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             self.tensorboard = None
         else:
-            self.tensorboard = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
+
+    @property
+    def rows(self) -> int:
+        """Rows in metrics.csv so far (a checkpoint records it)."""
+        return self.csv.rows
 
     def write(self, row: dict[str, Any], show: bool = True) -> None:
         self.csv.write(row)

@@ -1,12 +1,12 @@
 """Run directories: ``runs/<name>/`` with config, checkpoints and metrics.
 
-Every file is written atomically (``fwrl.utils.files.atomic_write``), so a
-crash never leaves a half-written file behind.
+Every file but metrics.csv is written atomically (``fwrl.utils.files.atomic_write``), so a
+crash never leaves a half-written file behind; metrics.csv is appended a whole row at a time, and a
+row a crash cut short is dropped when the file is next opened (``fwrl.utils.metrics_file``).
 """
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 from fwrl.errors import FwrlError
 from fwrl.utils.files import atomic_write, check_writable_folder, remove_temporary_files
 from fwrl.utils.locks import FileLock
+from fwrl.utils.metrics_file import append_whole, format_rows, read_metrics_file
 
 
 def check_run_dir(path: Path, resume: bool) -> Path:
@@ -66,50 +67,56 @@ def prepare_run_dir(path: Path, resume: bool, clean: bool = True) -> Path:
 
 
 class MetricsCSV:
-    """Appends rows to metrics.csv; new columns start a rewrite with the wider header."""
+    """The run's metrics.csv (``fwrl.utils.metrics_file``): rows appended whole, in the order they are
+    written; new columns rewrite the file with the wider header. Opening it repairs a damaged tail (a
+    row cut short by a kill, rows glued together): ``repaired`` says how many rows were dropped."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.columns: list[str] = []
+        self.rows = 0  # whole rows in the file: a checkpoint records it, a resume keeps that many
+        self.repaired = 0
         if self.path.exists():
-            with self.path.open() as f:
-                header = next(csv.reader(f), [])
-            self.columns = header
+            table = read_metrics_file(self.path)
+            self.columns, self.rows = table.columns, len(table.rows)
+            if table.damaged_rows:
+                self._rewrite(table.rows)
+                self.repaired = table.damaged_rows
+
+    def keep_first(self, rows: int) -> int:
+        """Keep the first ``rows`` rows, those written before the checkpoint a run resumes from (a
+        killed run wrote the others after it; the resumed run acts those steps again); returns how
+        many were dropped."""
+        before = self.rows
+        if before <= rows:
+            return 0
+        self._rewrite(read_metrics_file(self.path).rows[:rows])
+        return before - self.rows
 
     def drop_rows_after(self, agent_steps: int) -> int:
-        """Drop the rows of more than ``agent_steps`` (a run killed after its last checkpoint wrote
-        them; the resumed run acts those steps again); returns how many were dropped."""
+        """Drop the rows of more than ``agent_steps`` (a checkpoint of an fwrl version that did not
+        record its row count); returns how many were dropped."""
         if not self.path.exists():
             return 0
-        with self.path.open() as f:
-            rows = list(csv.DictReader(f))
+        rows = read_metrics_file(self.path).rows
         kept = [row for row in rows if _steps(row) <= agent_steps]
         if len(kept) < len(rows):
-            def rewrite(f):
-                w = csv.DictWriter(f, self.columns)
-                w.writeheader()
-                w.writerows(kept)
-
-            atomic_write(self.path, rewrite, mode="w")
+            self._rewrite(kept)
         return len(rows) - len(kept)
 
     def write(self, row: dict[str, Any]) -> None:
         new_cols = [k for k in row if k not in self.columns]
         if new_cols:
-            old_rows = []
-            if self.path.exists():
-                with self.path.open() as f:
-                    old_rows = list(csv.DictReader(f))
+            old_rows = read_metrics_file(self.path).rows if self.path.exists() else []
             self.columns += new_cols
+            self._rewrite(old_rows)
+        append_whole(self.path, format_rows(self.columns, [row]))
+        self.rows += 1
 
-            def rewrite(f):
-                w = csv.DictWriter(f, self.columns)
-                w.writeheader()
-                w.writerows(old_rows)
-
-            atomic_write(self.path, rewrite, mode="w")
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.columns).writerow(row)
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        data = format_rows(self.columns, rows, header=True)
+        atomic_write(self.path, lambda f: f.write(data))
+        self.rows = len(rows)
 
 
 def _steps(row: dict[str, str]) -> float:

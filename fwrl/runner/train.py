@@ -53,9 +53,11 @@ class TrainResult:
 
 
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
-          started: float | None = None, acting_seconds: float | None = None, learn: bool = True) -> TrainResult:
+          started: float | None = None, acting_seconds: float | None = None, learn: bool = True,
+          accept_config_edits: bool = False) -> TrainResult:
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
-    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``.
+    error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``
+    (``accept_config_edits``: on a config.yaml edited since its checkpoint, recorded).
 
     Budgets: the learner takes whole batches of B x T agent steps (x learner ranks) while it is
     below ``total_steps``, so a run ends at most one batch past it; acting stops once the
@@ -68,19 +70,19 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     start-up took. ``learn`` false (``fwrl bench throughput --acting-only``): no updates, each
     batch handed back to the store unread."""
     started = time.monotonic() if started is None else started
-    run = build_run(config, Path(run_dir), resume)
+    run = build_run(config, Path(run_dir), resume, accept_config_edits)
     stop = Stop()
     peers = Peers(run.ranks, run.group)
     acting = ActingLoop(run, stop, peers.episode_sink(run.episodes))
-    checkpoints = CheckpointWriter(lambda: run.snapshot(acting.acted_steps))
+    sink: MetricsSink | None = None  # rank 0's, made below; a checkpoint records how many rows it wrote
+    checkpoints = CheckpointWriter(lambda: run.snapshot(acting.acted_steps, sink.rows if sink is not None else -1))
     # what stopping needs: the last update (the learner may be in one), the last checkpoint's copy and write
     limit = TimeLimit(started, config.max_seconds, lambda: (run.learner.stats.update_seconds + run.copy_seconds
                                                           + checkpoints.write_seconds + STOP_ALLOWANCE))
     learning = LearnerLoop(run, stop, limit, peers, acting.report, learn=learn)
     stats = RunStats(run, acting, learning, peers)
     progress = (progress or Progress(run.config, run.run_dir)) if run.main else None
-    sink = MetricsSink(run.run_dir, progress, resumed_at=run.learner.stats.agent_steps if resume else None) \
-        if run.main else None
+    sink = MetricsSink(run.run_dir, progress, resumed=run.resumed if resume else None) if run.main else None
     if progress is not None:
         progress.deadline, progress.steps_per_update = limit.deadline, run.steps_per_update
     evaluator = None
@@ -108,16 +110,18 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             acting.join()
             if learning.peers.stopped and stop.reason == "budget":
                 stop.reason = "another learner rank"
+            final = None
+            if sink is not None and not stop.errors:  # the final row, over the whole session, before the
+                session = run.clock.session()           # final checkpoint (which counts it)
+                steps = run.learner.stats.agent_steps - run.resumed["agent_steps"]
+                final = stats.row(steps / session if session > 0 else math.nan)
+                sink.write(final, show=False)
             if run.main:
                 checkpoints.request(run.run_dir / "checkpoint.pt")
                 checkpoints.flush()
             if stop.errors:
                 raise stop.errors[0]
-            if sink is not None:  # the final row: over the whole session
-                session = run.clock.session()
-                steps = run.learner.stats.agent_steps - run.resumed["agent_steps"]
-                final = stats.row(steps / session if session > 0 else math.nan)
-                sink.write(final, show=False)
+            if final is not None:
                 progress.finish(final)
             if lost is not None:
                 raise lost

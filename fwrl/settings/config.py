@@ -414,10 +414,7 @@ def check_stem_first(env: str, stem: Any, wrappers: Sequence[str] = ()) -> None:
 def check_resume(saved: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
     """The saved config with the allowed overrides; other differences are an error."""
     new = TrainConfig.from_dict(merge_settings([saved.to_dict(), overrides]))
-    bad = [key for key in TrainConfig.model_fields
-           if key not in RESUMABLE_CHANGES and key != "core_options" and getattr(new, key) != getattr(saved, key)]
-    if new.core == saved.core and _core_settings(new) != _core_settings(saved):
-        bad.append("core_options")
+    bad = changed_settings(saved, new)
     if bad:
         details = ", ".join(f"{k} (run has {getattr(saved, k)!r})" for k in bad)
         raise FwrlError(
@@ -426,6 +423,16 @@ def check_resume(saved: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfi
             "Start a new run (another --name) to change the others."
         )
     return new
+
+
+def changed_settings(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """The settings that define the model or the learning problem (all but ``RESUMABLE_CHANGES``)
+    whose values differ between ``saved`` and ``new``; ``core_options`` where the same core's differ."""
+    bad = [key for key in TrainConfig.model_fields
+           if key not in RESUMABLE_CHANGES and key != "core_options" and getattr(new, key) != getattr(saved, key)]
+    if new.core == saved.core and _core_settings(new) != _core_settings(saved):
+        bad.append("core_options")
+    return bad
 
 
 def _core_settings(config: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,185 @@
+"""A run folder's files after damage, kills and edits (issue 55, items 3, 4 and 6): metrics.csv rows
+cut short or glued together, a garbled header, rows a killed run wrote after its checkpoint (kept by
+the order they were written, not by their step count), a new run in a dead run's folder, and a
+config.yaml edited before a resume."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+import yaml
+
+from fwrl.launch.cli import main
+from fwrl.runner.rundir import MetricsCSV
+from fwrl.utils.metrics_file import read_metrics_file
+
+TINY = ["--env", "memory:cue_delay?delay=3", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1",
+        "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "5", "--log-interval", "0.2",
+        "--num-threads", "1", "--device", "cpu"]
+
+
+def run_cli(argv: list) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def rows(path) -> list[dict]:
+    return read_metrics_file(path).rows
+
+
+def _write(path, steps_list):
+    metrics = MetricsCSV(path)
+    for steps in steps_list:
+        metrics.write({"time": steps / 10, "agent_steps": steps, "episodes": steps // 10, "mean_return": 0.5})
+    return metrics
+
+
+def test_a_row_cut_short_is_dropped_and_the_next_row_starts_on_its_own_line(tmp_path):
+    path = tmp_path / "metrics.csv"
+    _write(path, (100, 200, 300))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])  # a kill in the middle of the last row's write
+    assert read_metrics_file(path).torn_last_line
+    metrics = MetricsCSV(path)  # the next writer repairs the tail first
+    assert metrics.repaired == 1 and metrics.rows == 2
+    metrics.write({"time": 40.0, "agent_steps": 400, "episodes": 40, "mean_return": 0.5})
+    table = read_metrics_file(path)
+    assert not table.damaged_rows
+    assert [r["agent_steps"] for r in table.rows] == ["100", "200", "400"]
+    assert [r["episodes"] for r in table.rows] == ["10", "20", "40"]  # no row of 272,512 steps/s glued together
+
+
+def test_rows_glued_together_are_left_out_by_readers(tmp_path):
+    path = tmp_path / "metrics.csv"
+    _write(path, (100, 200))
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1].rstrip("\n") + lines[2])  # an old writer's torn row with the next glued on
+    table = read_metrics_file(path)
+    assert table.rows == [] and table.malformed_rows == 1
+    code, _, err = run_cli(["plot", str(tmp_path), "--out", str(tmp_path / "p.png")])
+    assert code == 2 and err.count("left out 1 damaged row(s)") == 1, err  # said, not drawn as a wild row
+
+
+@pytest.mark.parametrize("header", ["agent_st\x00eps,time\n", "time,episodes\n", "time,time,agent_steps\n"])
+def test_a_garbled_header_is_refused_in_one_line_by_resume_and_plot(tmp_path, header):
+    runs = ["--runs-dir", tmp_path, "--name", "g"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *runs])[0] == 0
+    path = tmp_path / "g" / "metrics.csv"
+    text = path.read_text()
+    path.write_text(header + text.split("\n", 1)[1])
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", 200])
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{path} is not a metrics.csv fwrl wrote: its header is damaged" in err, err
+    code, _, err = run_cli(["plot", str(tmp_path / "g"), "--out", str(tmp_path / "p.png")])
+    assert code == 2 and "its header is damaged" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_resume_keeps_the_rows_written_before_the_checkpoint_by_their_order(tmp_path):
+    """Rows a killed run wrote after its checkpoint are dropped even where their step count is not
+    past the checkpoint's (an evaluation row, a row of the same update): time and episodes never go
+    backwards, and no step count repeats."""
+    runs = ["--runs-dir", tmp_path, "--name", "k"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *runs])[0] == 0
+    payload = torch.load(tmp_path / "k" / "checkpoint.pt", weights_only=True)
+    saved, written = payload["agent_steps"], payload["progress"]["metrics_rows"]
+    path = tmp_path / "k" / "metrics.csv"
+    assert written == len(rows(path))  # the final row is written before the final checkpoint, which counts it
+    metrics = MetricsCSV(path)  # what a run killed after its checkpoint left: rows at the checkpoint's steps
+    metrics.write({"time": 999.0, "agent_steps": saved, "episodes": 99999, "updates": 77})
+    metrics.write({"time": 999.5, "agent_steps": saved, "eval/test/mean_return": 1.0})
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", saved + 100])
+    assert code == 0, err
+    assert f"dropped 2 row(s) of {path}" in err, err
+    kept = rows(path)
+    assert all(r["updates"] != "77" and r.get("eval/test/mean_return", "") == "" for r in kept), kept
+    times = [float(r["time"]) for r in kept]
+    episodes = [int(r["episodes"]) for r in kept]
+    assert times == sorted(times) and episodes == sorted(episodes), kept
+
+
+def test_tensorboard_hides_the_events_a_killed_run_wrote_after_its_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard", reason="TensorBoard events need the tensorboard package")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = ["--runs-dir", tmp_path, "--name", "t"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *runs])[0] == 0
+    saved = torch.load(tmp_path / "t" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    from torch.utils.tensorboard import SummaryWriter
+
+    killed = SummaryWriter(str(tmp_path / "t" / "tensorboard"))  # a session killed after the checkpoint
+    killed.add_scalar("mean_return", 123.0, saved + 1000)
+    killed.close()
+    assert run_cli(["train", "--resume", *runs, "--total-steps", saved + 40])[0] == 0
+    events = EventAccumulator(str(tmp_path / "t" / "tensorboard"))
+    events.Reload()
+    assert all(e.value != 123.0 for e in events.Scalars("mean_return"))
+
+
+def test_a_new_run_in_the_folder_of_a_run_killed_before_its_first_checkpoint_starts_its_own_metrics(tmp_path):
+    run = tmp_path / "d"
+    run.mkdir()
+    _write(run / "metrics.csv", (1000, 2000, 3000))  # a dead run's rows, and no checkpoint
+    code, _, err = run_cli(["train", *TINY, "--total-steps", 60, "--runs-dir", tmp_path, "--name", "d"])
+    assert code == 0, err
+    assert "removed the metrics a run killed before its first checkpoint left" in err, err
+    steps = [int(r["agent_steps"]) for r in rows(run / "metrics.csv")]
+    assert steps and max(steps) <= 100 and steps == sorted(steps), steps
+
+
+def test_an_edited_config_is_refused_on_resume_unless_accepted_and_then_recorded(tmp_path):
+    runs = ["--runs-dir", tmp_path, "--name", "e"]
+    assert run_cli(["train", *TINY, "--total-steps", 60, *runs])[0] == 0
+    path = tmp_path / "e" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    lr = config["learning_rate"]
+    config["learning_rate"] = 0.5  # plausible values, edited by hand
+    config["env"] = "memory:cue_delay?delay=4"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", 120])
+    assert code == 2 and "Traceback" not in err, err
+    assert "was edited since its checkpoint was written" in err and f"learning_rate {lr!r} -> 0.5" in err, err
+    assert "env 'memory:cue_delay?delay=3' -> 'memory:cue_delay?delay=4'" in err, err
+    assert "--accept-config-edits" in err and not (tmp_path / "e" / "config-edits.log").exists()
+
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", 120, "--accept-config-edits"])
+    assert code == 0, err
+    log = (tmp_path / "e" / "config-edits.log").read_text()
+    assert f"learning_rate {lr!r} -> 0.5" in log and "resumed on an edited config.yaml" in log
+    trained = torch.load(tmp_path / "e" / "checkpoint.pt", weights_only=True)["config"]
+    assert trained["learning_rate"] == 0.5  # the checkpoint now holds what it was trained on
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", 160])  # no edit left to accept
+    assert code == 0, err
+
+
+def test_accept_config_edits_without_resume_is_refused(tmp_path):
+    code, _, err = run_cli(["train", *TINY, "--accept-config-edits", "--runs-dir", tmp_path])
+    assert code == 2 and "--accept-config-edits applies to --resume only" in err
+    assert not os.listdir(tmp_path)
+
+
+def test_a_run_folder_removed_mid_run_ends_in_one_line_with_exit_74(tmp_path):
+    run = tmp_path / "gone"
+
+    def remove_once_checkpointed():
+        deadline = time.monotonic() + 60
+        while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(run)
+
+    remover = threading.Thread(target=remove_once_checkpointed)
+    remover.start()
+    code, _, err = run_cli(["train", *TINY, "--total-steps", 10_000_000, "--max-seconds", 60, "--runs-dir", tmp_path,
+                            "--name", "gone"])
+    remover.join()
+    assert code == 74 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fwrl: error: No such file or directory") and str(run) in last, err
