@@ -31,6 +31,12 @@ the new actor on any node with the resources; if no worker at all has been
 running for ``start_timeout`` seconds (e.g. every env node is gone), ``wait``
 raises :class:`WorkersLost`. A worker whose actors fail in their constructor
 ``max_start_failures`` times in a row is an error, as locally.
+
+The head: Ray ends a driver whose cluster head (its GCS) stays unreachable for 60 s with its own
+message and no Python code run after (no final checkpoint). :class:`HeadWatch` probes the head's
+GCS port once a second from a thread; when it has not answered for :data:`HEAD_LOST_SECONDS`,
+``wait`` raises :class:`WorkersLost` naming it, so the run stops with a final checkpoint well
+before Ray would end the process, and ``close`` leaves the actors alone (there is no head to ask).
 """
 
 from __future__ import annotations
@@ -59,8 +65,44 @@ if TYPE_CHECKING:
 ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes under docker/
 
 
+HEAD_LOST_SECONDS = 10.0  # the head's GCS unreachable this long: the cluster is lost (Ray's own limit: 60 s)
+
+
 class WorkersLost(_PoolWorkersLost, FwrlError):
-    """No env worker could run for ``start_timeout`` seconds (e.g. every env node died)."""
+    """No env worker could run for ``start_timeout`` seconds (e.g. every env node died), or the
+    cluster's head is gone."""
+
+
+class HeadWatch:
+    """Whether a Ray cluster's head still answers: a thread connects to its GCS address (HOST:PORT)
+    every ``every`` seconds; ``silent_for()`` is how long it has not answered."""
+
+    def __init__(self, gcs_address: str, every: float = 1.0, timeout: float = 1.0):
+        host, _, port = gcs_address.rpartition(":")
+        self.address, self.host, self.port = gcs_address, host.strip("[]"), int(port)
+        self.every, self.timeout = every, timeout
+        self.last_answer = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fwrl-ray-head-watch", daemon=True)
+        self._thread.start()
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=self.timeout):
+                return True
+        except OSError:
+            return False
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            if self.answers():
+                self.last_answer = time.monotonic()
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_answer
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def import_ray():
@@ -165,6 +207,8 @@ class RayWorkerPool(WorkerPool):
         self._we_initialised = False
         self._last_running = time.monotonic()
         self._closed = False
+        self.head: HeadWatch | None = None  # started once connected
+        self.head_lost = False
 
     # ------------------------------------------------------------------ cluster
     def _connect(self) -> None:
@@ -269,8 +313,23 @@ class RayWorkerPool(WorkerPool):
         self._check_capacity()
         self._remote_class = ray.remote(EnvActor)
         self._last_running = time.monotonic()
+        gcs = ray.get_runtime_context().gcs_address
+        if gcs and self.head is None:
+            self.head = HeadWatch(gcs)
         for worker in range(self.num_workers):
             self._spawn(worker)
+
+    def _check_head(self) -> None:
+        """Raise :class:`WorkersLost` once the cluster's head has not answered for HEAD_LOST_SECONDS."""
+        if self.head is None or self.head.silent_for() < HEAD_LOST_SECONDS:
+            return
+        self.head_lost = True
+        given = f" (--ray-address {self.address})" if self.address not in ("local", self.head.address) else ""
+        raise WorkersLost(
+            f"the Ray cluster's head at {self.head.address}{given} has not answered for {self.head.silent_for():.0f} s: "
+            "the cluster is gone (no worker can be placed or replaced without it). The run stopped with a final "
+            "checkpoint; start the cluster again and continue with --resume."
+        )
 
     def actor(self, worker: int):
         """The Ray actor handle of ``worker``'s current life (None while it is replaced)."""
@@ -290,12 +349,13 @@ class RayWorkerPool(WorkerPool):
         ray = self._ray
         workers = self._chosen(workers)
         pending = {a.pending: i for i in workers if (a := self._actors[i]) is not None and a.pending is not None}
+        self._check_head()
         if not pending:
             return []
         refs = list(pending)
-        # Wake up by the earliest step deadline (or the start_timeout check) at the latest,
-        # so a hang is detected even when every pending actor hangs or timeout is None.
-        until = self._next_deadline(workers) - time.monotonic()
+        # Wake up by the earliest step deadline (or the start_timeout check, or the head's next
+        # probe) at the latest, so a hang or a lost head is seen even when every actor hangs.
+        until = min(self._next_deadline(workers) - time.monotonic(), 1.0 if self.head is not None else math.inf)
         timeout = max(0.0, until) + 0.01 if timeout is None else max(0.0, min(timeout, until + 0.01))
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
@@ -366,6 +426,10 @@ class RayWorkerPool(WorkerPool):
         if self._closed:
             return
         self._closed = True
+        if self.head is not None:
+            self.head.stop()
+        if self.head_lost:  # nothing to ask: killing actors or shutting down waits on the lost head
+            return
         for worker in range(self.num_workers):  # actors are killed at once: no grace needed
             self._kill(worker)
         if self._we_initialised and self._ray.is_initialized():

@@ -171,8 +171,10 @@ def split_workers(num_workers: int, parts: int, worker_splits: int = 1) -> list[
 
 class WorkersLost(Exception):
     """Raised by ``wait`` when no env worker can run any more (e.g. every env node of a
-    Ray cluster is gone); training then stops with a final checkpoint. Subclasses of
-    this and of ``FwrlError`` carry the user-facing message."""
+    Ray cluster is gone, or its head); training then stops with a final checkpoint. Subclasses of
+    this and of ``FwrlError`` carry the user-facing message; the command exits with ``exit_status``."""
+
+    exit_status = 69  # sysexits.h EX_UNAVAILABLE: the workers (or the cluster) are gone; --resume later
 
 
 class WorkerPool:

@@ -697,7 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except FwrlError as exc:
         print(f"fwrl: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_status", 2)  # 2: bad input; 69: the env workers or their cluster are lost
     except KeyboardInterrupt:
         return interrupted()
     except OSError as exc:  # a disk fault (full, read-only, a folder removed) or an unreadable file: one line

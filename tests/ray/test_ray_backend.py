@@ -278,3 +278,46 @@ def test_learner_sigkill_leaves_a_loadable_checkpoint_and_resumes(tmp_path):
     saved_config = yaml.safe_load((run / "config.yaml").read_text())
     assert ckpt["config"] == saved_config
     _check_resume(runs, env, [], ckpt["agent_steps"] + 1500, saved_config)
+
+
+@needs_ray
+def test_a_lost_ray_head_stops_the_run_with_a_final_checkpoint_and_one_line(tmp_path):
+    """The cluster's head (its GCS) is killed mid-run: within HEAD_LOST_SECONDS and well before Ray's
+    own 60 s end of the driver, the run stops with a final checkpoint and one fwrl line naming the
+    head, exit status 69 (the workers' cluster is gone; --resume later). A cluster of its own: the
+    session's must survive."""
+    from fwrl.envs.ray_workers import HEAD_LOST_SECONDS
+    from ray_cluster import LocalCluster
+
+    own = LocalCluster()
+    runs, run = tmp_path / "runs", tmp_path / "runs" / "r"
+    err_path = tmp_path / "train.err"
+    proc = None
+    try:
+        own.start_head()
+        head_group = own.groups[-1]
+        own.add_env_node()
+        env = dict(own.env, PYTHONUNBUFFERED="1")
+        with err_path.open("w") as err:
+            proc = subprocess.Popen(_train_cmd(runs, *_TINY, "--backend", "ray", "--ray-address", own.address,
+                                               "--total-steps", "10000000"), env=env, stdout=subprocess.DEVNULL,
+                                    stderr=err)
+        _wait_for(lambda: (run / "checkpoint.pt").exists() and any(s > 0 for s in _metrics_steps(run)), 240, proc,
+                  "training steps and a checkpoint")
+        before = torch.load(run / "checkpoint.pt", weights_only=True)["agent_steps"]
+        killed = time.monotonic()
+        own.kill_group(head_group)
+        proc.wait(timeout=55)  # Ray itself would end the driver after 60 s, without a checkpoint
+        took = time.monotonic() - killed
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        own.teardown()
+    log = _read(err_path)
+    assert proc.returncode == 69, log[-3000:]
+    assert HEAD_LOST_SECONDS <= took < 50, (took, log[-2000:])
+    assert "Traceback" not in log, log[-3000:]
+    fwrl_errors = [line for line in log.splitlines() if line.startswith("fwrl: error:")]
+    assert len(fwrl_errors) == 1 and "the Ray cluster's head at" in fwrl_errors[0], log[-3000:]
+    assert f"--ray-address {own.address})" in fwrl_errors[0] or f"head at {own.address}" in fwrl_errors[0]
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["agent_steps"] >= before  # the final checkpoint
