@@ -184,6 +184,7 @@ class MetricsSink:
             self.tensorboard = None
         else:
             self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
+        self.tensorboard_dir = run_dir / TENSORBOARD
 
     @property
     def rows(self) -> int:
@@ -199,6 +200,12 @@ class MetricsSink:
     def _write_tensorboard(self, row: dict[str, Any]) -> None:
         if self.tensorboard is None:
             return
+        try:
+            self._add_scalars(row)
+        except OSError as exc:  # TensorBoard's writer names no file: a disk fault is said with its folder
+            raise OSError(exc.errno, exc.strerror, str(self.tensorboard_dir)) from None
+
+    def _add_scalars(self, row: dict[str, Any]) -> None:
         step = row["agent_steps"]
         for key, value in row.items():
             if key in ("agent_steps", "time") or value == "" or value is None or isinstance(value, str):
@@ -210,4 +217,7 @@ class MetricsSink:
 
     def close(self) -> None:
         if self.tensorboard is not None:
-            self.tensorboard.close()
+            try:
+                self.tensorboard.close()
+            except OSError as exc:  # its writer thread's disk fault, said with the folder
+                raise OSError(exc.errno, exc.strerror, str(self.tensorboard_dir)) from None

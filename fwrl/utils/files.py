@@ -29,11 +29,13 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not exc.filename and exc.errno:  # a write or fsync that failed (a full
+            raise OSError(exc.errno, exc.strerror, str(path)) from None    # disk) names no file: name it
         raise
 
 

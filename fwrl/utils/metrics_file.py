@@ -11,6 +11,7 @@ is refused in one line naming the file: nothing in it can be read as a run's pro
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 from dataclasses import dataclass, field
@@ -93,10 +94,13 @@ def append_whole(path: Path, data: bytes) -> None:
     """Append ``data`` with one write call to a file opened for appending: a row is never split by
     another writer's, and a kill leaves it whole or absent (a full disk may still cut it: the next
     read drops it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
-        written = os.write(fd, data)
-        if written != len(data):
-            raise OSError(28, f"only {written} of {len(data)} bytes written", str(path))
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:  # named with the file, as a disk fault is said (one line with the path)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    if written != len(data):
+        raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written", str(path))

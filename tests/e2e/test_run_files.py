@@ -183,3 +183,58 @@ def test_a_run_folder_removed_mid_run_ends_in_one_line_with_exit_74(tmp_path):
     assert code == 74 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("fwrl: error: No such file or directory") and str(run) in last, err
+
+
+@contextlib.contextmanager
+def _small_tmpfs(folder, size: str = "4m"):
+    """A tmpfs of ``size`` mounted on ``folder`` (root with CAP_SYS_ADMIN only: else the test skips)."""
+    import subprocess
+
+    folder.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here to make a disk fault ({made.stderr.strip() or made.returncode})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpoint_whole(tmp_path, fault):
+    """The run folder's file system fills up, or is remounted read-only, after the first checkpoint:
+    the command ends with one line naming the path and the error (exit 74), no traceback, and the
+    checkpoint written before still loads."""
+    import subprocess
+
+    with _small_tmpfs(tmp_path / "disk") as disk:
+        run = disk / "r"
+
+        def fault_once_checkpointed():
+            deadline = time.monotonic() + 60
+            while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if fault == "full":
+                with open(disk / "filler", "wb") as f:
+                    try:
+                        while True:
+                            f.write(b"\0" * 65536)
+                    except OSError:
+                        pass
+            else:  # a read-only mount over the run folder (open files keep writing: TensorBoard's, if any)
+                subprocess.run(["mount", "--bind", str(run), str(run)], check=True)
+                subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], check=True)
+
+        faulty = threading.Thread(target=fault_once_checkpointed)
+        faulty.start()
+        code, _, err = run_cli(["train", *TINY, "--total-steps", 10_000_000, "--max-seconds", 60,
+                                "--checkpoint-interval", 0.5, "--runs-dir", disk, "--name", "r"])
+        faulty.join()
+        subprocess.run(["umount", "-l", str(run)], capture_output=True)  # the read-only mount, if made
+        assert code == 74 and "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        reason = "No space left on device" if fault == "full" else "Read-only file system"
+        assert last.startswith(f"fwrl: error: {reason}") and str(run) in last, err[-3000:]
+        payload = torch.load(run / "checkpoint.pt", weights_only=True)
+        assert payload["model"] and payload["agent_steps"] >= 0

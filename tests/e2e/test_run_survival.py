@@ -54,7 +54,9 @@ def test_bench_throughput_stopped_by_ctrl_c_says_its_figures_are_partial(tmp_pat
     partial (in the JSON too), and the command exits 130 as every other fwrl command."""
     cmd = [sys.executable, "-m", "fwrl.launch.cli", "bench", "throughput", *QUICK[:-2], "--seconds", "60",
            "--warmup", "1", "--ceiling-seconds", "0", "--json-path", str(tmp_path / "b.json")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal delivers it: a test worker (pytest-xdist) may ignore SIGINT, which children inherit
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(1.0)
         deadline = time.monotonic() + 90
