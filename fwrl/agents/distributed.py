@@ -1,4 +1,4 @@
-"""Several learners as ``torch.distributed`` ranks (ARCHITECTURE.md, Processes: past one GPU).
+"""Several learners as ``torch.distributed`` ranks (ARCHITECTURE.md, Processes and machines: past one GPU).
 
 Each rank owns a device, its own env workers, inference loop and rollout
 store, and computes the IMPALA loss on its own B rollout columns. After the

@@ -1,4 +1,4 @@
-"""Central batched inference for every env slot (ARCHITECTURE.md, Processes).
+"""Central batched inference for every env slot (ARCHITECTURE.md, Processes and machines).
 
 One ``InferenceLoop.step`` takes the results of whichever workers are ready,
 runs one batched forward (T = 1) over their slots, sends the actions back,

@@ -1,5 +1,5 @@
 """The acting copy of the weights, its version, and the CUDA streams that read and write it
-(ARCHITECTURE.md, Processes).
+(ARCHITECTURE.md, Processes and machines).
 
 The learner trains ``model``; the inference loop acts with a second copy,
 ``PolicyWeights.model``. After every update the learner *publishes*: it copies

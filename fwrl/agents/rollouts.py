@@ -1,5 +1,5 @@
 """The rollout store: rollouts are born on the learner's device and never leave it
-(ARCHITECTURE.md, Rollouts and the learner).
+(ARCHITECTURE.md, The path of one env step).
 
 Row layout (torchbeast's, unchanged): a rollout holds ``[T+1, K, ...]`` columns
 for the K slots of one worker plus the core state before row 0;

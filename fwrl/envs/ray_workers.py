@@ -3,7 +3,7 @@
 Each actor owns one group of K envs (:func:`~fwrl.envs.groups.make_group`) and plain
 numpy output arrays; ``step`` writes into them and returns them, so results
 travel through Ray's own object channels. The learner and central inference
-stay in the driver process (ARCHITECTURE.md, Processes), which calls
+stay in the driver process (ARCHITECTURE.md, Processes and machines), which calls
 ``ray.init(address=...)`` unless Ray is already initialised.
 
 Placement: with ``resource="auto"`` every actor asks for one unit of the custom

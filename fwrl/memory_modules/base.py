@@ -41,7 +41,7 @@ class CoreConfig(Settings):
 
 
 class Core(nn.Module):
-    """A recurrent memory module behind one interface (ARCHITECTURE.md, Core interface).
+    """A recurrent memory module behind one interface (ARCHITECTURE.md, Memory cores and kernels).
 
     Subclasses set ``output_size`` and implement ``initial_state`` and ``forward``.
     Resets: before step t, rows with ``done[t]`` must start from

@@ -1,4 +1,4 @@
-"""Checkpoints written off the acting and learning paths (ARCHITECTURE.md, Runs).
+"""Checkpoints written off the acting and learning paths (ARCHITECTURE.md, Runs on disk).
 
 ``CheckpointWriter.request(path)`` takes a snapshot (``snapshot()``: CPU
 copies of the weights, optimiser state and counters, taken by the caller

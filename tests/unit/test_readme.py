@@ -107,3 +107,13 @@ def test_docs_cite_the_papers_and_files_a_user_has():
                 for line in re.sub(r"```.*?```", "", README, flags=re.S).splitlines() if re.match(r"#+ ", line)}
     links = set(re.findall(r"\]\(#([^)]+)\)", README))
     assert links and links <= headings, sorted(links - headings)
+
+
+def test_pointers_into_architecture_md_name_its_sections():
+    """``(ARCHITECTURE.md, <section>)`` in the code names a section heading that exists."""
+    headings = {line.lstrip("#").strip() for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines()
+                if line.startswith("## ")}
+    pointer = re.compile(r"ARCHITECTURE\.md, ([A-Z][^).:]*)")
+    wrong = [f"{path.relative_to(ROOT)}: {name!r}" for path in sorted((ROOT / "fwrl").rglob("*.py"))
+             for name in pointer.findall(path.read_text()) if name.strip() not in headings]
+    assert not wrong, f"sections that ARCHITECTURE.md does not have ({sorted(headings)}): {wrong}"
