@@ -8,7 +8,8 @@
 # a private target first (where the Python is 3.12, as on the box); fwrl itself
 # runs from this checkout. Results go to OUT_DIR/<part>/ (default: $OUT/<part>
 # when $OUT is set, as on the device tool's machines, else
-# benchmarks/results/gpu/<part>). FWRL_COMMIT names the commit in the results
+# benchmarks/results/gpu/<part>; a dry run: a new temporary folder, never under
+# benchmarks/results). FWRL_COMMIT names the commit in the results
 # where the checkout has no .git.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)

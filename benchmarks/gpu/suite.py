@@ -960,6 +960,11 @@ PART_FUNCTIONS: dict[str, Callable[[Part, dict[str, Any]], None]] = {
     "kernels": part_kernels, "learner": part_learner, "pong": part_pong}
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/gpu/run.sh", description=__doc__.split("\n\n")[0],
                                      allow_abbrev=False)
@@ -977,7 +982,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="kernels: write the report again from FOLDER/kernels.json (its timed rows; "
                              "the goals are re-derived), on any machine")
     parser.add_argument("part", choices=PARTS)
-    parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu)")
+    parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu; a dry run: "
+                                               "a new temporary folder, never under benchmarks/results)")
     args = parser.parse_intermixed_args(argv)  # PART may come before the options, OUT after them
     if args.rebuild:
         return rebuild_report(args.part, Path(args.rebuild))
@@ -989,7 +995,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"benchmarks/gpu/run.sh: --resume takes an earlier kernels part's kernels.json; got {args.part} "
               f"with {args.resume}{'' if args.resume.is_file() else ' (no such file)'}", file=sys.stderr)
         return 2
-    out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results" / "gpu")
+    # a dry run's figures mean nothing: never into the committed results (it would replace them)
+    default = Path(tempfile.mkdtemp(prefix="fwrl-gpu-dry-run-")) if args.dry_run else ROOT / "benchmarks" / "results" / "gpu"
+    out = Path(args.out or os.environ.get("OUT") or default)
+    if args.dry_run and _inside(out, ROOT / "benchmarks" / "results"):
+        print(f"benchmarks/gpu/run.sh: a dry run writes no figures into {out} (the committed results); give another "
+              "OUT_DIR, or none for a temporary folder", file=sys.stderr)
+        return 2
     meta = metadata(args.dry_run)
     if not args.dry_run and meta["gpu"] == "none (CPU)":
         print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)

@@ -229,3 +229,16 @@ def test_register_cap_rows_compare_each_cap_with_the_default():
     # the goals keep to the default binary: the uncapped row, not the faster capped one
     large = [g for g in suite._kernel_goals(rows) if g["goal"] == "rdn: fused fwd+bwd vs eager at 256x101x8x64"]
     assert large[0]["measured"] == 7.94  # not the capped row's 15.7
+
+
+def test_a_dry_run_never_writes_into_the_committed_results(tmp_path):
+    """A dry run's figures mean nothing: asked to write under benchmarks/results it refuses before it
+    runs anything (it used to replace the committed GPU figures); without OUT_DIR it takes a new
+    temporary folder (the part functions are what the tests above run)."""
+    results = ROOT / "benchmarks" / "results" / "gpu"
+    before = sorted(p.relative_to(ROOT) for p in results.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--dry-run", "kernels", str(results)],
+                          env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "a dry run writes no figures into" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.relative_to(ROOT) for p in results.rglob("*")) == before
