@@ -238,3 +238,13 @@ def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpo
         assert last.startswith(f"fwrl: error: {reason}") and str(run) in last, err[-3000:]
         payload = torch.load(run / "checkpoint.pt", weights_only=True)
         assert payload["model"] and payload["agent_steps"] >= 0
+
+
+def test_the_sweeps_progress_shows_the_last_whole_row(tmp_path):
+    from fwrl.launch.sweep.progress import last_metrics_row
+
+    path = tmp_path / "metrics.csv"
+    _write(path, (100, 200))
+    with open(path, "ab") as f:
+        f.write(b"5.0,30")  # a row being written as the sweep looks
+    assert last_metrics_row(path)["agent_steps"] == "200"

@@ -137,7 +137,10 @@ def last_metrics_row(path: Path, tail_bytes: int = 65536) -> Mapping[str, str] |
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(len(header), size - tail_bytes))
-            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+            tail = f.read().decode("utf-8", "replace")
+            if not tail.endswith("\n"):  # a row still being written (or cut short): not one to show
+                tail = tail[:tail.rfind("\n") + 1]
+            lines = [line for line in tail.splitlines() if line.strip()]
     except OSError:
         return None
     if not header.strip() or not lines or size <= len(header.encode()):
