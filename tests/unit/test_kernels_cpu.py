@@ -11,6 +11,9 @@ One table of rules; each is checked the same way:
 - a sequence cut in two calls, the state carried, equals one call;
 - the dispatch: CPU tensors take the CPU path by default and the reference under
   ``FWRL_KERNELS=reference``.
+
+Beyond the table, the RDN's hand-derived backward: the feature maps the table leaves out, a loss on
+some outputs with the gradient of some inputs, and gradcheck.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 from fwrl.kernels.delta_rule import delta_rule
 from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
+from fwrl.kernels.feature_maps import feature_dim
 from fwrl.kernels.rdn import rdn
 from fwrl.kernels.rdn.cpu import rdn_cpu
 from fwrl.kernels.rdn.naive import rdn_reference
@@ -271,3 +275,53 @@ def test_acting_step_maps_adjacent_query_and_key_slices_in_one_call():
         torch.testing.assert_close(a, s_, rtol=0, atol=1e-15)
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
 
+
+@pytest.mark.parametrize("feature_map", ("dpfp-2", "dpfp-3", "identity"))
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_rdn_cpu_path_with_the_feature_maps_the_table_leaves_out(feature_map, grad_mode):
+    """The RDN's hand-derived backward has its own phi' for each feature map: the maps not in RULES
+    (dpfp with nu > 1, identity) against the reference in float64, resets at step 0 and mid-way."""
+    T, B, d = 6, 3, 4
+    options = {"feature_map": feature_map, "grad_mode": grad_mode}
+    inputs = _rdn_inputs(T, B, torch.Generator().manual_seed(5), d=d, F=feature_dim(feature_map, d))
+    with torch.no_grad():
+        outs = _outputs(rdn_reference(*inputs, resets(T, B, "none"), **options))
+    g = torch.Generator().manual_seed(99)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    for pattern in ("start", "mid"):
+        reset = resets(T, B, pattern)
+        ref = _run(rdn_reference, inputs, reset, weights, **options)
+        got = _run(rdn_cpu, inputs, reset, weights, **options)
+        _assert_same(ref, got, 1e-9, 1e-9, f"rdn {options} resets {pattern}")
+
+
+def test_rdn_cpu_gradient_of_some_outputs_and_some_inputs():
+    """The backward of the RDN's CPU path skips what is not asked for: a loss on one output (or
+    two) and the gradient of a few inputs only equal the reference's."""
+    T, B = 5, 3
+    inputs = _rdn_inputs(T, B, torch.Generator().manual_seed(6))
+    reset = resets(T, B, "mid")
+    with torch.no_grad():
+        outs = _outputs(rdn_reference(*inputs, reset))
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    for grad_mode in GRAD_MODES:
+        for used, wanted in (((0,), (0, 4)), ((1,), (8, 3)), ((2,), (9, 6)), ((1, 2), (1, 2, 7, 8, 9))):
+            grads = []
+            for fn in (rdn_reference, rdn_cpu):
+                leaves = [x.detach().clone().requires_grad_(i in wanted) for i, x in enumerate(inputs)]
+                out = fn(*leaves, reset, grad_mode=grad_mode)
+                loss = sum((out[i] * weights[i]).sum() for i in used)
+                grads.append(torch.autograd.grad(loss, [leaves[i] for i in wanted], allow_unused=True))
+            _assert_same(*grads, 1e-9, 1e-9, f"rdn {grad_mode} outputs {used} inputs {wanted}")
+
+
+@pytest.mark.parametrize("feature_map", ("softmax", "elu1_sumnorm", "dpfp-1"))
+def test_rdn_cpu_backward_passes_gradcheck(feature_map):
+    """Finite differences of the RDN's CPU path agree with its hand-derived backward (grad mode full:
+    step's gradient is truncated by design), resets at step 0 and on consecutive steps."""
+    T, B, d = 4, 2, 3
+    inputs = _rdn_inputs(T, B, torch.Generator().manual_seed(8), H=1, d=d, F=feature_dim(feature_map, d))
+    reset = torch.tensor([[True, False], [False, True], [False, True], [True, False]])
+    leaves = [x.requires_grad_() for x in inputs]
+    assert torch.autograd.gradcheck(lambda *xs: rdn_cpu(*xs, reset, feature_map=feature_map), leaves)
