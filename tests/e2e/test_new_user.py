@@ -16,17 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fwrl.launch.cli import main
+from cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(argv: list) -> tuple[int, str, str]:
-    """``main(argv)`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 def assert_refused(code: int, err: str, *needles: str) -> None:

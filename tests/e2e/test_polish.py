@@ -9,9 +9,7 @@ on a quiet 2-core machine.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import os
 import re
@@ -25,19 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fwrl.launch.cli import main
+from cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1", "--envs-per-worker", "4",
         "--batch-size", "4", "--unroll-length", "5", "--log-interval", "1"]
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``main(argv)`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 def assert_refused(code: int, err: str, *needles: str) -> None:

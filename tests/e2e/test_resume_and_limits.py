@@ -5,26 +5,18 @@ rate where the env has none."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 
 import torch
 
-from fwrl.launch.cli import main
+from cli_runs import run_cli
 from fwrl.runner.progress import Progress
 from fwrl.runner.rundir import MetricsCSV
 from fwrl.settings.config import TrainConfig
 
 TINY = ["--env", "memory:cue_delay?delay=3", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1",
         "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "5", "--log-interval", "0.5"]
-
-
-def run_cli(argv: list) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 def rows(run) -> list[dict]:

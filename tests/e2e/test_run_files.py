@@ -6,7 +6,6 @@ config.yaml edited before a resume."""
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import threading
@@ -16,20 +15,13 @@ import pytest
 import torch
 import yaml
 
-from fwrl.launch.cli import main
+from cli_runs import run_cli
 from fwrl.runner.rundir import MetricsCSV
 from fwrl.utils.metrics_file import read_metrics_file
 
 TINY = ["--env", "memory:cue_delay?delay=3", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1",
         "--envs-per-worker", "4", "--batch-size", "4", "--unroll-length", "5", "--log-interval", "0.2",
         "--num-threads", "1", "--device", "cpu"]
-
-
-def run_cli(argv: list) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 def rows(path) -> list[dict]:
