@@ -61,18 +61,36 @@ def positive_int(raw: str) -> int:
 positive_int.__name__ = "positive int"
 
 
-def import_minatar():
-    """The ``minatar`` module, or an error naming the extra to install."""
-    import logging
+# What MinAtar's package imports only to render (``Environment.display_state``, which fwrl never
+# calls), inside a try that falls back to no rendering: matplotlib's pyplot and seaborn (with scipy
+# and pandas) took 2-5 s of every process that imports MinAtar here (the command, each env worker,
+# the evaluator), against 0.1 s for MinAtar's games.
+RENDER_ONLY_MODULES = ("matplotlib", "seaborn")
 
+
+def import_minatar():
+    """The ``minatar`` module, or an error naming the extra to install; imported without its
+    renderer's modules (:data:`RENDER_ONLY_MODULES`) unless they are loaded already. They are
+    hidden only while MinAtar imports: a later ``import seaborn`` in the process works as usual."""
+    import logging
+    import sys
+
+    if sys.modules.get("minatar") is not None:
+        return sys.modules["minatar"]
+    hidden = [name for name in RENDER_ONLY_MODULES if name not in sys.modules]
     root = logging.getLogger()
     level = root.level
-    root.setLevel(logging.ERROR)  # minatar logs a warning when seaborn (used only to render) is missing
+    root.setLevel(logging.ERROR)  # minatar logs a warning when it cannot import its renderer's modules
+    for name in hidden:
+        sys.modules[name] = None  # an import of it raises ImportError, which minatar catches
     try:
         import minatar
     except ImportError:
         raise missing_dependency("minatar", "minatar", "MinAtar envs") from None
     finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
         root.setLevel(level)
     return minatar
 

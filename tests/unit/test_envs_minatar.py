@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -25,6 +24,19 @@ def test_spaces_are_uint8_chw_frames_of_the_games_channels(game):
     obs, _ = env.reset()
     assert obs.shape == (CHANNELS[game], 10, 10) and obs.dtype == np.uint8 and set(np.unique(obs)) <= {0, 255}
     assert obs.any(), "the first frame shows something"
+
+
+def test_minatar_imports_without_its_renderers_modules_and_they_still_import_after():
+    """MinAtar's package imports pyplot and seaborn to render (seconds of every worker's start); fwrl
+    never renders, so they stay out, silently, and remain importable later in the same process."""
+    code = ("import sys\nfrom fwrl.envs.minatar import import_minatar, MinAtarEnv\n"
+            "import_minatar()\n"
+            "print(sorted(m for m in ('matplotlib', 'seaborn', 'scipy', 'pandas') if m in sys.modules))\n"
+            "env = MinAtarEnv('breakout')\nprint(env.reset(seed=1)[0].shape)\n"
+            "import seaborn, matplotlib.pyplot\nprint('later', seaborn.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "(4, 10, 10)", "later seaborn"] and not proc.stderr, proc
 
 
 def test_minimal_actions_and_bad_options():
@@ -95,16 +107,3 @@ def test_missing_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "minatar", None)
     with pytest.raises(FwrlError, match=r"pip install -e '\.\[minatar\]'"):
         minatar.import_minatar()
-
-
-def test_train_through_the_cli(backend, tmp_path):
-    ray = ["--backend", "ray", "--ray-address", backend.ray_address] if backend.name == "ray" else []
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    train = subprocess.run(
-        [sys.executable, "-m", "fwrl.launch.cli", "train", "--env", "minatar:breakout", "--core", "lstm",
-         "--core-opt", "hidden_size=16", "--num-workers", "2", "--envs-per-worker", "2", "--batch-size", "2",
-         "--unroll-length", "10", "--total-steps", "400", "--device", "cpu", "--num-threads", "1",
-         "--runs-dir", str(tmp_path), "--name", "mb", *ray],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
-    assert "stopped by budget" in train.stdout
