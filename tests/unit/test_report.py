@@ -49,18 +49,19 @@ def make_run(folder: Path, env: str, core: str, seed: int, final: float, evaluat
     return folder
 
 
-def iqm(matrix: np.ndarray) -> float:
-    return float(stats.trim_mean(matrix, proportiontocut=0.25, axis=None))
+def iqm(matrix: np.ndarray, axis: int | None = None):
+    """The interquartile mean of all of ``matrix`` (a float), or of each slice along ``axis``."""
+    value = stats.trim_mean(matrix, proportiontocut=0.25, axis=axis)
+    return float(value) if axis is None else value
 
 
 def stratified_bootstrap_ci(matrix: np.ndarray, statistic, reps: int, seed: int) -> tuple[float, float]:
-    """Percentile CI of ``statistic`` under resampling of runs within each game (column), done here directly."""
+    """Percentile CI of ``statistic`` under resampling of runs within each game (column), done here
+    directly: all ``reps`` resamples at once, ``statistic`` taking each one's scores (flattened)."""
     rng = np.random.default_rng(seed)
     n, games = matrix.shape
-    values = []
-    for _ in range(reps):
-        idx = rng.integers(0, n, size=(n, games))
-        values.append(statistic(matrix[idx, np.arange(games)]))
+    samples = matrix[rng.integers(0, n, size=(reps, n, games)), np.arange(games)].reshape(reps, n * games)
+    values = statistic(samples, axis=1)
     return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
 
 

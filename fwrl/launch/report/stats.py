@@ -104,7 +104,9 @@ def profiles(matrices: Mapping[str, np.ndarray], taus: np.ndarray, reps: int, co
     library, _, _ = import_rliable()
 
     def profile(scores: np.ndarray) -> np.ndarray:
-        return library.score_distributions(scores, taus)
+        # rliable's score_distributions, the same fractions in one comparison: its np.vectorize makes a
+        # Python call per tau, per bootstrap resample (two thirds of a report's time at 5,000 resamples)
+        return (np.asarray(scores).reshape(-1, 1) > taus).mean(axis=0)
 
     with seeded_numpy(seed + 1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
