@@ -151,6 +151,8 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 split2", "rdn", WIDE_ENVS_PER_WORKER, SPLIT2),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
+# rows the dry run leaves out besides the graphed ones: other cores through the same code as rdn's rows
+DRY_RUN_SKIPS = ("delta_net", "srwm")
 # the plain graphed rows that the other layouts of their core and width are compared with
 VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
@@ -365,14 +367,17 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
         if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes, caps):
             continue
         path = part.out / f"kernels-pass{n}.json"
-        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
-            args += ["--dry-run"]
+            # bf16 takes the same code path for every core: the dry run times it for the first one
+            dtypes = tuple(d for d in dtypes if d != "bf16" or not any(done_d == "bf16" for *_, done_d, _ in done))
             impls = tuple(i for i in impls if i in ("reference", "triton")
                           and any((core, i, d, caps) not in done for d in dtypes))
             if not impls:
                 continue
             done.update((core, i, d, caps) for i in impls for d in dtypes)
+        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
+        if part.dry:
+            args += ["--dry-run"]
         else:
             args += ["--repeats", "10"] + [a for shape in shapes for a in ("--shape", shape)]
         args += [a for impl in impls for a in ("--impl", impl)]
@@ -607,7 +612,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     rows: list[dict[str, Any]] = []
     ceilings: dict[int, float] = {}  # envs per worker -> the env ceiling of those workers
     for label, core, envs, extra in LEARNER_RUNS:
-        if part.dry and "--inference-graph" in extra:
+        if part.dry and ("--inference-graph" in extra or label in DRY_RUN_SKIPS):
             continue
         if "--inference-graph" not in extra:
             extra = (*extra, *EAGER)

@@ -86,13 +86,14 @@ def _check_learner_part(folder: Path) -> None:
         f.readline()  # the metadata line
         rows = list(csv.DictReader(f))
     assert not [(r["core"], r["note"]) for r in rows if r.get("note")]  # a row that failed says why
-    # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out
+    # the CUDA-graph rows ("lstm graph", "rdn x8 graph", ...) need a GPU: the dry run leaves them out, and the
+    # rows of cores that run as rdn's do (delta_net, srwm)
     assert [r["core"] for r in rows] == ["lstm x8", "rdn x8", "lstm", "rdn", "rdn x8 2 learners", "rdn x8 2 threads",
-                                         "rdn x8 split2", "delta_net", "srwm", "elstm rtrl"]
-    assert [int(r["envs_per_worker"]) for r in rows] == [2, 2, 1, 1, 2, 2, 2, 1, 1, 1]  # the dry run's widths
-    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1]
-    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]  # two ranks, each acting in its process
-    assert [int(r["worker_splits"]) for r in rows] == [1, 1, 1, 1, 1, 1, 2, 1, 1, 1]  # each process in two splits
+                                         "rdn x8 split2", "elstm rtrl"]
+    assert [int(r["envs_per_worker"]) for r in rows] == [2, 2, 1, 1, 2, 2, 2, 1]  # the dry run's widths
+    assert [int(r["acting_threads"]) for r in rows] == [1, 1, 1, 1, 1, 2, 1, 1]
+    assert [int(r["learners"]) for r in rows] == [1, 1, 1, 1, 2, 1, 1, 1]  # two ranks, each acting in its process
+    assert [int(r["worker_splits"]) for r in rows] == [1, 1, 1, 1, 1, 1, 2, 1]  # each process in two splits
     for row in rows:
         assert float(row["agent_steps_per_s"]) > 0 and 0 < float(row["of_ceiling"]) < 1.5, row
     data = json.loads((folder / "learner.json").read_text())
@@ -139,6 +140,7 @@ def _check_kernels_part(folder: Path) -> None:
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}
     assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
     assert any(g["goal"].startswith("delta_rule") for g in data["goals"])
+    assert {row["core"] for row in data["rows"] if row.get("dtype") == "bf16"} == {"delta_rule"}  # one bf16 pass
     capped = {(row["core"], row["impl"]) for row in data["rows"] if "maxnreg=" in row["impl"] and row.get("fwd_bwd_ms")}
     assert {core for core, _ in capped} == {"delta_rule", "rdn", "srwm"}  # the register-cap A/B ran
     assert "Register cap A/B" in (folder / "kernels.md").read_text()
