@@ -39,6 +39,10 @@ from fwrl.runner.stats import RunStats
 from fwrl.runner.stopping import STOP_ALLOWANCE, Stop, TimeLimit, switch_interval
 from fwrl.settings.config import TrainConfig
 
+# With ``after_first_update`` (fwrl bench throughput): how long past its time acting waits for the
+# first update before it stops without one (the bench then says the window held no update).
+FIRST_UPDATE_WAIT = 120.0
+
 
 @dataclass
 class TrainResult:
@@ -54,7 +58,7 @@ class TrainResult:
 
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
           started: float | None = None, acting_seconds: float | None = None, learn: bool = True,
-          accept_config_edits: bool = False) -> TrainResult:
+          accept_config_edits: bool = False, after_first_update: float | None = None) -> TrainResult:
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
     error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``
     (``accept_config_edits``: on a config.yaml edited since its checkpoint, recorded).
@@ -67,7 +71,10 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     update, the last checkpoint write and :data:`~fwrl.runner.stopping.STOP_ALLOWANCE` took, and
     the learner starts no update it has no time for. ``acting_seconds`` (``fwrl bench
     throughput``): stop acting that many seconds after the workers started, whatever the
-    start-up took. ``learn`` false (``fwrl bench throughput --acting-only``): no updates, each
+    start-up took, and with ``after_first_update`` no sooner than that many seconds after the
+    acting thread saw the session's first update, which it waits for up to
+    :data:`FIRST_UPDATE_WAIT` seconds more (a bench's window starts at its warm-up's end or at
+    the first update, whichever is later, and lasts its seconds). ``learn`` false (``fwrl bench throughput --acting-only``): no updates, each
     batch handed back to the store unread."""
     started = time.monotonic() if started is None else started
     run = build_run(config, Path(run_dir), resume, accept_config_edits)
@@ -104,7 +111,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 evaluator = PeriodicEvaluator(run.config, run.device, run.learner.stats.agent_steps,
                                               time.monotonic())
             schedule = _schedule(run, stats, sink, checkpoints, learning, evaluator) if run.main else None
-            lost = _act(run, acting, learning, stop, limit, schedule, acting_until)
+            lost = _act(run, acting, learning, stop, limit, schedule, acting_until, after_first_update)
             stop.set()
             learning.join()
             acting.join()
@@ -146,9 +153,14 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
 
 
 def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit: TimeLimit,
-         schedule: Schedule | None, acting_until: float) -> WorkersLost | None:
+         schedule: Schedule | None, acting_until: float, after_first_update: float | None = None
+         ) -> WorkersLost | None:
     """The calling acting thread's loop until the run stops; returns the loss of every worker, if
-    that stopped it (raised once the final checkpoint is written)."""
+    that stopped it (raised once the final checkpoint is written). ``acting_until``: a time to stop
+    acting at (``time.monotonic()``), put off to ``after_first_update`` seconds past the first
+    update where that is later (until the first update, at most :data:`FIRST_UPDATE_WAIT` seconds)."""
+    if after_first_update is not None:
+        acting_until, settle = acting_until + FIRST_UPDATE_WAIT, acting_until
     while not stop.is_set():
         if not acting.done:
             try:
@@ -160,6 +172,8 @@ def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit:
             acting.deliver()
             learning.join(0.1)
         now = time.monotonic()
+        if after_first_update is not None and learning.updated:
+            acting_until, after_first_update = max(settle, now + after_first_update), None
         if limit.must_stop(now) or now >= acting_until:
             stop.request("time limit")
             break

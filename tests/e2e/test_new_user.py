@@ -443,8 +443,12 @@ def test_a_sweep_gives_every_core_the_familys_settings(tmp_path):
                         ("atari:Pong", "lstm"): (32, 0.0006), ("atari:Pong", "rdn"): (32, 0.0006)}
 
 
-def test_bench_without_an_update_in_its_window_says_why_not(tmp_path):
-    """A first batch that takes longer than the window: no '0 steps/s', but what the learner waited for."""
+def test_bench_without_an_update_in_its_window_says_why_not(tmp_path, monkeypatch):
+    """A first batch that takes longer than the window and the wait for a first update after it (1 s
+    here, 2 minutes by default): no '0 steps/s', but what the learner waited for."""
+    import fwrl.runner.train
+
+    monkeypatch.setattr(fwrl.runner.train, "FIRST_UPDATE_WAIT", 1.0)
     code, out, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay", "--core", "lstm",
                               "--core-opt", "hidden_size=8", "--num-workers", "1", "--envs-per-worker", "1",
                               "--batch-size", "64", "--unroll-length", "400", "--ceiling-seconds", "0",

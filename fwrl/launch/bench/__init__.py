@@ -431,6 +431,7 @@ class _BenchProgress:
         self.status = None
         self.last_print = 0.0
         self.rate = SmoothedRate(10.0)  # over the last 10 s: a 1 s row without an update does not read 0
+        self.window_start: float | None = None  # the warm-up's end, or the first update where later
 
     def start(self) -> None:
         self.status = self.console.status("starting workers ...")
@@ -440,10 +441,14 @@ class _BenchProgress:
         t = float(row.get("time", 0.0))
         steps = int(row.get("agent_steps", 0))
         self.rate.add(t, steps)
-        phase = (f"warming up {t:.0f} / {self.warmup:g} s" if t < self.warmup
-                 else f"measuring {t - self.warmup:.0f} / {self.seconds:g} s")
+        started = int(row.get("updates" if self.learn else "agent_steps", 0)) > 0
+        if self.window_start is None and t >= self.warmup and (started or not self.learn):
+            self.window_start = t
+        phase = (f"measuring {t - self.window_start:.0f} / {self.seconds:g} s" if self.window_start is not None
+                 else f"warming up {t:.0f} / {self.warmup:g} s" if t < self.warmup
+                 else f"warming up {t:.0f} s, until the first update")
         rate = self.rate.rate()
-        if int(row.get("updates" if self.learn else "agent_steps", 0)) == 0:
+        if not started:
             speed = f"no {'update' if self.learn else 'batch'} yet ({int(row.get('acted_steps', 0)):,} agent steps acted)"
         elif rate != rate:  # one row so far
             speed = "rate known after the next row"
@@ -468,8 +473,10 @@ class _BenchProgress:
 
 def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progress=None,
                        profiler=None, acting_only: bool = False) -> ThroughputResult:
-    """Train with ``config`` for ``warmup + seconds`` (no checkpoints but the last, in a temporary
-    folder) and summarise the metrics rows logged after the warm-up.
+    """Train with ``config`` for ``warmup + seconds``, and at least ``seconds`` past the first
+    update where that comes after the warm-up (no checkpoints but the last, in a temporary folder),
+    and summarise the metrics rows logged from the warm-up's end or the first update, whichever is
+    later.
 
     Steps are the learner's (T x B per update), read from rows logged every
     second, so the figure is what training really consumes. ``profiler`` (a
@@ -493,30 +500,45 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table
+        profiled = profiler.stop - profiler.start if profiler is not None else 0.0
         if profiler is not None:
             shown = progress.update
+            waiting = [not acting_only]  # for the row of the first update
 
             def update(row: dict) -> None:
+                if waiting[0] and int(float(row.get("updates") or 0)) > 0:
+                    # the measured window starts at the first update where that is after the warm-up:
+                    # the profiled seconds follow it
+                    waiting[0] = False
+                    profiler.start = max(profiler.start, float(row.get("time", 0.0)) + seconds)
+                    profiler.stop = profiler.start + profiled
                 profiler.update(row)
                 shown(row)
 
             progress.update = update
-        profiled = profiler.stop - profiler.start if profiler is not None else 0.0
         signal_number = 0
+        # acting lasts the warm-up and the window, and the window at least ``seconds`` after the first
+        # update (a slow start, such as a first update that compiles, does not eat the window)
+        # (plus one log interval: the rows, which place the window, come a second apart)
+        after_first_update = None if acting_only else seconds + profiled + config.log_interval
         try:
             if config.learners > 1:
-                _train_ranks(config, run, warmup + seconds, warmup)
+                _train_ranks(config, run, warmup + seconds, warmup, after_first_update)
             else:
                 stopped = train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled,
-                                learn=not acting_only)  # the window counts from the workers' start
+                                learn=not acting_only, after_first_update=after_first_update)
                 signal_number = stopped.signal
         finally:
             if profiler is not None:
                 profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    result = _window_summary(rows, warmup, warmup + seconds if profiler is not None else float("inf"), config,
-                             learn=not acting_only)
+    until = float("inf")
+    if profiler is not None:  # the window's end, where the profiled seconds begin
+        first = next((float(r["time"]) for r in rows if r.get("steps_per_second", "") != ""
+                      and int(float(r.get("updates") or 0)) > 0), 0.0)
+        until = max(warmup, first) + seconds if not acting_only else warmup + seconds
+    result = _window_summary(rows, warmup, until, config, learn=not acting_only)
     result.interrupted_by = signal_number
     return result
 
@@ -527,7 +549,8 @@ def _check_acting_only(config: TrainConfig, acting_only: bool) -> None:
                         f"{config.learners} runs ranks that all-reduce in theirs: drop --learners or --acting-only.")
 
 
-def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: float) -> None:
+def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: float,
+                 after_first_update: float | None = None) -> None:
     """``--learners N``: train ``config`` as N learner ranks on this machine (processes started
     like ``fwrl train --learners N``'s, each acting for ``acting_seconds`` with its own share of the
     workers); rank 0 writes ``run``'s metrics, whose agent steps count every rank's."""
@@ -544,7 +567,8 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
     for log in logs:
         log.setLevel(logging.CRITICAL)
     try:
-        launch_ranks(config.learners, _bench_rank, config.to_dict(), str(run), acting_seconds, warmup)
+        launch_ranks(config.learners, _bench_rank, config.to_dict(), str(run), acting_seconds, warmup,
+                     after_first_update)
     except ChildFailedError as exc:
         rank, failure = sorted(exc.failures.items())[0]
         raise FwrlError(f"learner rank {rank} of {config.learners} {describe_exit(int(failure.exitcode))} "
@@ -558,7 +582,8 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
             log.setLevel(level)
 
 
-def _bench_rank(config: dict, run: str, acting_seconds: float, warmup: float) -> None:
+def _bench_rank(config: dict, run: str, acting_seconds: float, warmup: float,
+                after_first_update: float | None = None) -> None:
     """One learner rank of :func:`_train_ranks` (a process of its own; rank 0 shows the progress)."""
     from rich.console import Console
 
@@ -571,7 +596,7 @@ def _bench_rank(config: dict, run: str, acting_seconds: float, warmup: float) ->
         path = prepare_run_dir(Path(run), resume=False, clean=ranks.is_main)
         progress = _BenchProgress(Console(stderr=True), warmup, acting_seconds - warmup) if ranks.is_main else None
         train(TrainConfig.from_dict(config, "the bench's learner ranks"), path, progress=progress,
-              acting_seconds=acting_seconds)
+              acting_seconds=acting_seconds, after_first_update=after_first_update)
     except FwrlError as exc:  # said in one line, as the CLI says it, not as a traceback of the launcher's
         print(f"fwrl: error: learner rank {ranks.rank}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
