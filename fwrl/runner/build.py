@@ -154,12 +154,10 @@ def acting_graph(requested: bool | None, device: torch.device, threads: int) -> 
     """Whether the acting forward replays CUDA graphs (``inference_graph``): ``requested`` where given
     (true needs a CUDA device), else on for a CUDA device with one acting thread.
 
-    A T = 1 forward on a GPU is bound by its kernel launches (the H200's profile: 27 per acting step
-    at 6.4 us each, an eager forward of 3.1 ms on the CPU for 0.32 ms on the GPU); one graph replay
-    launches them all, and the graphed lstm acted about 1.75x as many agent steps/s as the eager one
-    (``benchmarks/results/gpu/learner-h200-ed3df79``). Several acting threads keep the eager forward
-    unless asked: their graphed path (one lock for capture and replay, a generator per loop) was
-    fixed after that box and has not yet run on a GPU."""
+    A T = 1 forward on a GPU is bound by its kernel launches; one graph replay launches them all
+    (the measured gain: README, ``fwrl train``'s ``--inference-graph``). Several acting threads keep
+    the eager forward unless asked: their graphed path (one lock for capture and replay, a generator
+    per loop) has not yet been timed on a GPU."""
     if requested is None:
         return device.type == "cuda" and threads == 1
     if requested and device.type != "cuda":

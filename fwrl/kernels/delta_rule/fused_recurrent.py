@@ -71,10 +71,10 @@ SPLITS = (1, 2, 4, 8)
 MIN_AUTO_ROWS = 16
 # Registers per thread of the forward and backward kernels (``launch_options``) at head dims of at
 # least ``CAPPED_FROM_DIM``. The GPU suite's A/B (``fwrl bench kernels --maxnreg 255 128``, fp32
-# fwd+bwd, each pair side by side) found the cap of 128 1.44x faster at (256, 101, 8, 64) on an H200
-# (ed3df79) and 1.50x on an H100 (19cb767): twice the programs per SM. At (32, 51, 4, 32) it was a
-# wash (1.08x at 5902696, 0.92x at 19cb767, both H100s), and the box's Triton 3.6 spills the bf16
-# backward at head dim 32 under it (8 B of stack, 19cb767), so smaller heads keep the uncapped binary.
+# fwd+bwd, each pair side by side; benchmarks/results/gpu/) found the cap of 128 about 1.5x faster at
+# (256, 101, 8, 64) on H200 and H100 boxes: twice the programs per SM. At (32, 51, 4, 32) it was a
+# wash, and Triton 3.6 spills the bf16 backward at head dim 32 under it, so smaller heads keep the
+# uncapped binary.
 MAXNREG = 128
 CAPPED_FROM_DIM = 64
 
