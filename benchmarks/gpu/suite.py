@@ -827,7 +827,7 @@ def _pong_train_args(name: str, workers: int, seconds: int, runs_dir: str, dry: 
     args = ["train", *PONG_AGENTS[name], "--num-workers", workers, "--max-seconds", seconds, "--runs-dir", runs_dir,
             "--name", f"pong-{name}", "--log-interval", 2 if dry else 10]
     return args + (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
-                    "--total-steps", 3000] if dry else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
+                    "--total-steps", 1600] if dry else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
 
 
 def _side_by_side(part: Part, commands: dict[str, list[str]], timeout: float) -> dict[str, bool]:
