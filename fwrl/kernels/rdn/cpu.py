@@ -66,7 +66,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fwrl.kernels import check_grad_mode
-from fwrl.kernels.cpu_common import reset_steps
+from fwrl.kernels.cpu_common import keep_rows, reset_steps
 from fwrl.kernels.feature_maps import SUM_NORM_EPS, apply_feature_map, check_feature_map
 
 
@@ -338,8 +338,7 @@ def _one_step(x: Tensor, R: Tensor, W0: Tensor, h0: Tensor, reset: Tensor, featu
     W, h = W0.reshape(N, d, F), h0
     restart = bool(reset.any())
     if restart:
-        keep = (~reset[0]).to(x.dtype).view(B, 1, 1)
-        W, h = (W.view(B, H * d, F) * keep).view(N, d, F), h * keep
+        W, h = keep_rows(W.view(B, H * d, F), reset[0]).view(N, d, F), keep_rows(h, reset[0])
     a = torch.baddbmm(x[0].transpose(0, 1), torch.tanh(h).transpose(0, 1), R).transpose(0, 1)
     kq = x.new_empty(B, H, 2, F)
     _phi_into(feature_map, a[..., : 2 * d].unflatten(-1, (2, d)), kq)

@@ -370,10 +370,12 @@ class ThroughputResult:
 
 
 def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = float("inf"),
-                    config: TrainConfig | None = None, learn: bool = True) -> ThroughputResult:
+                    config: TrainConfig | None = None, learn: bool = True,
+                    seconds: float | None = None) -> ThroughputResult:
     """Steps, updates and the time-weighted means of the pipeline columns of the metrics rows
-    logged from ``warmup`` seconds (or from the first update, where it came later) to ``until``
-    (each row covers the interval since the one before). A window without an update is a
+    logged from ``warmup`` seconds (or from the first update, where it came later) to ``until``, or
+    with ``seconds`` to that long after the window's start (each row covers the interval since the
+    one before). A window without an update is a
     FwrlError that says why (:func:`_no_update_text`), never a rate of 0 steps/s. ``learn`` false
     (``--acting-only``): the window starts at the warm-up's end and needs handed-back batches
     (agent steps) instead of updates."""
@@ -381,6 +383,8 @@ def _window_summary(rows: list[dict[str, str]], warmup: float, until: float = fl
     progress = "updates" if learn else "agent_steps"  # what must grow over the window
     first_update = next((float(r["time"]) for r in timed if int(float(r.get(progress) or 0)) > 0), None)
     start = max(warmup, first_update) if first_update is not None else warmup
+    if seconds is not None:
+        until = start + seconds
     after = [r for r in timed if start <= float(r["time"]) <= until]
     if first_update is None or len(after) < 2 or int(after[-1][progress]) <= int(after[0][progress]):
         raise FwrlError(_no_update_text(timed, warmup, until, first_update, config))
@@ -533,12 +537,12 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
                 profiler.finish()
         with (run / "metrics.csv").open() as f:
             rows = list(csv.DictReader(f))
-    until = float("inf")
-    if profiler is not None:  # the window's end, where the profiled seconds begin
-        first = next((float(r["time"]) for r in rows if r.get("steps_per_second", "") != ""
-                      and int(float(r.get("updates") or 0)) > 0), 0.0)
-        until = max(warmup, first) + seconds if not acting_only else warmup + seconds
-    result = _window_summary(rows, warmup, until, config, learn=not acting_only)
+    # with a profile after it, the window ends where the profiled seconds begin: --acting-only's at
+    # the warm-up and window's end, a learning run's ``seconds`` after the window's start
+    profiled_learning = profiler is not None and not acting_only
+    until = warmup + seconds if profiler is not None and acting_only else float("inf")
+    result = _window_summary(rows, warmup, until, config, learn=not acting_only,
+                             seconds=seconds if profiled_learning else None)
     result.interrupted_by = signal_number
     return result
 
