@@ -2,11 +2,12 @@
 
 Each rule's folder ``fwrl/kernels/<rule>/`` holds:
 
-- ``__init__.py``: the rule's one public function (``from fwrl.kernels.rdn import rdn``), the
-  entry point the memory modules call. It takes per-step pre-activations, an initial state and
-  a per-step reset mask, and returns the per-step outputs and the final state, so a whole
-  rollout is one call; it runs the fused kernel where it can, otherwise the reference
-  (``dispatch`` chooses);
+- ``__init__.py``: the rule's backends declared once (``RULE``, a ``dispatch.KernelRule``) and
+  its one public function made from them (``from fwrl.kernels.rdn import rdn``), the entry point
+  the memory modules call. It takes the reference's arguments (per-step pre-activations, an
+  initial state and a per-step reset mask) and returns the per-step outputs and the final state,
+  so a whole rollout is one call; it runs the fused kernel where it can, the CPU path on CPU
+  tensors, otherwise the reference (``dispatch`` chooses);
 - ``naive.py``: the PyTorch reference, a per-step loop that defines the maths (with the
   paper's equation numbers);
 - ``fused_recurrent.py``: the fused Triton kernel, its autograd wrapper and ``supports(...)``

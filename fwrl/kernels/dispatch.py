@@ -1,8 +1,12 @@
 """Choose the fused Triton kernel or the PyTorch reference for each call of a rule.
 
-Every rule's entry point (``fwrl.kernels.<rule>``) calls :func:`dispatch` with its
-reference (``naive``) and a loader of its fused kernel (``fused_recurrent``, imported on
-the first call that may use it: importing a rule does not import Triton).
+Each rule declares its backends once, as a :class:`KernelRule` in its ``__init__.py``:
+the reference (``naive``), whose signature is the rule's; the CPU path (``cpu``) and the
+fused kernel (``fused_recurrent``, imported on the first call that may use it: importing
+a rule does not import Triton), which take the same arguments; and which of them the
+kernel's ``supports`` reads. :func:`kernel_function` makes the rule's public function
+from it (the reference's signature and a ``layer=`` keyword), and every call goes
+through :func:`dispatch`.
 
 CUDA tensors with a shape a kernel supports use Triton; CPU tensors use the rule's CPU path
 (``cpu.py``: the same maths in a few batched torch calls per step with a hand-derived backward)
@@ -22,6 +26,9 @@ the warning). CPU inputs run the reference without a warning.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import logging
 import os
 import warnings
@@ -52,6 +59,54 @@ class Fused(NamedTuple):
 
     run: Callable[..., Any]
     supports: Callable[..., str | None]
+
+
+class KernelRule(NamedTuple):
+    """One rule's backends, declared once (in ``fwrl/kernels/<rule>/__init__.py``).
+
+    ``reference(*args, **options)`` defines the maths and the signature; ``cpu`` (None: the rule
+    has no CPU path) takes the same arguments, and so does ``<name>_triton`` in the ``fused``
+    module, whose ``supports(*supports_args, **options)`` says why it cannot run on given inputs
+    (None when it can). ``title`` names the rule in messages ("no Triton <title> kernel ...")."""
+
+    name: str
+    title: str
+    reference: Callable[..., Any]
+    cpu: Callable[..., Any] | None
+    fused: str
+    supports_args: tuple[str, ...]
+
+    def load_fused(self) -> Fused:
+        """The fused kernel and its ``supports`` (imports Triton)."""
+        module = importlib.import_module(self.fused)
+        return Fused(getattr(module, f"{self.name}_triton"), module.supports)
+
+
+def kernel_function(rule: KernelRule) -> Callable[..., Any]:
+    """The public function of ``rule``: the reference's signature and docstring plus a keyword
+    ``layer`` (the key its first call's log line and any fallback warning name), dispatching
+    each call to a backend (:func:`dispatch`)."""
+    signature = inspect.signature(rule.reference)
+    names = list(signature.parameters)
+    positions = tuple(names.index(name) for name in rule.supports_args)
+    last, named = max(positions), frozenset(rule.supports_args)
+    layer_parameter = inspect.Parameter("layer", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation="str | None")
+
+    @functools.wraps(rule.reference)
+    def run(*args: Any, layer: str | None = None, **options: Any) -> Any:
+        if len(args) <= last or not named.isdisjoint(options):
+            bound = signature.bind(*args, **options)  # tensors passed by name: the slow way
+            args, options = bound.args, bound.kwargs
+        return dispatch(rule, args, options, tuple(args[i] for i in positions), layer)
+
+    run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), layer_parameter])
+    run.__name__ = run.__qualname__ = rule.name
+    run.__module__ = rule.fused.rsplit(".", 1)[0]
+    run.__doc__ = (f"{rule.title} over a whole sequence: the fused Triton kernel, the CPU path or the "
+                   f"reference, as ``fwrl.kernels.dispatch`` chooses. The reference's doc:\n\n"
+                   f"{rule.reference.__doc__ or ''}")
+    return run
 
 
 def kernel_backend() -> str:
@@ -129,47 +184,39 @@ def _load_fused(load: Callable[[], Fused]) -> tuple[Fused | None, str | None]:
                       f"{install_command('kernels')})")
 
 
-def dispatch(
-    kernel: str,
-    reference: Callable[..., Any],
-    fused: Callable[[], Fused],
-    args: tuple,
-    kwargs: dict[str, Any],
-    supports_args: tuple,
-    cannot_run: str,
-    layer: str | None,
-    cpu: Callable[..., Any] | None = None,
-) -> Any:
-    """The fused kernel ``fused().run(*args, **kwargs)`` where the backend allows Triton and
-    its ``supports(*supports_args, **kwargs)`` gives no reason against; the rule's CPU path
-    ``cpu(*args, **kwargs)`` for CPU inputs (or everywhere under ``FWRL_KERNELS=cpu``); otherwise
-    ``reference(*args, **kwargs)``, or under ``FWRL_KERNELS=triton`` an error
-    "FWRL_KERNELS=triton but <cannot_run>: <reason>.". Logs the choice once per ``layer``;
-    warns once per layer and reason when a CUDA input falls back. ``kernel`` names the rule
-    in these messages."""
+def dispatch(rule: KernelRule, args: tuple, options: dict[str, Any], supports_args: tuple,
+             layer: str | None) -> Any:
+    """``rule``'s fused kernel on ``(*args, **options)`` where the backend allows Triton and its
+    ``supports(*supports_args, **options)`` gives no reason against; the rule's CPU path for CPU
+    inputs (or everywhere under ``FWRL_KERNELS=cpu``); otherwise the reference, or under
+    ``FWRL_KERNELS=triton`` an error "FWRL_KERNELS=triton but no Triton <title> kernel can run on
+    these inputs: <reason>.". Logs the choice once per ``layer``; warns once per layer and reason
+    when a CUDA input falls back."""
     backend = kernel_backend()
+    kernel = rule.name
     x = supports_args[0]
     layer = layer or f"{kernel} (unnamed)"
     if backend == "reference":
         _announce(layer, kernel, "reference", x, "FWRL_KERNELS=reference")
-        return reference(*args, **kwargs)
-    if cpu is not None and (backend == "cpu" or (backend == "auto" and not _on_cuda(x))):
+        return rule.reference(*args, **options)
+    if rule.cpu is not None and (backend == "cpu" or (backend == "auto" and not _on_cuda(x))):
         if not _capturing(x):
             _announce(layer, kernel, "cpu", x, "FWRL_KERNELS=cpu" if backend == "cpu" else "")
-            return cpu(*args, **kwargs)
+            return rule.cpu(*args, **options)
         backend = "auto"  # the CPU path reads the reset steps on the host: a CUDA graph cannot capture it
     if backend == "cpu":
         _announce(layer, kernel, "reference", x, f"the {kernel} rule has no CPU path")
-        return reference(*args, **kwargs)
-    triton_kernel, reason = _load_fused(fused)
+        return rule.reference(*args, **options)
+    triton_kernel, reason = _load_fused(rule.load_fused)
     if triton_kernel is not None:
-        reason = triton_kernel.supports(*supports_args, **kwargs)
+        reason = triton_kernel.supports(*supports_args, **options)
         if reason is None:
             _announce(layer, kernel, "triton", x)
-            return triton_kernel.run(*args, **kwargs)
+            return triton_kernel.run(*args, **options)
     if backend == "triton":
-        raise FwrlError(f"FWRL_KERNELS=triton but {cannot_run}: {reason}.")
+        raise FwrlError(f"FWRL_KERNELS=triton but no Triton {rule.title} kernel can run on these inputs "
+                        f"(fwrl.kernels.{kernel}): {reason}.")
     if _on_cuda(x):
         _warn_fallback(layer, kernel, reason)
     _announce(layer, kernel, "reference", x, reason)
-    return reference(*args, **kwargs)
+    return rule.reference(*args, **options)

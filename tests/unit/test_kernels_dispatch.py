@@ -9,8 +9,8 @@ handing dispatch the interpreted kernel modules (``kernel_harness``).
 
 from __future__ import annotations
 
-import builtins
 import logging
+import sys
 import warnings
 
 import pytest
@@ -109,14 +109,8 @@ def test_reference_chosen_on_purpose_is_silent(monkeypatch, caplog):
 def test_triton_not_importable_says_how_to_install(monkeypatch):
     monkeypatch.setattr(dispatch, "_on_cuda", lambda x: True)
 
-    real_import = builtins.__import__
-
-    def no_triton(name, *args, **kwargs):  # no fused kernel can be imported
-        if name.rpartition(".")[2] == "fused_recurrent":
-            raise ModuleNotFoundError("No module named 'triton'", name="triton")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_triton)
+    monkeypatch.setitem(sys.modules, "triton", None)  # Triton not installed: importing it raises ImportError
+    monkeypatch.delitem(sys.modules, "fwrl.kernels.delta_rule.fused_recurrent", raising=False)
     q = torch.randn(2, 1, 1, 8)
     W0 = torch.zeros(1, 1, 8, 8)
     with pytest.warns(dispatch.KernelFallbackWarning, match=r"pip install -e '\.\[kernels\]'"):
