@@ -100,6 +100,18 @@ def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
 
 
 @needs_ray
+def test_replay_matches_acting_through_ray_workers(cluster):
+    """Acting through Ray actors into the rollout store: every stored rollout, replayed from its
+    initial state, reproduces the outputs acting computed (``tests/unit/test_rollouts.py`` does the
+    same through local workers)."""
+    from rollout_replay import assert_replay_matches, collect
+    from worker_backends import Backend
+
+    model, rollouts, _, _ = collect("lstm", {"hidden_size": 16}, 8, backend=Backend("ray", cluster.address))
+    assert assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
+
+
+@needs_ray
 def test_killed_actor_is_replaced_with_a_restarted_result(cluster):
     import ray
 

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+from rollout_replay import CUE, T, assert_replay_matches, collect
 
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.model import AgentNet
@@ -20,10 +21,8 @@ from fwrl.agents.rollout_queue import RolloutQueue
 from fwrl.agents.rollouts import Rollout, RolloutData, RolloutSpec, RolloutStore, store_capacity
 from fwrl.envs.local_workers import LocalWorkerPool
 from fwrl.envs.step_record import StepRecord
-from fwrl.envs.worker_pool import PoolSettings, PoolSlice, split_workers
+from fwrl.envs.worker_pool import PoolSettings
 
-T = 6
-CUE = "memory:cue_delay?delay=2&num_cues=3"  # 4-step episodes: ends inside rollouts of 6
 # worker 0 raises on every 9th step of each life: restarts in the middle of rollouts
 RESTARTING = "chaos:cue_delay?delay=2&num_cues=3&raise_every=9&only_worker=0"
 
@@ -36,100 +35,12 @@ CORES = {
 }
 
 
-def _collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None, workers: int = 2,
-             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp"), threads: int = 1):
-    """At least ``n`` rollouts (and more until ``until(rollouts)``) of acting with the model through a
-    pool of ``backend`` (default: local), copied out of the store (each page is handed back as soon
-    as it is copied). ``obs``: the env's (observation shape, dtype, actions) and the model's stem.
-    ``threads`` > 1: that many acting threads, each with its own loop over a slice of the workers,
-    writing the one store at once (``fwrl.runner.acting``); the last value is then the list of loops."""
-    if threads > 1:
-        return _collect_threaded(core, core_options, n, env, workers, until, obs, threads)
-    torch.manual_seed(0)
-    shape, dtype, actions, stem = obs
-    pool = (backend.pool(env, workers, 2, seed=5, step_timeout=30.0) if backend is not None
-            else LocalWorkerPool(PoolSettings(env, workers, 2, seed=5, step_timeout=30.0)))
-    model = AgentNet(shape, actions, core, core_options, stem=stem)
-    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions), workers, torch.device("cpu"),
-                         model.initial_state(1))
-    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
-    rollouts: list[RolloutData] = []
-
-    def keep(rollout: Rollout) -> None:
-        rollouts.append(store.export(rollout))
-        store.release(rollout)
-
-    pool.start()
-    try:
-        while len(rollouts) < n or not until(rollouts):
-            loop.step(5.0, on_rollout=keep)
-    finally:
-        pool.close()
-    return model, rollouts, store, loop
-
-
-def _collect_threaded(core, core_options, n, env, workers, until, obs, threads):
-    torch.manual_seed(0)
-    shape, dtype, actions, stem = obs
-    pool = LocalWorkerPool(PoolSettings(env, workers, 2, seed=5, step_timeout=30.0))
-    model = AgentNet(shape, actions, core, core_options, stem=stem)
-    store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions),
-                         workers, torch.device("cpu"), model.initial_state(1))
-    weights = PolicyWeights(model)  # one acting copy, read by every thread's forwards at once
-    loops = [InferenceLoop(model, PoolSlice(pool, part), store, torch.device("cpu"), weights=weights)
-             for part in split_workers(workers, threads)]
-    rollouts: list[RolloutData] = []
-    kept = threading.Lock()
-    enough, errors = threading.Event(), []
-
-    def keep(rollout: Rollout) -> None:
-        with kept:
-            rollouts.append(store.export(rollout))
-            store.release(rollout)
-            if len(rollouts) >= n and until(rollouts):
-                enough.set()
-
-    def serve(loop: InferenceLoop) -> None:
-        try:
-            while not enough.is_set():
-                loop.step(0.5, on_rollout=keep)
-        except BaseException as exc:  # noqa: BLE001 - failed the test below
-            errors.append(exc)
-            enough.set()
-
-    pool.start()
-    try:
-        running = [threading.Thread(target=serve, args=(loop,)) for loop in loops]
-        for thread in running:
-            thread.start()
-        for thread in running:
-            thread.join(120)
-        assert not any(thread.is_alive() for thread in running), "acting threads did not stop"
-    finally:
-        pool.close()
-    if errors:
-        raise errors[0]
-    return model, rollouts, store, loops
-
-
-def _assert_replay_matches(model, rollouts: list[RolloutData]) -> bool:
-    """Replays every rollout; returns whether some episode ended inside one."""
-    saw_inner_reset = False
-    for r in rollouts:
-        saw_inner_reset |= bool(r.tensors["done"][1:].any())
-        with torch.no_grad():
-            out, _ = model({k: r.tensors[k] for k in ("obs", "reward", "done")}, r.initial_state)
-        torch.testing.assert_close(out["policy_logits"][:-1], r.tensors["policy_logits"][1:], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out["baseline"][:-1], r.tensors["baseline"][1:], rtol=1e-5, atol=1e-5)
-    return saw_inner_reset
-
-
 @pytest.mark.parametrize("core", sorted(CORES))
 def test_replay_from_initial_state_matches_acting(core):
     """With episode ends inside rollouts and worker restarts in the middle of them."""
-    model, rollouts, store, loop = _collect(core, CORES[core], 8, env=RESTARTING,
+    model, rollouts, store, loop = collect(core, CORES[core], 8, env=RESTARTING,
                                             until=lambda rs: any(r.worker == 0 and r.life > 0 for r in rs))
-    assert _assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
+    assert assert_replay_matches(model, rollouts), "episodes of 4 steps must end inside rollouts of 6"
     assert loop.restarts_seen >= 1 and store.dropped_steps > 0
     assert {r.life for r in rollouts if r.worker == 0} >= {0, 1}, "rollouts of two lives of worker 0"
 
@@ -143,10 +54,10 @@ def test_replay_matches_acting_with_two_acting_threads(core):
     """Two acting threads, each stepping its own slice of the workers, write one store at once
     (``fwrl.runner.acting``): every rollout still replays from its initial state to the very
     outputs acting computed, across episode ends and worker restarts in both slices."""
-    model, rollouts, store, loops = _collect(
+    model, rollouts, store, loops = collect(
         core, CORES[core], 12, env=RESTARTING_ALL, workers=4, threads=2,
         until=lambda rs: {r.worker for r in rs if r.life > 0} >= {0, 3})
-    assert _assert_replay_matches(model, rollouts)
+    assert assert_replay_matches(model, rollouts)
     assert {r.worker for r in rollouts} == {0, 1, 2, 3}
     assert all(loop.restarts_seen >= 1 for loop in loops), "each thread saw a restart of one of its workers"
     assert store.dropped_steps > 0
@@ -157,22 +68,23 @@ def test_replay_matches_acting_on_atari_frames():
     """uint8 frames go into the store as int32 words (``rollouts._words``): the learner must see
     the very frames the actors saw (Pong, nature stem)."""
     pytest.importorskip("ale_py", reason="needs the Atari envs (pip install 'fwrl[atari]')")
-    model, rollouts, _, _ = _collect("lstm", {"hidden_size": 16}, 4, env="atari:Pong",
+    model, rollouts, _, _ = collect("lstm", {"hidden_size": 16}, 4, env="atari:Pong",
                                      obs=((4, 84, 84), torch.uint8, 6, "nature"))
     for r in rollouts:
         frames = r.tensors["obs"]
         assert frames.dtype == torch.uint8 and frames.shape == (T + 1, 2, 4, 84, 84)
         assert (frames[1:] != frames[:-1]).any(), "the frames must change from step to step"
-    _assert_replay_matches(model, rollouts)
+    assert_replay_matches(model, rollouts)
 
 
-def test_replay_matches_acting_on_both_backends(backend):
-    model, rollouts, _, _ = _collect("lstm", CORES["lstm"], 8, backend=backend)
-    assert _assert_replay_matches(model, rollouts)
+def test_replay_matches_acting_through_local_workers():
+    """The local backend (the Ray one: ``tests/ray/test_ray_backend.py``)."""
+    model, rollouts, _, _ = collect("lstm", CORES["lstm"], 8)
+    assert assert_replay_matches(model, rollouts)
 
 
 def test_overlap_row_and_shapes():
-    _, rollouts, _, _ = _collect("lstm", {"hidden_size": 8}, 6)
+    _, rollouts, _, _ = collect("lstm", {"hidden_size": 8}, 6)
     by_worker: dict[int, list[RolloutData]] = {}
     for r in rollouts:
         assert r.tensors["obs"].shape == (T + 1, 2, 4)
@@ -187,7 +99,7 @@ def test_overlap_row_and_shapes():
 
 
 def test_first_rollout_starts_fresh_and_actions_match_rewards():
-    _, rollouts, _, _ = _collect("lstm", {"hidden_size": 8}, 2, env="memory:cue_delay?delay=0&num_cues=3")
+    _, rollouts, _, _ = collect("lstm", {"hidden_size": 8}, 2, env="memory:cue_delay?delay=0&num_cues=3")
     first = rollouts[0]
     assert first.tensors["done"][0].all(), "the very first obs starts an episode"
     for name, value in first.initial_state.items():
