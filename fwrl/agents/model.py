@@ -167,13 +167,14 @@ def init_orthogonal(stem: nn.Module, policy: nn.Linear, baseline: nn.Linear) -> 
 
 
 def with_stem_defaults(core: str, options: Mapping[str, Any] | None, stem: str) -> dict[str, Any]:
-    """``options`` with a fast-weight core's ``output_scale`` and ``head_init`` resolved where they
-    are auto (unset or None), for the agent's ``stem`` (``fwp_block.stem_defaults``)."""
+    """``options`` with a fast-weight core's auto options (default None: ``output_scale``,
+    ``head_init``, the SRWM cores' ``input_map`` and ``pre_norm``) resolved where they are unset or
+    None, for the agent's ``stem`` (``fwp_block.stem_defaults``)."""
     options = dict(options or {})
     config_class = core_config_class(core)
     fields = config_class.model_fields
     for key, value in stem_defaults(stem, getattr(config_class, "small_heads_on_atari", True)).items():
-        if options.get(key) is None and key in fields:
+        if options.get(key) is None and key in fields and fields[key].default is None:
             options[key] = value
     return options
 

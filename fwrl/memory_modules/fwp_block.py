@@ -29,19 +29,22 @@ from fwrl.memory_modules.base import Core, CoreConfig, State
 PIXEL_OUTPUT_SCALE = 0.1
 HEAD_INITS = ("agent", "small")
 SMALL_HEAD_GAINS = (0.01, 0.1)  # orthogonal gains of the policy and value heads under head_init "small"
-SCALED_START: dict[str, float | str] = {"output_scale": PIXEL_OUTPUT_SCALE, "head_init": "agent"}
-STEM_DEFAULTS: dict[str, dict[str, float | str]] = {
-    "impala": {"output_scale": 1.0, "head_init": "small"},
-    "nature": {"output_scale": 1.0, "head_init": "small"},
+# An entry applies to a core whose option of that name is auto (default None): input_map and pre_norm
+# only to the SRWM cores (srwm.SRWMConfig); the other cores' pre_norm is True whatever the stem.
+IMAGE_SRWM_INPUT = {"input_map": "softmax", "pre_norm": False}  # the paper's RL runs (App. B)
+SCALED_START: dict[str, float | str | bool] = {"output_scale": PIXEL_OUTPUT_SCALE, "head_init": "agent", **IMAGE_SRWM_INPUT}
+STEM_DEFAULTS: dict[str, dict[str, float | str | bool]] = {
+    "impala": {"output_scale": 1.0, "head_init": "small", **IMAGE_SRWM_INPUT},
+    "nature": {"output_scale": 1.0, "head_init": "small", **IMAGE_SRWM_INPUT},
     "minatar": SCALED_START,
-    "mlp": {"output_scale": 1.0, "head_init": "agent"},
+    "mlp": {"output_scale": 1.0, "head_init": "agent", "input_map": "identity", "pre_norm": True},
 }
 
 
-def stem_defaults(stem: str, small_heads_on_atari: bool = True) -> dict[str, float | str]:
-    """The ``output_scale`` and ``head_init`` that None (auto) stands for behind ``stem``, for a core
-    whose config has ``small_heads_on_atari`` (else it keeps scale 0.1 and the agent's heads behind
-    the Atari stems as well).
+def stem_defaults(stem: str, small_heads_on_atari: bool = True) -> dict[str, float | str | bool]:
+    """The ``output_scale``, ``head_init`` and (SRWM cores) ``input_map`` and ``pre_norm`` that None
+    (auto) stands for behind ``stem``, for a core whose config has ``small_heads_on_atari`` (else it
+    keeps scale 0.1 and the agent's heads behind the Atari stems as well).
 
     The policy and value heads read the block's residual stream, which no LayerNorm closes (as in
     the papers' code). At the papers' output scale of 1 and the agent's head init, one RMSProp step
@@ -60,6 +63,12 @@ def stem_defaults(stem: str, small_heads_on_atari: bool = True) -> dict[str, flo
 
     Behind the mlp stem (vector observations, memory tasks) the papers' block: scale 1 with the
     agent's heads (rdn on memory:cue_delay, 60 k steps: success 0.99 at scale 1, 0.49 at 0.1).
+
+    The SRWM's input (Eq. 5's phi of the layer input, and whether a LayerNorm comes first): behind
+    the image stems the paper's RL runs, a softmax of the raw residual stream; behind mlp a LayerNorm
+    and the identity (the paper's supervised runs). Behind the mlp stem the raw stream is small, so a
+    softmax over each head's entries is nearly uniform and the layer barely sees its input: POPGym
+    RepeatFirst and memory:cue_delay stay at chance with it (``benchmarks/results/learning/popgym-cpu``).
     """
     defaults = STEM_DEFAULTS[stem]
     if defaults["head_init"] == "small" and not small_heads_on_atari:
@@ -96,7 +105,7 @@ class FWPConfig(CoreConfig):
     grad_mode: Literal[GRAD_MODES] = Field("full", description="full: BPTT through carried fast weights; "
                                            "step: gradient cut at every step")
     # LayerNorm before the fast-weight layer; the SRWM cores feed the raw
-    # residual stream instead (PAPERS.md §2).
+    # residual stream behind image stems (PAPERS.md §2; their pre_norm is auto).
     pre_norm: bool = Field(True, description="LayerNorm before the fast-weight layer")
     output_scale: float | None = Field(None, gt=0, description="the policy and value heads read the residual "
                                        "stream times this (1: the papers' code); default: 0.1 behind the minatar "

@@ -6,13 +6,17 @@ ProcGen settings of paper 002 Sec. 4.3 as defaults: L = 2, hidden 128, H = 8
 heads of d = 16 (hidden = H * d: the layer splits the residual stream into H
 slices, App. A "Use of multiple heads"; there is no projection inside it).
 
-No LayerNorm before these layers (``pre_norm=False``): Eq. 5 reads phi(x_t)
-of the layer input directly, and in RL phi is a per-head softmax of the
-residual stream (App. B, "Sequence processing components"; PAPERS.md §2).
-The softmax already puts each head's input on the simplex, which is the
+Behind the image stems (the paper's RL runs) no LayerNorm before these
+layers: Eq. 5 reads phi(x_t) of the layer input directly, phi a per-head
+softmax of the residual stream (App. B, "Sequence processing components";
+PAPERS.md §2). The softmax already puts each head's input on the simplex, the
 normalisation the self-modification needs (Eq. 6-8 use softmax-normalised
-q, k); a LayerNorm would only change the temperature of that softmax. The
-feed-forward sub-layer keeps its LayerNorm (PAPERS.md §2 block).
+q, k). Behind the mlp stem the raw stream is too small for that softmax (it
+is nearly uniform, and the layer barely sees its input), so there the layer
+reads a LayerNorm of the stream through the identity, as in the paper's
+supervised runs: ``input_map`` and ``pre_norm`` are auto, resolved by the
+stem (``fwp_block.stem_defaults``). The feed-forward sub-layer keeps its
+LayerNorm (PAPERS.md §2 block).
 
 Stability: Eq. 8 does not bound the weights in general. A row m of W moves
 to m + beta (m.q - m.k) k; when q is more peaked than k on the same entry,
@@ -54,6 +58,7 @@ from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransfo
 from fwrl.utils.settings import redefault
 
 OFFSET_KEYS = ("Wy", "Wq", "Wk", "wb")
+UNRESOLVED_INPUT_MAP = "softmax"  # input_map auto in a layer built without an agent (no stem to follow)
 
 
 class SRWMConfig(FWPConfig):
@@ -67,11 +72,16 @@ class SRWMConfig(FWPConfig):
     # phi for the generated query/key (Eq. 6-8) and for the Delta Net's q, k
     # in sr_delta_net: a softmax, as in the authors' RL runs (PAPERS.md §2).
     feature_map: Literal["softmax"] = redefault(FWPConfig, "feature_map", "softmax")
-    pre_norm: bool = redefault(FWPConfig, "pre_norm", False)
+    # Auto (None) follows the stem (fwp_block.stem_defaults); a core built without an agent has none.
+    pre_norm: bool | None = redefault(FWPConfig, "pre_norm", None)
     # phi applied to the layer input in Eq. 5: softmax in RL, identity in the
     # supervised experiments (App. B). The authors' RL code fed Fake SR the
-    # raw residual stream (identity); fwrl follows the paper by default.
-    input_map: Literal[INPUT_MAPS] = Field("softmax", description="phi applied to the layer input, Eq. 5")
+    # raw residual stream (identity). Auto (None) follows the stem
+    # (fwp_block.stem_defaults); a layer built without an agent reads the softmax.
+    input_map: Literal[INPUT_MAPS] | None = Field(None, description="phi applied to the layer input, Eq. 5; "
+                                                  "default: softmax behind the image stems (the paper's RL "
+                                                  "runs), identity behind mlp, where pre_norm's LayerNorm "
+                                                  "comes first (fwp_block.stem_defaults)")
 
     @model_validator(mode="after")
     def _heads_split_hidden(self) -> "SRWMConfig":
@@ -99,7 +109,7 @@ class _SelfReferentialLayer(FastWeightLayer):
         super().__init__()
         H, d = config.num_heads, config.head_dim
         self.num_heads, self.head_dim = H, d
-        self.input_map = config.input_map
+        self.input_map = config.input_map or UNRESOLVED_INPUT_MAP
         self.grad_mode = config.grad_mode
         self.W_y = nn.Parameter(_normal_(torch.empty(H, y_rows, d), d))
         self.W_q = nn.Parameter(_normal_(torch.empty(H, d, d), d))
@@ -196,7 +206,7 @@ class FakeSRLayer(FastWeightLayer):
         super().__init__()
         H, d = config.num_heads, config.head_dim
         self.num_heads, self.head_dim = H, d
-        self.input_map = config.input_map
+        self.input_map = config.input_map or UNRESOLVED_INPUT_MAP
         self.W_y = nn.Parameter(_normal_(torch.empty(H, d, d), d))
         self.out_size = H * d
 

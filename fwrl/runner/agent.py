@@ -41,8 +41,9 @@ def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
 
 def resolve_core_options(config: TrainConfig, info: EnvInfo) -> TrainConfig:
     """``config`` with the core options that depend on the env fixed (a fast-weight core's auto
-    ``output_scale`` and ``head_init``, by the stem: ``fwp_block.stem_defaults``), so the run folder
-    records the values the run trained with and a later change of the rule cannot change them."""
+    ``output_scale``, ``head_init`` and SRWM ``input_map``, by the stem: ``fwp_block.stem_defaults``),
+    so the run folder records the values the run trained with and a later change of the rule cannot
+    change them."""
     stem = default_stem(info.obs_shape) if config.stem == "auto" else config.stem
     options = with_stem_defaults(config.core, config.core_options, stem)
     return config.model_copy(update={"core_options": options})

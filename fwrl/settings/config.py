@@ -198,7 +198,7 @@ class TrainConfig(Settings):
         from fwrl.memory_modules import core_config_class
 
         options = core_config_class(self.core).from_options(self.core_options, core=self.core)
-        pinned = [key for key in CHANGED_CORE_DEFAULTS if key in type(options).model_fields]
+        pinned = auto_core_options(type(options))
         self.core_options = {key: getattr(options, key) for key in (*self.core_options, *pinned)}
 
     def _fold_atari_flags(self) -> None:
@@ -291,9 +291,18 @@ class BenchConfig(Settings):
     acting_only: bool = Field(False, description="throughput: no updates, each batch handed back to the store unread (agent steps/s: the acting path's rate with no learner work beside it; one learner rank)")
 
 
-# core option -> the value every run had before its default changed (output_scale: 1 -> auto by stem;
-# head_init, new: the agent's init scheme before it existed)
-CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0, "head_init": "agent"}
+# core option whose default changed to auto (None, resolved by the stem) -> the value every run had
+# before (output_scale 1; head_init, new: the agent's init scheme before it existed; the SRWM cores'
+# input_map softmax and pre_norm off). It applies to a core only where that option is auto: the other
+# fast-weight cores' pre_norm stays True.
+CHANGED_CORE_DEFAULTS: dict[str, Any] = {"output_scale": 1.0, "head_init": "agent", "input_map": "softmax",
+                                         "pre_norm": False}
+
+def auto_core_options(config_class: type) -> list[str]:
+    """The options of ``CHANGED_CORE_DEFAULTS`` that are auto (default None) in a core's config class."""
+    fields = config_class.model_fields
+    return [key for key in CHANGED_CORE_DEFAULTS if key in fields and fields[key].default is None]
+
 
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
@@ -467,10 +476,9 @@ def saved_settings(data: Mapping[str, Any]) -> dict[str, Any]:
     core = data.get("core", TrainConfig.model_fields["core"].default)
     if core not in core_names():
         return data  # TrainConfig names the unknown core
-    fields = core_config_class(core).model_fields
     options = dict(data.get("core_options") or {})
-    for key, old in CHANGED_CORE_DEFAULTS.items():
-        if key in fields and key not in options:
-            options[key] = old
+    for key in auto_core_options(core_config_class(core)):
+        if key not in options:
+            options[key] = CHANGED_CORE_DEFAULTS[key]
     data["core_options"] = options
     return data

@@ -28,11 +28,12 @@ def test_learning_settings_cover_every_recurrent_core():
 # ----------------------------------------------------------------------------- learning (slow)
 
 FWP_SMALL = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "head_dim": 16, "ff_dim": 64}
-# The self-referential cores with their RL defaults (no LayerNorm before the layer, softmax of the raw
-# residual stream as phi, paper 002 App. B) carry almost no trace of the cue at initialisation (the
-# query-step logits differ by ~1e-5 between cues, vs ~1e-2 for delta_net) and stay at chance on this
-# task within 250k steps; with the LayerNorm and phi = identity they learn it in ~20k steps.
-SR_SMALL = {**FWP_SMALL, "pre_norm": True, "input_map": "identity"}
+# The self-referential cores with the paper's RL input (no LayerNorm before the layer, softmax of the raw
+# residual stream as phi, App. B) carry almost no trace of the cue at initialisation (the query-step
+# logits differ by ~1e-5 between cues, vs ~1e-2 for delta_net) and stay at chance on this task within
+# 250k steps; behind the mlp stem their auto input is a LayerNorm and phi = identity (fwp_block.
+# stem_defaults), which learns it in ~20k steps: these runs check that default.
+SR_SMALL = FWP_SMALL
 # core: (core options, agent steps); each reached >= 0.9 with seeds 1 and 2 (the learning curves are in
 # the issue 3 report: all fast-weight cores are at 1.0 by 30k-45k steps with seed 2)
 CUE_DELAY = {

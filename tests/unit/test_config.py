@@ -1,6 +1,7 @@
 """Config, presets and resume rules; the command line and files go through the settings models."""
 
 import pytest
+import torch
 import yaml
 
 from fwrl.envs.registry import EnvInfo
@@ -193,6 +194,38 @@ def test_changed_core_defaults_are_pinned_in_new_runs_and_kept_in_old_ones(tmp_p
     assert check_resume(read_config(tmp_path / "old.yaml"), {"total_steps": "7"}).core_options == before
     with pytest.raises(FwrlError, match="head_init"):
         build_config(None, {"core": "rdn", "core_options": {"head_init": "tiny"}})
+
+
+def test_srwm_input_follows_the_stem_and_old_runs_keep_the_raw_softmax(tmp_path):
+    """The SRWM's input (Eq. 5's phi of the layer input, a LayerNorm first or not) is auto: behind
+    image stems the paper's RL runs (softmax of the raw stream), behind mlp a LayerNorm and the
+    identity (a softmax of the small raw stream is nearly uniform there); a given option is kept,
+    the other cores' pre_norm stays on whatever the stem, and a run saved before the change reads
+    back the raw softmax."""
+    new = build_config(None, {"core": "srwm"})
+    assert new.core_options == {"output_scale": None, "head_init": None, "input_map": None, "pre_norm": None}
+    images = EnvInfo(obs_shape=(4, 84, 84), obs_dtype="uint8", num_actions=6, task_names=("pong",))
+    small_frames = EnvInfo(obs_shape=(4, 10, 10), obs_dtype="uint8", num_actions=6, task_names=("breakout",))
+    vectors = EnvInfo(obs_shape=(7,), obs_dtype="float32", num_actions=2, task_names=("t",))
+    srwm_input = lambda config, info: {k: resolve_core_options(config, info).core_options[k]
+                                       for k in ("input_map", "pre_norm")}
+    assert srwm_input(new, images) == srwm_input(new, small_frames) == {"input_map": "softmax", "pre_norm": False}
+    assert srwm_input(new, vectors) == {"input_map": "identity", "pre_norm": True}
+    model = build_model(new, vectors)
+    layers = [m for m in model.modules() if hasattr(m, "input_map")]
+    assert layers and all(m.input_map == "identity" for m in layers)
+    assert isinstance(model.core.blocks[0].norm1, torch.nn.LayerNorm)
+    assert not isinstance(build_model(new, images).core.blocks[0].norm1, torch.nn.LayerNorm)
+    given = build_config(None, {"core": "fake_sr", "core_options": {"input_map": "softmax", "pre_norm": False}})
+    assert srwm_input(given, vectors) == {"input_map": "softmax", "pre_norm": False}
+    delta = build_config(None, {"core": "delta_net"})
+    assert "input_map" not in delta.core_options and "pre_norm" not in delta.core_options
+    assert resolve_core_options(delta, images).core_options.get("pre_norm", True) is True
+    old = new.to_dict()
+    old["core_options"] = {}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    assert {k: read_config(tmp_path / "old.yaml").core_options[k] for k in ("input_map", "pre_norm")} == {
+        "input_map": "softmax", "pre_norm": False}
 
 
 def test_atari_flags_are_settings_that_survive_resume():
