@@ -269,3 +269,38 @@ def test_a_report_of_runs_without_any_score_is_refused_and_writes_nothing(tmp_pa
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
     assert "none of the 1 run(s) has a score yet" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _cut_metrics(run: Path, last_steps: int) -> None:
+    """Keep the rows of the run's metrics.csv up to ``last_steps`` agent steps (a run still training)."""
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.reader(f))
+    with (run / "metrics.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([rows[0], *[r for r in rows[1:] if int(r[1]) <= last_steps]])
+
+
+def test_runs_short_of_their_budget_are_marked_or_left_out(tmp_path):
+    """A run that has not logged its total_steps (a sweep still running) is scored on what it reached,
+    marked § in the table, named with its steps in the notes and report.json; --finished-only leaves
+    it out, and refuses a report with nothing finished."""
+    for seed in (1, 2):
+        make_run(tmp_path / "runs" / f"p-lstm-{seed}", "atari:Pong", "lstm", seed, 5.0 * seed)
+    _cut_metrics(make_run(tmp_path / "runs" / "p-rdn-1", "atari:Pong", "rdn", 1, 4.0, evaluated=False), 500)
+    code, stdout, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "all"), "--reps", "200")
+    assert code == 0, err
+    assert "1 of 3 runs have not reached their step budget: p-rdn-1 (500 of 1,000)" in err
+    rdn_row = next(line for line in stdout.splitlines() if line.startswith("| atari:Pong"))
+    assert rdn_row.count("§") == 1 and rdn_row.rstrip(" |").endswith("§")  # the rdn column, not the lstm's
+    report = json.loads((tmp_path / "all" / "report.json").read_text())
+    assert {Path(r["path"]).name: (r["agent_steps"], r["unfinished"]) for r in report["runs"]} == {
+        "p-lstm-1": (1000, False), "p-lstm-2": (1000, False), "p-rdn-1": (500, True)}
+    assert any("p-rdn-1 (500 of 1,000)" in note for note in report["notes"])
+    code, stdout, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "done"), "--reps", "200",
+                            "--finished-only")
+    assert code == 0, err
+    assert [g["label"] for g in json.loads((tmp_path / "done" / "report.json").read_text())["groups"]] == ["lstm"]
+    assert "left out (--finished-only)" in err and "§" not in stdout
+    code, _, err = cli("report", str(tmp_path / "runs" / "p-rdn-1"), "--out", str(tmp_path / "none"),
+                       "--finished-only")
+    assert code == 2 and "none of the 1 run(s) has reached its step budget" in err
+    assert not (tmp_path / "none").exists()

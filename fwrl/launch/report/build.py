@@ -27,8 +27,8 @@ from fwrl.evaluation.scores import MMER_WINDOW
 from fwrl.launch.report import document as doc
 from fwrl.errors import FwrlError
 from fwrl.launch.report.baselines import KIND_TEXT, GameRef, RandomPolicyCache, game_refs
-from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, Group, Run, find_runs, group_runs, load_run,
-                                        stale_note)
+from fwrl.launch.report.collect import (NOT_GROUPING, STALE_MARK, UNFINISHED_MARK, Group, Run, find_runs, group_runs,
+                                        load_run, stale_note, unfinished_note)
 from fwrl.launch.report.options import ReportConfig
 from fwrl.launch.report.stats import (METRICS, aggregates, as_json, describe_interval, import_rliable, mean_ci,
                                       profiles, score_matrices, taus_for)
@@ -114,7 +114,16 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
                  say: Callable[[str], None] = lambda text: None) -> Report:
     """Load the runs, group them, and compute every statistic of the report."""
     runs = [load_run(path, labels) for path, labels in found]
-    notes = [f"{run.path}: no evaluation.json and no training episodes in metrics.csv; left out."
+    short = unfinished_note(runs, opts.finished_only)
+    if short:
+        say(f"fwrl report: {short}")
+    if opts.finished_only:
+        if runs and all(run.unfinished for run in runs):
+            raise FwrlError(f"none of the {len(runs)} run(s) has reached its step budget (--finished-only); "
+                            f"report them without it, marked {UNFINISHED_MARK}, or once they finish.")
+        runs = [run for run in runs if not run.unfinished]
+    notes = [short] if short else []
+    notes += [f"{run.path}: no evaluation.json and no training episodes in metrics.csv; left out."
              for run in runs if not run.scores]
     for note in filter(None, map(stale_note, runs)):
         say(f"fwrl report: {note}")
@@ -138,6 +147,8 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
                 continue
             cell.scores[run.seed] = score.value
             cell.sources.add("stale evaluation" if score.stale else score.source)
+            if run.unfinished:
+                cell.sources.add("unfinished")
             cell.episode_returns = score.returns
     for g_index, (game, per) in enumerate(cells.items()):
         for i, (label, cell) in enumerate(per.items()):
@@ -203,7 +214,8 @@ def _cell_text(cell: GameGroup | None) -> str:
     n = f"n=1, {len(cell.episode_returns)} episodes" if cell.ci_over_episodes else f"n={len(cell.scores)}"
     text = describe_interval(cell.mean, cell.low, cell.high) + f" ({n}{', MMER' if 'mmer' in cell.sources else ''})"
     return (text + (TRAINING_MARK if "training" in cell.sources else "")
-            + (STALE_MARK if "stale evaluation" in cell.sources else ""))
+            + (STALE_MARK if "stale evaluation" in cell.sources else "")
+            + (UNFINISHED_MARK if "unfinished" in cell.sources else ""))
 
 
 def _random_text(ref: GameRef) -> str:
@@ -219,6 +231,7 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
             for game in report.games]
     stale = any("stale evaluation" in c.sources for per in report.cells.values() for c in per.values())
     mmer = any("mmer" in c.sources for per in report.cells.values() for c in per.values())
+    unfinished = any("unfinished" in c.sources for per in report.cells.values() for c in per.values())
     return [doc.Heading(2, "Per game"),
             doc.Paragraph(f"Mean return over seeds with its {report.options.confidence:.0%} bootstrap CI "
                           f"[low, high]; n: seeds (with one seed, the CI is over its evaluation episodes). "
@@ -227,6 +240,8 @@ def per_game_blocks(report: Report) -> list[doc.Block]:
                           "episodes logged in metrics.csv) for some or all seeds"
                           + (f"; {STALE_MARK}: for some or all seeds, an evaluation of an earlier checkpoint (the "
                              "run trained on after it; see the notes)" if stale else "")
+                          + (f"; {UNFINISHED_MARK}: for some or all seeds, a run short of its step budget (its "
+                             "score so far; see the notes)" if unfinished else "")
                           + ("; MMER: POPGym's metric (Morad et al. 2023), the maximum over training of the mean "
                              f"return of the last {MMER_WINDOW} episodes (metrics.csv), which scores popgym runs "
                              "whether or not they were evaluated" if mmer else "")
@@ -397,6 +412,7 @@ def report_json(report: Report, figures: dict[str, Path]) -> dict[str, Any]:
                   "scores": {game: {"value": s.value, "source": s.source, "episodes": s.episodes,
                                     "agent_steps": s.agent_steps, "run_agent_steps": s.run_steps, "stale": s.stale}
                              for game, s in r.scores.items()},
+                  "agent_steps": r.steps, "total_steps": int(r.config["total_steps"]), "unfinished": r.unfinished,
                   "normalised": {game: report.refs[game].normalise(s.value) for game, s in r.scores.items()}}
                  for r in report.runs],
         "per_game": [{"game": game, "group": label, "seeds": sorted(c.scores), "scores": [c.scores[s] for s in

@@ -13,7 +13,9 @@ the maximum over training of that mean episode return, from metrics.csv even whe
 evaluation (which counts only where metrics.csv has no episode).
 An evaluation of an earlier checkpoint than the run's last (``evaluation.json``
 records its agent steps; the run was resumed and trained on since) is stale:
-its score is kept, and marked with the two step counts.
+its score is kept, and marked with the two step counts. A run whose last logged
+agent steps fall short of its ``total_steps`` (a sweep still running, a time
+limit) is unfinished: its score is what it reached so far, marked as such.
 A multi-task run (``procgen:bigfish+fruitbot``) counts in each of its games.
 
 Groups: runs that share every setting but the seed (and the env, which is the
@@ -41,6 +43,7 @@ from fwrl.launch.sweep.plan import is_sweep, read_manifest
 NOT_GROUPING = frozenset({"seed", "env"} | (RESUMABLE_CHANGES - {"total_steps"}))
 SEED_AXES = ("seed",)
 STALE_MARK = "‡"  # an evaluation of an earlier checkpoint than the run's last
+UNFINISHED_MARK = "§"  # a run short of its step budget
 GAME_AXES = ("env",)
 
 
@@ -72,10 +75,16 @@ class Run:
     labels: dict[str, str] | None = None  # a sweep cell's axis labels
     scores: dict[str, Score] = field(default_factory=dict)
     curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    steps: int | None = None  # the last agent steps metrics.csv logged (None: no row)
 
     @property
     def seed(self) -> int:
         return int(self.config["seed"])
+
+    @property
+    def unfinished(self) -> bool:
+        """The run has not logged its step budget (still training, or stopped short of it)."""
+        return (self.steps or 0) < int(self.config["total_steps"])
 
     def method_key(self) -> str:
         """What the runs of a group share: every setting but those in :data:`NOT_GROUPING`."""
@@ -195,7 +204,7 @@ def load_run(path: Path, labels: dict[str, str] | None = None) -> Run:
     rows = read_metrics(path) if (path / "metrics.csv").is_file() else []
     run.scores, run.curves = _training(rows, spec)
     steps = [int(s) for s in series(rows, "agent_steps")[1] if math.isfinite(s)] if rows else []
-    run_steps = max(steps) if steps else None
+    run_steps = run.steps = max(steps) if steps else None
     evaluation = path / "evaluation.json"
     if evaluation.is_file():
         try:
@@ -219,6 +228,20 @@ def stale_note(run: Run) -> str | None:
     return (f"{run.path}: evaluation.json is of the checkpoint at {stale[0].agent_steps:,} agent steps, and the run "
             f"has trained to {stale[0].run_steps:,} since: its score is that earlier evaluation, marked "
             f"{STALE_MARK}; run `fwrl evaluate {run.path}` again to score the current checkpoint.")
+
+
+def unfinished_note(runs: Sequence[Run], left_out: bool) -> str | None:
+    """What the report says of the runs short of their step budget (None: every run finished)."""
+    short = [run for run in runs if run.unfinished]
+    if not short:
+        return None
+    listed = ", ".join(f"{run.path.name} ({run.steps or 0:,} of {int(run.config['total_steps']):,})" for run in short[:6])
+    more = f" and {len(short) - 6} more" if len(short) > 6 else ""
+    if left_out:
+        return (f"{len(short)} of {len(runs)} runs have not reached their step budget and are left out "
+                f"(--finished-only): {listed}{more} agent steps.")
+    return (f"{len(short)} of {len(runs)} runs have not reached their step budget: {listed}{more} agent steps; "
+            f"their scores are what they reached so far, marked {UNFINISHED_MARK} (--finished-only leaves them out).")
 
 
 # ----------------------------------------------------------------------------- groups
