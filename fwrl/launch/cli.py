@@ -153,7 +153,9 @@ def run_train(args: argparse.Namespace) -> int:
         if lock is not None:
             lock.release()
     if ranks.is_main:
-        per_update = config.batch_size * config.unroll_length * ranks.world_size
+        from fwrl.runner.budget import Budget
+
+        per_update = Budget.of(config, ranks.world_size).steps_per_update
         print(f"run {run_dir}: {_result_text(result, config, per_update)}; checkpoint {run_dir / 'checkpoint.pt'}"
               + (f"; {ranks.world_size} learner ranks" if ranks.distributed else ""))
     if result.signal:  # the shell's convention: 128 + the signal (130 after Ctrl-C, 143 after SIGTERM)

@@ -13,42 +13,52 @@ step written into the device rollout store, the actions sent back. A rollout tha
 completes goes to the learner's queue, which blocks while it is full (back pressure on acting).
 Acting stops once the rollouts of the step budget's last batch are handed over. Finished
 episodes reach ``on_episode`` in the calling thread only (the other threads queue them), so
-the episode log has one writer.
+the episode log has one writer. The loop pushes its counters into the run's
+:class:`~fwrl.runner.counters.Counters` after each of the calling thread's steps.
+
+It takes its collaborators, not the run: the pool, the store, the rollout queue, the streams, a
+maker of one thread's :class:`~fwrl.agents.inference.InferenceLoop` (a slice of the workers and
+the thread's stage timer in, the loop out), the budget, the counters, the stop and the episode sink.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
 
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.policy_weights import DeviceStreams
-from fwrl.agents.rollouts import Rollout
-from fwrl.envs.worker_pool import EpisodeRecord, PoolSlice, StepSource, WorkersLost, split_workers
-from fwrl.runner.build import Run
+from fwrl.agents.rollout_queue import RolloutQueue
+from fwrl.agents.rollouts import Rollout, RolloutStore
+from fwrl.agents.stage_timer import StageTimer
+from fwrl.envs.worker_pool import EpisodeRecord, PoolSlice, StepSource, WorkerPool, WorkersLost, split_workers
+from fwrl.runner.budget import Budget
+from fwrl.runner.counters import Counters
 from fwrl.runner.run_metrics import Mean
 from fwrl.runner.stopping import Stop
 
 
 class ActingLoop:
-    """Acting for every env slot of ``run``'s pool; finished episodes go to ``on_episode``."""
+    """Acting for every env slot of ``pool``, one thread per timer in ``timers`` (each with the loop
+    ``new_loop(slice, timer)`` makes), until the rollouts ``budget`` still needs after the counters'
+    agent steps are handed to ``rollouts``; finished episodes go to ``on_episode``."""
 
-    def __init__(self, run: Run, stop: Stop, on_episode: Callable[[EpisodeRecord], None]):
-        self.run = run
+    def __init__(self, pool: WorkerPool, store: RolloutStore, rollouts: RolloutQueue, streams: DeviceStreams,
+                 new_loop: Callable[[StepSource, StageTimer], InferenceLoop], timers: Sequence[StageTimer],
+                 budget: Budget, counters: Counters, stop: Stop, on_episode: Callable[[EpisodeRecord], None]):
+        self.pool, self.store, self.rollouts, self.streams = pool, store, rollouts, streams
+        self.counters = counters
         self.stop = stop
         self.on_episode = on_episode
-        threads = len(run.actor_timers)
-        splits = run.pool.settings.worker_splits  # a slice holds whole processes
-        sources: list[StepSource] = [run.pool] if threads == 1 else [
-            PoolSlice(run.pool, workers) for workers in split_workers(run.pool.num_workers, threads, splits)]
-        self.loops = [InferenceLoop(run.acting_model, source, run.store, run.device, weights=run.weights,
-                                    timer=timer, graph=run.inference_graph,
-                                    batch_wait=run.config.acting_batch_wait)
-                      for source, timer in zip(sources, run.actor_timers)]
-        self.columns_needed = run.columns_needed()
+        threads = len(timers)
+        splits = pool.settings.worker_splits  # a slice holds whole processes
+        sources: list[StepSource] = [pool] if threads == 1 else [
+            PoolSlice(pool, workers) for workers in split_workers(pool.num_workers, threads, splits)]
+        self.loops = [new_loop(source, timer) for source, timer in zip(sources, timers)]
+        self.columns_needed = budget.columns_needed(counters.agent_steps)
         self.columns_done = 0  # rollout columns handed to the learner's queue in this session
-        self.acted_before = int(run.resumed.get("acted_steps", 0))  # by the sessions before a resume
+        self.acted_before = counters.acted_steps  # by the sessions before a resume
         self.queue_depth = Mean()
         self.lost: WorkersLost | None = None  # set by a thread that found no worker able to run
         self._columns_lock = threading.Lock()
@@ -71,7 +81,7 @@ class ActingLoop:
 
     def _serve(self, index: int, loop: InferenceLoop) -> None:
         try:
-            with DeviceStreams.use(self.run.streams.acting_stream(index)):
+            with DeviceStreams.use(self.streams.acting_stream(index)):
                 while not self.stop.is_set() and not self.done:
                     loop.step(0.1, on_rollout=self._hand_over, on_episode=self._finished.append)
         except WorkersLost as exc:  # the run stops cleanly: final checkpoint, then the message
@@ -85,12 +95,14 @@ class ActingLoop:
         episodes the other threads finished; raises ``WorkersLost`` when no worker can run any more."""
         self.loops[0].step(0.1, on_rollout=self._hand_over, on_episode=self.on_episode)
         self.deliver()
-        self.queue_depth.add(self.run.rollouts.qsize())
+        self.queue_depth.add(self.rollouts.qsize())
 
     def deliver(self) -> None:
-        """Hand the episodes the other acting threads finished to ``on_episode`` (calling thread)."""
+        """Hand the episodes the other acting threads finished to ``on_episode`` and push the
+        counters (calling thread)."""
         while self._finished:
             self.on_episode(self._finished.popleft())
+        self.counters.acted(self.acted_steps, self.pool.restarts, self.store.dropped_steps, self.columns_done)
 
     def join(self) -> None:
         """Wait for the other acting threads (after the run's stop is set) and deliver their last episodes."""
@@ -100,7 +112,7 @@ class ActingLoop:
         self.deliver()
 
     def _hand_over(self, rollout: Rollout) -> None:
-        if self.run.rollouts.put(rollout, self.stop.event):
+        if self.rollouts.put(rollout, self.stop.event):
             with self._columns_lock:
                 self.columns_done += rollout.columns
 
@@ -108,8 +120,3 @@ class ActingLoop:
     def acted_steps(self) -> int:
         """Agent steps acted, the sessions before a resume included."""
         return self.acted_before + sum(loop.agent_steps for loop in self.loops)
-
-    def report(self) -> dict[str, int]:
-        """This part's counters for the metrics rows."""
-        return {"acted_steps": self.acted_steps, "worker_restarts": self.run.pool.restarts,
-                "dropped_steps": self.run.store.dropped_steps, "rollout_columns": self.columns_done}

@@ -1,10 +1,13 @@
 """A training run, built and not yet started: :func:`build_run` makes every part from the config.
 
-The data path it wires (``ARCHITECTURE.md``): env workers (``pool``) -> the acting thread's
+The data path it builds (``ARCHITECTURE.md``): env workers (``pool``) -> the acting thread's
 batched forward with the acting copy of the weights (``acting_model``, ``weights``) -> the
 device rollout store (``store``) -> the rollout queue (``rollouts``) -> the learner (``learner``)
 -> the weights it publishes back to the acting copy. A resumed run restores the weights, the
 optimiser, the learning-rate schedule, the RNG state and the counters of its checkpoint.
+
+Only :func:`fwrl.runner.train.train` reads a :class:`Run`: it hands each part of the runner its
+own collaborators (``ARCHITECTURE.md``, the runner's parts), never the run.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
 from fwrl.agents.distributed import LearnerGroup, Ranks, rank_device, ranks_from_env, share
+from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.learner import Learner
 from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
@@ -33,9 +37,11 @@ from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.backends import make_pool
 from fwrl.envs.registry import EnvInfo, describe_env
 from fwrl.envs.step_record import StepRecord
-from fwrl.envs.worker_pool import WorkerPool
+from fwrl.envs.worker_pool import StepSource, WorkerPool
 from fwrl.errors import FwrlError
 from fwrl.runner.agent import build_model, pick_device, resolve_core_options
+from fwrl.runner.budget import Budget
+from fwrl.runner.counters import Counters
 from fwrl.runner.run_metrics import Episodes, normaliser
 from fwrl.runner.stopping import Clock
 from fwrl.settings.config import TrainConfig, changed_settings, save_config, saved_settings
@@ -59,7 +65,7 @@ class Run:
     model: AgentNet
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    steps_per_update: int  # agent steps of one update, all ranks' columns counted
+    budget: Budget  # the step budget: agent steps of one update, all ranks' columns counted
     streams: DeviceStreams
     weights: PolicyWeights
     acting_model: AgentNet
@@ -72,6 +78,7 @@ class Run:
     episodes: Episodes
     pool: WorkerPool
     clock: Clock
+    counters: Counters  # the parts' counters, from the checkpoint's on a resume
     resumed: dict[str, Any] = field(default_factory=dict)  # the checkpoint's counters (PROGRESS), or the start's
     update_lock: threading.Lock = field(default_factory=threading.Lock)  # held by the learner for a whole update
     copy_seconds: float = 0.0  # how long the last snapshot's copy took (a time limit keeps it back)
@@ -81,11 +88,10 @@ class Run:
         """Rank 0 writes the run folder: checkpoints, metrics, the panel."""
         return self.ranks.is_main
 
-    def columns_needed(self) -> int:
-        """The rollout columns (of T steps) this rank's actors must hand over for the budget's
-        remaining updates."""
-        left = max(0, self.config.total_steps - self.learner.stats.agent_steps)
-        return -(-left // self.steps_per_update) * self.config.batch_size
+    def inference_loop(self, source: StepSource, timer: StageTimer) -> InferenceLoop:
+        """One acting thread's loop over ``source`` (a slice of the pool) with its stage timer."""
+        return InferenceLoop(self.acting_model, source, self.store, self.device, weights=self.weights, timer=timer,
+                             graph=self.inference_graph, batch_wait=self.config.acting_batch_wait)
 
     def snapshot(self, acted_steps: int, metrics_rows: int = -1) -> dict[str, Any]:
         """A checkpoint's contents, copied between two updates (the actors go on); ``metrics_rows``:
@@ -209,11 +215,11 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha,
                                eps=config.rmsprop_eps, momentum=config.rmsprop_momentum,
                                bias_correction=config.rmsprop_bias_correction)
-    steps_per_update = config.batch_size * config.unroll_length * ranks.world_size  # the schedule counts every rank
-    scheduler = linear_decay_scheduler(optimizer, config.total_steps, steps_per_update)
+    budget = Budget.of(config, ranks.world_size)  # the schedule counts every rank
+    scheduler = linear_decay_scheduler(optimizer, budget.total_steps, budget.steps_per_update)
     counters = {"agent_steps": 0, "updates": 0, **PROGRESS}
     if resume:  # a checkpoint of N ranks resumes on M: the weights and optimiser are the same on all
-        counters.update(_restore(run_dir / "checkpoint.pt", model, optimizer, scheduler, config, steps_per_update,
+        counters.update(_restore(run_dir / "checkpoint.pt", model, optimizer, scheduler, config, budget,
                                  device, accept_config_edits, record_edits=ranks.is_main))
         if ranks.is_main:
             print(_resume_line(run_dir, config, counters), file=sys.stderr, flush=True)
@@ -245,13 +251,14 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
     episodes = Episodes(info.task_names, normalise=normaliser(config.env), count=int(counters["episodes"]))
     pool = make_pool(config.backend, pool_settings, info, **config.backend_options())
     return Run(config=config, run_dir=run_dir, ranks=ranks, device=device, info=info, group=group, model=model,
-               optimizer=optimizer, scheduler=scheduler, steps_per_update=steps_per_update, streams=streams,
+               optimizer=optimizer, scheduler=scheduler, budget=budget, streams=streams,
                weights=weights, acting_model=acting_model, rollouts=rollouts, store=store, learner=learner,
                actor_timers=actor_timers, inference_graph=graph, learner_timer=learner_timer, episodes=episodes, pool=pool,
-               clock=Clock(counters["elapsed_seconds"]), resumed=counters)
+               clock=Clock(counters["elapsed_seconds"]), resumed=counters,
+               counters=Counters(counters["agent_steps"], counters["updates"], int(counters["acted_steps"])))
 
 
-def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainConfig, steps_per_update: int,
+def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainConfig, budget: Budget,
              device: torch.device, accept_edits: bool = False, record_edits: bool = True) -> dict[str, Any]:
     """Load a checkpoint into the model, optimiser and schedule (with this session's budget) and the
     RNGs, once ``config`` (config.yaml's) is checked against the config it was trained with; returns
@@ -261,8 +268,8 @@ def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainCon
     load_model_weights(model, payload["model"], str(path))
     optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
-    scheduler.steps_per_update = steps_per_update
-    scheduler.rebudget(config.total_steps)  # a resumed run may get another budget: its LR from now on
+    scheduler.steps_per_update = budget.steps_per_update
+    scheduler.rebudget(budget.total_steps)  # a resumed run may get another budget: its LR from now on
     set_rng_state(payload["rng"])
     return {"agent_steps": payload["agent_steps"], "updates": payload["updates"],
             **{key: payload.get("progress", {}).get(key, start) for key, start in PROGRESS.items()}}

@@ -3,7 +3,8 @@
 Every ``EXCHANGE_EVERY`` updates the learner threads of all ranks gather each rank's finished
 episodes (rank 0 logs them all) and its acting counters (rank 0's metrics rows count every
 rank's workers), and every ``CHECK_EVERY`` updates they compare a weight checksum. The learner
-thread exchanges; rank 0's acting thread reads what came in.
+thread exchanges (this rank's acting counters read from the run's
+:class:`~fwrl.runner.counters.Counters`); rank 0's acting thread reads what came in.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ from torch import nn
 from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks
 from fwrl.envs.worker_pool import EpisodeRecord
 from fwrl.errors import FwrlError
+from fwrl.runner.counters import Counters
 from fwrl.runner.run_metrics import Episodes
 
 SUMMED = ("worker_restarts", "dropped_steps", "acted_steps")  # acting counters summed over the ranks
 
 
 class Peers:
-    """The other learner ranks, as rank ``ranks.rank`` sees them."""
+    """The other learner ranks, as rank ``ranks.rank`` sees them through ``group`` (None: a single
+    learner); this rank's acting counters come from ``counters``."""
 
     EXCHANGE_EVERY = 10
     CHECK_EVERY = 200
 
-    def __init__(self, ranks: Ranks, group: LearnerGroup | None):
+    def __init__(self, ranks: Ranks, group: LearnerGroup | None, counters: Counters):
         self.ranks = ranks
         self.group = group
+        self.counters = counters
         self.outbox: list[EpisodeRecord] = []  # this rank's finished episodes not yet sent (ranks > 0)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # the others' episodes (rank 0)
         self.counts: dict[int, dict[str, int]] = {}  # rank -> its latest acting counters (rank 0)
@@ -39,9 +43,9 @@ class Peers:
         """Where this rank's finished episodes go: its own log on rank 0, the outbox elsewhere."""
         return episodes.add if self.ranks.is_main else self.outbox.append
 
-    def exchange(self, updates: int, model: nn.Module, acting: Callable[[], dict[str, int]]) -> None:
-        """After update number ``updates`` (learner thread): the exchange and the check when due;
-        ``acting()`` gives this rank's acting counters (:data:`SUMMED`)."""
+    def exchange(self, updates: int, model: nn.Module) -> None:
+        """After update number ``updates`` (learner thread): the exchange of episodes and acting
+        counters (:data:`SUMMED`) and the check of ``model``'s weights, when due."""
         if self.group is None:
             return
         if updates % self.CHECK_EVERY == 0:
@@ -49,7 +53,7 @@ class Peers:
         if updates % self.EXCHANGE_EVERY:
             return
         sent, self.outbox = self.outbox, []
-        counts = {key: value for key, value in acting().items() if key in SUMMED}
+        counts = {key: value for key, value in self.counters.acting().items() if key in SUMMED}
         for rank, (episodes, their_counts) in enumerate(self.group.gather((sent, counts))):
             if rank != self.ranks.rank and self.ranks.is_main:
                 self.counts[rank] = their_counts

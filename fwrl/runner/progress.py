@@ -6,7 +6,8 @@ until the first update what the learner waits for ("filling the first batch:
 R of B rollouts of T steps ready", then "first update running"), episode
 statistics and losses, and where each thread's time went. A run past its step
 budget (the learner takes whole batches) says by how much. It is fed the
-metrics rows of ``fwrl.runner.run_metrics``.
+metrics rows of ``fwrl.runner.run_metrics``; the run tells it its budget (every learner rank's
+batches counted) and its deadline when it starts (:meth:`Progress.start`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections import deque
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from fwrl.runner.budget import Budget
 
 SMOOTHING_SECONDS = 30.0
 
@@ -92,13 +95,13 @@ class Progress:
         self.live: Live | None = None
         self.rate = SmoothedRate()
         self.started = time.monotonic()
-        self.deadline = math.inf  # time.monotonic() when --max-seconds runs out (set by train)
-        self.steps_per_update = config.batch_size * config.unroll_length  # x learner ranks (set by train)
+        self.budget = Budget.of(config)  # one learner rank's until the run starts it with its own
+        self.deadline = math.inf  # time.monotonic() when --max-seconds runs out (given at the start)
 
     # ------------------------------------------------------------------ figures
     def eta(self, row: dict) -> float:
         """Seconds until the step budget (or this session's --max-seconds) at the smoothed rate."""
-        left = max(0, self.config.total_steps - int(row.get("agent_steps", 0)))
+        left = max(0, self.budget.total_steps - int(row.get("agent_steps", 0)))
         rate = self.rate.rate()
         eta = left / rate if rate and rate > 0 else math.nan
         if self.deadline < math.inf:
@@ -107,10 +110,10 @@ class Progress:
         return eta
 
     def status(self, row: dict) -> str:
-        steps, total = int(row.get("agent_steps", 0)), self.config.total_steps
+        steps, total = int(row.get("agent_steps", 0)), self.budget.total_steps
         if not row:
             return "starting workers ..."
-        batch, unroll = self.config.batch_size, self.config.unroll_length
+        batch, unroll = self.budget.batch_size, self.budget.unroll_length
         if int(row.get("updates", 0)) == 0 or steps == 0:
             ready = min(batch, int(row.get("rollout_columns", 0)))
             acted = f"{int(row.get('acted_steps', 0)):,} agent steps acted"
@@ -120,7 +123,7 @@ class Progress:
         elapsed = format_duration(float(row.get("time", 0)))
         if self.config.max_seconds > 0:  # this session's limit (a resumed run's elapsed time counts its past)
             elapsed += f" (time limit {format_duration(self.config.max_seconds)})"
-        return (f"{steps_text(steps, total, self.steps_per_update)}, {_fmt(round(self.rate.rate(), 1))} steps/s, "
+        return (f"{steps_text(steps, total, self.budget.steps_per_update)}, {_fmt(round(self.rate.rate(), 1))} steps/s, "
                 f"elapsed {elapsed}, ETA {format_duration(self.eta(row))}")
 
     # ------------------------------------------------------------------ rendering
@@ -151,7 +154,11 @@ class Progress:
             return False
         return key != "mean_success" or _fmt(row[key]) != "-"
 
-    def start(self) -> None:
+    def start(self, budget: Budget | None = None, deadline: float = math.inf) -> None:
+        """The run starts: its ``budget`` (None: one learner rank's, from the config) and ``deadline``
+        (``time.monotonic()`` when its --max-seconds runs out; inf: no limit)."""
+        self.budget = budget or self.budget
+        self.deadline = deadline
         self.started = time.monotonic()
         self.console.print(f"fwrl train: run folder {self.run_dir}", highlight=False, soft_wrap=True)
         if self.console.is_terminal:

@@ -10,12 +10,15 @@ runs when its trigger says it is due:
   (:class:`EverySteps`);
 - ``evaluation``: a look at the periodic evaluation (``--eval-every``, which keeps its own
   step marks) at every step (:class:`Always`).
+
+:func:`periodic_jobs` makes rank 0's schedule from the intervals and the jobs' collaborators (a
+maker of metrics rows, where rows and checkpoints go, whether the first update is done), not the run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 
 class Trigger(Protocol):
@@ -92,3 +95,37 @@ class Schedule:
         for job in self.jobs:
             if job.trigger.due(now, steps):
                 job.run(now, steps)
+
+
+class MetricsJob:
+    """A metrics row (``row(steps_per_second)``) written with ``write``, its rate the agent steps per
+    second since the last row (or since ``now`` and ``steps``, the schedule's start)."""
+
+    def __init__(self, row: Callable[[float], dict[str, Any]], write: Callable[[dict[str, Any]], None],
+                 now: float, steps: int):
+        self.make_row, self.write = row, write
+        self.last_time, self.last_steps = now, steps
+
+    def __call__(self, now: float, steps: int) -> None:
+        self.write(self.make_row((steps - self.last_steps) / (now - self.last_time)))
+        self.last_time, self.last_steps = now, steps
+
+
+def periodic_jobs(now: float, steps: int, *, log_interval: float, checkpoint_interval: float,
+                  milestone_interval: int, row: Callable[[float], dict[str, Any]],
+                  write: Callable[[dict[str, Any]], None], checkpoint: Callable[[str], None],
+                  updated: Callable[[], bool], evaluation: Callable[[float, int], None] | None = None) -> Schedule:
+    """Rank 0's schedule from ``now`` (monotonic seconds) and ``steps`` (the agent steps so far): a
+    metrics row every ``log_interval`` seconds, the periodic ``evaluation`` (where given) at every
+    step, ``checkpoint("checkpoint.pt")`` once ``updated()`` then every ``checkpoint_interval``
+    seconds, and ``checkpoint("checkpoint-<steps>.pt")`` every ``milestone_interval`` agent steps."""
+    jobs = [Job("metrics", EverySeconds(log_interval, now), MetricsJob(row, write, now, steps))]
+    if evaluation is not None:
+        jobs.append(Job("evaluation", Always(), evaluation))
+    jobs += [
+        Job("checkpoint", AfterFirstUpdate(checkpoint_interval, now, updated),
+            lambda now, steps: checkpoint("checkpoint.pt")),
+        Job("milestone", EverySteps(milestone_interval, steps),
+            lambda now, steps: checkpoint(f"checkpoint-{steps}.pt")),
+    ]
+    return Schedule(jobs)

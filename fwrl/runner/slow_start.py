@@ -5,15 +5,18 @@ until the learner's first update; where that takes long (a fast-weight core at
 a large batch on a CPU: the first update of ``--core rdn`` with B 32 x T 50 on
 MinAtar came after 44 s), :class:`SlowStartHint` says once, on stderr, what the
 learner waits for and which settings make the start faster. It wraps the run's
-progress display (anything with ``start``, ``update(row)`` and ``stop``), fed
+progress display (anything with ``start(budget, deadline)``, ``update(row)`` and ``stop``), fed
 with the metrics rows, and changes nothing else.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
+
+from fwrl.runner.budget import Budget
 
 # seconds after the workers started without an update before the hint is shown
 HINT_AFTER = 30.0
@@ -39,34 +42,31 @@ class SlowStartHint:
     """The run's progress display, plus one line when the first update is slow in coming."""
 
     def __init__(self, progress: Any, config, after: float = HINT_AFTER, out: TextIO | None = None):
-        object.__setattr__(self, "_inner", progress)
-        object.__setattr__(self, "_config", config)
-        object.__setattr__(self, "_after", after)
-        object.__setattr__(self, "_out", out)
-        object.__setattr__(self, "_started", None)
-        object.__setattr__(self, "_done", False)
+        self._inner = progress
+        self._config = config
+        self._after = after
+        self._out = out
+        self._started: float | None = None
+        self._done = False
 
-    # train sets attributes on its progress (deadline, steps_per_update): they go to the display
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the rest of the display (finish, its figures) is the display's
         return getattr(self._inner, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._inner, name, value)
-
-    def start(self) -> None:
-        object.__setattr__(self, "_started", time.monotonic())
-        self._inner.start()
+    def start(self, budget: Budget | None = None, deadline: float = math.inf) -> None:
+        """The run starts (its budget and deadline go to the display)."""
+        self._started = time.monotonic()
+        self._inner.start(budget, deadline)
 
     def update(self, row: dict) -> None:
         self._inner.update(row)
         if self._done or self._started is None:
             return
         if int(float(row.get("updates") or 0)) > 0 and int(float(row.get("agent_steps") or 0)) > 0:
-            object.__setattr__(self, "_done", True)  # it came: nothing to say
+            self._done = True  # it came: nothing to say
             return
         waited = time.monotonic() - self._started
         if waited >= self._after:
-            object.__setattr__(self, "_done", True)
+            self._done = True
             print(slow_start_text(self._config, row, waited), file=self._out or sys.stderr, flush=True)
 
     def stop(self) -> None:

@@ -1,6 +1,8 @@
 """``fwrl train``: one learner process, N env workers, until the step budget.
 
-The run is made of named parts (``ARCHITECTURE.md``), built by :func:`fwrl.runner.build.build_run`:
+The run is made of named parts (``ARCHITECTURE.md``), built by :func:`fwrl.runner.build.build_run`
+and wired here: :func:`train` is the one reader of the :class:`~fwrl.runner.build.Run`, and hands
+each part its own collaborators (the budget, the counters, the pool, the store, ...):
 
 - the acting threads (this one and ``acting_threads - 1`` more, :class:`~fwrl.runner.acting.ActingLoop`):
   batched inference for their slices of the env slots, rollouts written into the store on the
@@ -30,11 +32,12 @@ from fwrl.envs.worker_pool import WorkersLost
 from fwrl.runner.acting import ActingLoop
 from fwrl.runner.build import Run, build_run
 from fwrl.runner.checkpointing import CheckpointWriter
+from fwrl.runner.counters import Counters
 from fwrl.runner.learning import LearnerLoop
 from fwrl.runner.peers import Peers
 from fwrl.runner.progress import Progress
 from fwrl.runner.run_metrics import MetricsSink
-from fwrl.runner.schedule import AfterFirstUpdate, Always, EverySeconds, EverySteps, Job, Schedule
+from fwrl.runner.schedule import Schedule, periodic_jobs
 from fwrl.runner.stats import RunStats
 from fwrl.runner.stopping import STOP_ALLOWANCE, Stop, TimeLimit, switch_interval
 from fwrl.settings.config import TrainConfig
@@ -78,25 +81,26 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     batch handed back to the store unread."""
     started = time.monotonic() if started is None else started
     run = build_run(config, Path(run_dir), resume, accept_config_edits)
-    stop = Stop()
-    peers = Peers(run.ranks, run.group)
-    acting = ActingLoop(run, stop, peers.episode_sink(run.episodes))
+    counters, stop = run.counters, Stop()
+    peers = Peers(run.ranks, run.group, counters)
+    acting = ActingLoop(run.pool, run.store, run.rollouts, run.streams, run.inference_loop, run.actor_timers,
+                        run.budget, counters, stop, peers.episode_sink(run.episodes))
     sink: MetricsSink | None = None  # rank 0's, made below; a checkpoint records how many rows it wrote
     checkpoints = CheckpointWriter(lambda: run.snapshot(acting.acted_steps, sink.rows if sink is not None else -1))
     # what stopping needs: the last update (the learner may be in one), the last checkpoint's copy and write
-    limit = TimeLimit(started, config.max_seconds, lambda: (run.learner.stats.update_seconds + run.copy_seconds
+    limit = TimeLimit(started, config.max_seconds, lambda: (counters.update_seconds + run.copy_seconds
                                                           + checkpoints.write_seconds + STOP_ALLOWANCE))
-    learning = LearnerLoop(run, stop, limit, peers, acting.report, learn=learn)
-    stats = RunStats(run, acting, learning, peers)
+    learning = LearnerLoop(run.learner, run.rollouts, run.budget, run.learner_timer, run.streams.learner,
+                           run.update_lock, counters, stop, limit, peers, learn=learn)
+    stats = RunStats(counters, run.episodes, peers, run.clock, run.actor_timers, run.learner_timer,
+                     acting.queue_depth, run.device)
     progress = (progress or Progress(run.config, run.run_dir)) if run.main else None
     sink = MetricsSink(run.run_dir, progress, resumed=run.resumed if resume else None) if run.main else None
-    if progress is not None:
-        progress.deadline, progress.steps_per_update = limit.deadline, run.steps_per_update
     evaluator = None
     try:
         with stop.on_signals(), switch_interval(0.001), DeviceStreams.use(run.streams.inference):
             if progress is not None:
-                progress.start()
+                progress.start(run.budget, limit.deadline)
             if limit.allows_start():
                 run.pool.start()
             else:  # start-up took the whole time limit: no workers are started, the run stops at once
@@ -108,10 +112,9 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             if config.eval_every > 0 and run.main:
                 from fwrl.evaluation.evaluate import PeriodicEvaluator
 
-                evaluator = PeriodicEvaluator(run.config, run.device, run.learner.stats.agent_steps,
-                                              time.monotonic())
-            schedule = _schedule(run, stats, sink, checkpoints, learning, evaluator) if run.main else None
-            lost = _act(run, acting, learning, stop, limit, schedule, acting_until, after_first_update)
+                evaluator = PeriodicEvaluator(run.config, run.device, counters.agent_steps, time.monotonic())
+            schedule = _schedule(run, stats, sink, checkpoints, evaluator) if run.main else None
+            lost = _act(counters, acting, learning, stop, limit, schedule, acting_until, after_first_update)
             stop.set()
             learning.join()
             acting.join()
@@ -120,7 +123,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             final = None
             if sink is not None and not stop.errors:  # the final row, over the whole session, before the
                 session = run.clock.session()           # final checkpoint (which counts it)
-                steps = run.learner.stats.agent_steps - run.resumed["agent_steps"]
+                steps = counters.agent_steps - run.resumed["agent_steps"]
                 final = stats.row(steps / session if session > 0 else math.nan)
                 sink.write(final, show=False)
             if run.main:
@@ -147,12 +150,12 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         if run.group is not None:
             run.group.close()
     episodes = run.episodes
-    return TrainResult(run.learner.stats.agent_steps, run.learner.stats.updates, episodes.count,
+    return TrainResult(counters.agent_steps, counters.updates, episodes.count,
                        episodes.mean_return(), episodes.mean_success(), stop.stopped_by, stop.signal,
                        time.monotonic() - started)
 
 
-def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit: TimeLimit,
+def _act(counters: Counters, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit: TimeLimit,
          schedule: Schedule | None, acting_until: float, after_first_update: float | None = None
          ) -> WorkersLost | None:
     """The calling acting thread's loop until the run stops; returns the loss of every worker, if
@@ -178,32 +181,20 @@ def _act(run: Run, acting: ActingLoop, learning: LearnerLoop, stop: Stop, limit:
             stop.request("time limit")
             break
         if schedule is not None:
-            schedule.run_due(now, run.learner.stats.agent_steps)
+            schedule.run_due(now, counters.agent_steps)
     return acting.lost  # another acting thread's, if that stopped the run
 
 
-def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, learning: LearnerLoop,
-              evaluator) -> Schedule:
-    """Rank 0's periodic jobs (``fwrl.runner.schedule``)."""
-    config, now = run.config, time.monotonic()
-    last = {"time": now, "steps": run.learner.stats.agent_steps}
-
-    def metrics(now: float, steps: int) -> None:
-        sink.write(stats.row((steps - last["steps"]) / (now - last["time"])))
-        last.update(time=now, steps=steps)
-
+def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, evaluator) -> Schedule:
+    """Rank 0's periodic jobs (``fwrl.runner.schedule``), wired to this run's parts."""
     def evaluation(now: float, steps: int) -> None:
         evaluator.maybe_start(steps, run.acting_model, run.weights.lock)
         for row in evaluator.poll():
             sink.write(row, show=False)
 
-    jobs = [Job("metrics", EverySeconds(config.log_interval, now), metrics)]
-    if evaluator is not None:
-        jobs.append(Job("evaluation", Always(), evaluation))
-    jobs += [
-        Job("checkpoint", AfterFirstUpdate(config.checkpoint_interval, now, lambda: learning.updated),
-            lambda now, steps: checkpoints.request(run.run_dir / "checkpoint.pt")),
-        Job("milestone", EverySteps(config.milestone_interval, run.learner.stats.agent_steps),
-            lambda now, steps: checkpoints.request(run.run_dir / f"checkpoint-{steps}.pt")),
-    ]
-    return Schedule(jobs)
+    config, counters = run.config, run.counters
+    return periodic_jobs(time.monotonic(), counters.agent_steps, log_interval=config.log_interval,
+                         checkpoint_interval=config.checkpoint_interval, milestone_interval=config.milestone_interval,
+                         row=stats.row, write=sink.write, checkpoint=lambda name: checkpoints.request(run.run_dir / name),
+                         updated=lambda: counters.updated,
+                         evaluation=evaluation if evaluator is not None else None)

@@ -471,13 +471,15 @@ def test_bench_window_starts_at_the_first_update():
 
 def test_a_slow_first_update_says_what_to_change():
     from fwrl.settings.config import TrainConfig
+    from fwrl.runner.budget import Budget
     from fwrl.runner.slow_start import SlowStartHint
 
     class Shown:
         rows: list = []
+        started: list = []
 
-        def start(self):
-            pass
+        def start(self, budget, deadline):
+            self.started.append((budget, deadline))
 
         def update(self, row):
             self.rows.append(row)
@@ -488,9 +490,9 @@ def test_a_slow_first_update_says_what_to_change():
     config = TrainConfig.from_dict({"env": "memory:cue_delay", "core": "rdn", "batch_size": 32, "unroll_length": 50})
     out = io.StringIO()
     hint = SlowStartHint(Shown(), config, after=0.0, out=out)
-    hint.deadline = 5.0  # train sets these on its progress: they reach the display
-    assert hint._inner.deadline == 5.0
-    hint.start()
+    budget = Budget.of(config, ranks=2)
+    hint.start(budget, 5.0)  # train starts its progress with the run's budget and deadline: they reach the display
+    assert Shown.started == [(budget, 5.0)]
     hint.update({"updates": 0, "agent_steps": 0, "rollout_columns": 12, "acted_steps": 700})
     hint.update({"updates": 0, "agent_steps": 0, "rollout_columns": 20, "acted_steps": 1200})
     text = out.getvalue()
@@ -499,7 +501,7 @@ def test_a_slow_first_update_says_what_to_change():
     assert len(Shown.rows) == 2
     quiet = io.StringIO()
     fast = SlowStartHint(Shown(), config, after=0.0, out=quiet)
-    fast.start()
+    fast.start(budget, 5.0)
     fast.update({"updates": 1, "agent_steps": 1600})
     assert quiet.getvalue() == ""
 

@@ -135,7 +135,8 @@ def test_every_acting_thread_waits_for_more_workers_as_the_run_asks(tmp_path, wa
                                  "acting_batch_wait": wait, "acting_threads": threads})
     run = build_run(config, tmp_path / "run")
     try:
-        loops = ActingLoop(run, Stop(), lambda episode: None).loops
+        loops = ActingLoop(run.pool, run.store, run.rollouts, run.streams, run.inference_loop, run.actor_timers,
+                           run.budget, run.counters, Stop(), lambda episode: None).loops
         assert [loop.batch_wait for loop in loops] == [wait] * threads
     finally:
         run.pool.close()

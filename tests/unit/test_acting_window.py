@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from fwrl.runner.counters import Counters
 from fwrl.runner.stopping import Stop, TimeLimit
 import fwrl.runner.train as train
 from fwrl.runner.train import _act
@@ -43,7 +44,7 @@ def test_acting_stops_at_its_time_or_after_the_first_update(first_update, until,
     monkeypatch.setattr(train, "FIRST_UPDATE_WAIT", 0.3)
     start = time.monotonic()
     stop = Stop()
-    lost = _act(object(), _Acting(), _Learning(first_update), stop, TimeLimit(start, 0.0), None, start + until, after)
+    lost = _act(Counters(), _Acting(), _Learning(first_update), stop, TimeLimit(start, 0.0), None, start + until, after)
     took = time.monotonic() - start
     assert lost is None and stop.is_set() and stop.reason == "time limit"
     assert earliest <= took < earliest + 2.0, took

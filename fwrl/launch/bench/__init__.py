@@ -437,7 +437,8 @@ class _BenchProgress:
         self.rate = SmoothedRate(10.0)  # over the last 10 s: a 1 s row without an update does not read 0
         self.window_start: float | None = None  # the warm-up's end, or the first update where later
 
-    def start(self) -> None:
+    def start(self, budget=None, deadline: float = float("inf")) -> None:
+        """The run starts (the bench's own window, not the run's budget or deadline, paces this line)."""
         self.status = self.console.status("starting workers ...")
         self.status.start()
 
