@@ -19,6 +19,11 @@ public function, ``naive``, ``fused_recurrent``, ``cpu``) beside the shared modu
 (:data:`KERNEL_SHARED`). A rule's folder imports its own modules, the shared
 ones and ``fwrl.errors`` / ``fwrl.utils``, never another rule; the shared
 modules import no rule.
+
+Runner parts take no run object (``ARCHITECTURE.md``, the runner's parts): inside ``runner``,
+only :data:`RUN_READERS` (``train``, which wires the parts) imports ``build`` (whose ``Run`` it
+reads), and no function outside ``build`` and ``train`` takes a parameter named ``run`` or
+annotated ``Run``.
 """
 
 from __future__ import annotations
@@ -230,3 +235,43 @@ def test_the_checks_catch_cycles_and_upward_imports():
         "fwrl.kernels.srwm.fused_recurrent -> fwrl.envs.spec"]
     assert {"fwrl.kernels.srwm.fused_recurrent_split", "fwrl.kernels.triton.common", "fwrl.kernels"} <= GRAPH[
         "fwrl.kernels.srwm.fused_recurrent"]  # relative imports inside kernels resolve
+
+
+# The runner's modules that may read build.py's Run: train() wires the parts from it
+RUN_READERS = ("fwrl.runner.build", "fwrl.runner.train")
+
+
+def run_parameters(tree: ast.AST) -> list[str]:
+    """``function(parameter)`` for each parameter named ``run`` or annotated with ``Run``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for arg in arguments:
+                names = {n.id for n in ast.walk(arg.annotation) if isinstance(n, ast.Name)} if arg.annotation else set()
+                text = arg.annotation.value if isinstance(arg.annotation, ast.Constant) else ""
+                if arg.arg == "run" or "Run" in names or str(text).split("|")[0].strip() == "Run":
+                    found.append(f"{node.name}({arg.arg})")
+    return found
+
+
+def run_takers(graph: dict[str, set[str]], trees: dict[str, ast.AST]) -> list[str]:
+    """The runner's modules besides :data:`RUN_READERS` that import ``build`` or take a run."""
+    faults = [f"{name} -> fwrl.runner.build" for name, targets in sorted(graph.items())
+              if layer(name) == "runner" and name not in RUN_READERS and "fwrl.runner.build" in targets]
+    faults += [f"{name}: {taker}" for name, tree in sorted(trees.items())
+               if layer(name) == "runner" and name not in RUN_READERS for taker in run_parameters(tree)]
+    return faults
+
+
+def test_runner_parts_take_no_run_object():
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items() if layer(name) == "runner"}
+    assert run_takers(GRAPH, trees) == []
+    # the check itself, on the faults the parts had: a part that imports the Run, or takes one
+    assert run_takers({"fwrl.runner.stats": {"fwrl.runner.build", "fwrl.runner.peers"}}, {}) == [
+        "fwrl.runner.stats -> fwrl.runner.build"]
+    taker = ast.parse("class ActingLoop:\n    def __init__(self, run: Run, stop): pass\n"
+                      "def row(run, steps): pass\ndef quoted(x: 'Run | None'): pass\ndef fine(runs: int): pass\n")
+    assert sorted(run_takers({}, {"fwrl.runner.acting": taker})) == [
+        "fwrl.runner.acting: __init__(run)", "fwrl.runner.acting: quoted(x)", "fwrl.runner.acting: row(run)"]
+    assert run_takers({"fwrl.runner.train": {"fwrl.runner.build"}}, {"fwrl.runner.train": taker}) == []
