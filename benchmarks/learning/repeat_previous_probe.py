@@ -9,11 +9,12 @@ with cross-entropy and Adam (lr 1e-3), over unrolls of T = 40 with the state car
 updates at each fifth of the run (chance 0.25).
 
 A core that learns this supervised but not by RL within the grid's budget lacks the RL signal or the
-steps; a core that cannot learn it even here cannot address its memory by time: the Delta Net's,
-the Linear Transformer's and the SRWM's keys and queries are functions of the current input alone
-(their slow nets are feed-forward), so with four possible inputs they cannot tell the card of
-``k`` steps ago from any earlier card of the same suit; the RDN's slow nets are recurrent (paper
-000 Sec. 3.2), like the gates of the GRU and the LSTM.
+steps; a core that cannot learn it even here cannot address its memory by time: the Delta Net's and
+the Linear Transformer's keys and queries are functions of the current input alone (their slow nets
+are feed-forward), so with four possible inputs they cannot tell the card of ``k`` steps ago from any
+earlier card of the same suit; the RDN's slow nets are recurrent (paper 000 Sec. 3.2), like the gates
+of the GRU and the LSTM. (The SRWM's keys come from its self-modified matrix, so they do depend on the
+past; the probe shows whether that suffices.)
 
     python benchmarks/learning/repeat_previous_probe.py --cores gru lstm rdn delta_net --updates 500 --seeds 1 2
 """
