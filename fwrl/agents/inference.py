@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -47,11 +47,40 @@ from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
 # workers and sending them actions, the forward (and the actions' trip back
 # to the host), store and staging work.
 INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
-# the step's indices, one int64 upload: the slots' places in the loop's state, then (with a store)
-# the store entries of obs t and of the agent output (``RolloutStore.plan``), then the batch positions
-# of the slots whose episode a time limit cut (their riders: ``InferenceLoop._riders``)
-INDEX = "index"
+INDEX = "index"  # the step's indices (StepIndex), one int64 upload
 RIDER = "rider/"  # + OBS / OBS_EXTRA: the cut episodes' final observations, one row per cut slot
+
+
+class StepIndex(NamedTuple):
+    """The indices of one acting step over n slots, uploaded as one int64 tensor (``INDEX``) and
+    read back on the device as named views of it.
+
+    - ``slots`` [n]: each slot's row in the loop's core state;
+    - ``env_entries``, ``agent_entries`` [n]: the store's entries of obs t and of the agent's output
+      (``RolloutStore.plan``; empty without a store);
+    - ``cut`` [c]: the batch positions of the slots whose episode a time limit cut, whose final
+      observations ride the forward (``InferenceLoop._riders``; empty without a store).
+    """
+
+    slots: Any
+    env_entries: Any
+    agent_entries: Any
+    cut: Any
+
+    @staticmethod
+    def pack(slots: np.ndarray, plan: Any = None, cut: np.ndarray | None = None) -> np.ndarray:
+        """The host array to upload: ``slots``, then with a store's ``plan`` its entries and ``cut``."""
+        if plan is None:
+            return slots
+        return np.concatenate([slots, plan.env_entries, plan.agent_entries, cut])
+
+    @classmethod
+    def unpack(cls, index: torch.Tensor, n: int, stored: bool) -> "StepIndex":
+        """The views of an uploaded ``index`` of ``n`` slots (``stored``: packed with a store's plan)."""
+        none = index[n:n]
+        if not stored:
+            return cls(index[:n], none, none, none)
+        return cls(index[:n], index[n:2 * n], index[2 * n:3 * n], index[3 * n:])
 
 
 class _Staging:
@@ -256,19 +285,18 @@ class InferenceLoop:
         workers = [r.worker for r in results]
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
-            index = [(self._place[workers][:, None] * k + self._offsets).ravel()]
+            slots = (self._place[workers][:, None] * k + self._offsets).ravel()
             extras = {}
-            plan = None
+            plan = cut = None
             if self.store is not None:  # evaluation (no store) bootstraps nothing: no riders
                 plan = self.store.plan(workers, [r.life for r in results])
                 truncated = [r.arrays[TRUNCATED] for r in results]
                 cut = np.flatnonzero(np.concatenate(truncated))
-                index += [plan.env_entries, plan.agent_entries, cut]
                 for key in (OBS, OBS_EXTRA):  # the cut slots' final observations alone, in batch order
                     if len(cut) and key in self._staging.record.names:
                         extras[RIDER + key] = np.concatenate([r.arrays[FINAL_OF[key]][flags]
                                                               for r, flags in zip(results, truncated)])
-            extras[INDEX] = np.concatenate(index)
+            extras[INDEX] = StepIndex.pack(slots, plan, cut)
             # one graph per batch size and number of riders
             key = (n, len(extras[INDEX]))
             static = self._graphed.buffers(key, self._staging.shapes(n, extras)) if self._graphed is not None else None
@@ -306,10 +334,9 @@ class InferenceLoop:
 
         Everything here is device work with no host sync and shapes fixed by the batch size and the
         number of riders, so :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
-        index = tensors[INDEX]
         n = len(self._staging.column(tensors, REWARD))
-        slots = index[:n]
-        cut = index[3 * n:] if self.store is not None else index[n:n]
+        index = StepIndex.unpack(tensors[INDEX], n, stored=self.store is not None)
+        slots, cut = index.slots, index.cut
         with timer.stage("rollout_bookkeeping", device_work=True):
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             inputs = {key: self._staging.column(tensors, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
@@ -329,7 +356,7 @@ class InferenceLoop:
             with timer.stage("rollout_bookkeeping", device_work=True):
                 env = {g.name: tensors[g.name] for g in self._staging.groups}
                 env[BOOTSTRAP_KEY] = self._bootstrap_values(out["baseline"][0], n, cut)
-                self.store.write(index[n:2 * n], index[2 * n:3 * n], env, agent)
+                self.store.write(index.env_entries, index.agent_entries, env, agent)
         return {"action": agent["action"], **{STATE_IN + name: value for name, value in state_in.items()}}, version
 
     def _graphed_act(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
