@@ -13,6 +13,7 @@ from fwrl.settings.config import TrainConfig, build_config
 from fwrl.runner.agent import build_model
 from fwrl.runner.train import train
 from fwrl.memory_modules import core_config_class, core_names
+from fwrl.memory_modules.fwp_block import stem_defaults
 
 
 FWP_TINY = {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 16}
@@ -41,10 +42,12 @@ def test_every_core_trains_end_to_end(core, options, tmp_path):
     payload = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert payload["agent_steps"] == 20 and payload["updates"] == 2
     saved = TrainConfig.from_dict(payload["config"])
-    # a fast-weight core's output_scale and head_init (auto) are recorded as the values it trained with:
-    # 1 and the agent's heads behind the mlp stem
-    fast_weight = "output_scale" in core_config_class(core).model_fields
-    recorded = {**options, "output_scale": 1.0, "head_init": "agent"} if fast_weight else options
+    # a fast-weight core's auto options are recorded as the values it trained with, the mlp stem's:
+    # output_scale 1 and the agent's heads; the SRWM cores' input a LayerNorm and the identity
+    fields = core_config_class(core).model_fields
+    auto = {key: value for key, value in stem_defaults("mlp").items() if key in fields and fields[key].default is None}
+    assert ("output_scale" in auto) == ("output_scale" in fields)
+    recorded = {**options, **auto}
     assert saved.core == core and saved.core_options == recorded
     model = build_model(saved, describe_env(saved.env))
     load_model_weights(model, payload["model"], "checkpoint.pt")

@@ -336,7 +336,8 @@ def test_report_marks_an_evaluation_of_an_earlier_checkpoint_and_says_so(tmp_pat
     for name, evaluated_at, seed in (("stale", 209_600, 1), ("fresh", 300_800, 2)):
         run = tmp_path / "runs" / name
         run.mkdir(parents=True)
-        config = TrainConfig.from_dict({"env": "memory:cue_delay?delay=2", "core": "lstm", "seed": seed})
+        config = TrainConfig.from_dict({"env": "memory:cue_delay?delay=2", "core": "lstm", "seed": seed,
+                                        "total_steps": 300_800})  # finished: the one mark is the stale one
         (run / "config.yaml").write_text(config_yaml(config))
         with (run / "metrics.csv").open("w", newline="") as f:
             writer = csv.writer(f)
