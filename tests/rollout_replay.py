@@ -1,5 +1,5 @@
 """Acting through a worker pool into the rollout store, and replaying what was stored: the shared
-pieces of the rollout tests (``tests/unit/test_rollouts.py`` on the local backend,
+pieces of the rollout tests (``tests/e2e/test_acting_into_the_store.py`` on the local backend,
 ``tests/ray/test_ray_backend.py`` on the Ray cluster).
 
 Imported by the test modules (pytest puts ``tests/`` on ``sys.path``); its name does not start

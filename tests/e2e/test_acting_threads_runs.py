@@ -2,7 +2,7 @@
 thread steps its own slice of the workers, workers that fault are restarted in every slice, the
 metrics keep their counters, a run resumes with another thread count, and several learner ranks
 each run their own threads. That the threads' rollouts are right row by row is
-``tests/unit/test_rollouts.py`` (the replay test with two threads)."""
+``tests/e2e/test_acting_into_the_store.py`` (the replay test with two threads)."""
 
 import torch
 import yaml

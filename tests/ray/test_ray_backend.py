@@ -102,7 +102,7 @@ def test_ray_pool_matches_local_pool_and_runs_on_env_node(cluster):
 @needs_ray
 def test_replay_matches_acting_through_ray_workers(cluster):
     """Acting through Ray actors into the rollout store: every stored rollout, replayed from its
-    initial state, reproduces the outputs acting computed (``tests/unit/test_rollouts.py`` does the
+    initial state, reproduces the outputs acting computed (``tests/e2e/test_acting_into_the_store.py`` does the
     same through local workers)."""
     from rollout_replay import assert_replay_matches, collect
     from worker_backends import Backend

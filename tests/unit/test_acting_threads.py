@@ -1,6 +1,6 @@
 """The pieces of several acting threads (``fwrl.runner.acting``): the workers' slices, the lock the
 threads' forwards share and a publish takes alone, and how many threads a run gets. The threads'
-rollouts row by row: ``tests/unit/test_rollouts.py``; whole runs: ``tests/e2e/test_acting_threads_runs.py``."""
+rollouts row by row: ``tests/e2e/test_acting_into_the_store.py``; whole runs: ``tests/e2e/test_acting_threads_runs.py``."""
 
 import threading
 

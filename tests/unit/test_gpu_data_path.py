@@ -334,7 +334,7 @@ def test_a_graphed_acting_step_writes_what_the_eager_step_writes(core):
 @pytest.mark.parametrize("core", ["lstm", "elstm"])
 @pytest.mark.parametrize("graph", [False, True])
 def test_replay_on_cuda_with_streams(core, graph):
-    """The replay test of tests/unit/test_rollouts.py with the store, the state and the forward on a
+    """The replay test of tests/e2e/test_acting_into_the_store.py with the store, the state and the forward on a
     CUDA device, acting on its own stream while another stream publishes weights (the graphed
     acting step on a high-priority stream: ``--acting-priority high``)."""
     from fwrl.agents.inference import InferenceLoop
