@@ -12,11 +12,14 @@ the wall time of each run, which the report does not keep.
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
+
+from fwrl.evaluation.scores import mmer
+from fwrl.launch.plot import read_metrics
 
 
 def finished_cells(sweep: Path) -> list[str]:
@@ -29,14 +32,21 @@ def finished_cells(sweep: Path) -> list[str]:
     return cells
 
 
+def _number(raw: str | None) -> float:
+    return float(raw) if raw not in (None, "") else math.nan
+
+
 def cell_row(metrics: Path) -> tuple[float, float, int, float]:
-    """(MMER, last mean return, agent steps, wall seconds) of one run's metrics.csv."""
-    with metrics.open() as f:
-        rows = list(csv.DictReader(f))
-    returns = [float(r["mean_return"]) for r in rows if r.get("mean_return") not in (None, "", "nan")]
-    if not returns:
+    """(MMER, last mean return, agent steps, wall seconds) of one run's metrics.csv; MMER as
+    ``fwrl report`` scores it (:func:`fwrl.evaluation.scores.mmer`: rows before 100 episodes ended
+    do not count)."""
+    rows = read_metrics(metrics)
+    means = [_number(r.get("mean_return")) for r in rows]
+    best = mmer(means, [_number(r.get("episodes")) for r in rows])
+    if best is None:
         raise SystemExit(f"{metrics} has no mean_return: the run logged no episode.")
-    return max(returns), returns[-1], int(float(rows[-1]["agent_steps"])), float(rows[-1]["time"])
+    last = [m for m in means if math.isfinite(m)][-1]
+    return best.value, last, int(float(rows[-1]["agent_steps"])), float(rows[-1]["time"])
 
 
 def main(argv: list[str]) -> int:
