@@ -367,6 +367,11 @@ def _delta_rnn_sm90_builds(C):
                            lambda c: f"d={c[0]}, key features {c[1]} ({c[2]})")
 
 
+# The fast RNNs' (Delta RNN, RDN) feature maps: the option group of the matching test, and the maps
+# the extreme-input test runs (True: compared with the reference, not only finite).
+FAST_RNN_FEATURE_MAPS = {"feature_maps": tuple(dict(feature_map=f) for f in ("softmax", "elu1_sumnorm", "identity"))}
+FAST_RNN_EXTREME_OPTIONS = ((dict(feature_map="softmax"), True), (dict(feature_map="elu1_sumnorm"), True))
+
 DELTA_RNN = Rule(
     name="delta_rnn",
     inputs=("q", "k", "v", "beta", "kr", "vr", "betar", "W0", "R0", "h0"),
@@ -378,7 +383,7 @@ DELTA_RNN = Rule(
     public=delta_rnn,
     cpu=delta_rnn_cpu,
     paths=(Path("registers"),),
-    option_groups={"feature_maps": tuple(dict(feature_map=f) for f in ("softmax", "elu1_sumnorm", "identity"))},
+    option_groups=FAST_RNN_FEATURE_MAPS,
     shapes=(
         Shape("d=12", T=5, B=2, H=2, d=12),
         Shape("d=12-dpfp-1", T=5, B=2, H=1, d=12, options=dict(feature_map="dpfp-1")),  # 24 key features
@@ -386,7 +391,7 @@ DELTA_RNN = Rule(
         Shape("d=64", T=3, B=1, H=1, d=64, reset="alternating", losses=("all",)),
     ),
     extreme=_delta_rnn_extreme,
-    extreme_options=((dict(feature_map="softmax"), True), (dict(feature_map="elu1_sumnorm"), True)),
+    extreme_options=FAST_RNN_EXTREME_OPTIONS,
     rebuild=_delta_rnn_rebuild,
     supports_inputs=(0, 1, 2, 4, 5),
     max_head_dim=64,
@@ -575,7 +580,7 @@ RDN = Rule(
     public=rdn,
     cpu=rdn_cpu,
     paths=(Path("registers"),),
-    option_groups={"feature_maps": tuple(dict(feature_map=f) for f in ("softmax", "elu1_sumnorm", "identity"))},
+    option_groups=FAST_RNN_FEATURE_MAPS,
     shapes=(
         Shape("d=12", T=5, B=2, H=2, d=12),
         # the largest head dim (registers laid out for d = 64); the backward replays the
@@ -583,7 +588,7 @@ RDN = Rule(
         Shape("d=64", T=3, B=1, H=1, d=64, reset="alternating", losses=("all",)),
     ),
     extreme=_rdn_extreme,
-    extreme_options=((dict(feature_map="softmax"), True), (dict(feature_map="elu1_sumnorm"), True)),
+    extreme_options=FAST_RNN_EXTREME_OPTIONS,
     rebuild=_rdn_rebuild,
     supports_inputs=(0, 1, 2, 3, 4, 8),
     max_head_dim=64,
