@@ -12,36 +12,25 @@ were.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from torch import nn
 
 from fwrl.agents.distributed import LearnerGroup
-from fwrl.agents.losses import impala_loss
-from fwrl.agents.optim import clip_grad_norm
 from fwrl.agents.policy_weights import PolicyWeights
 from fwrl.agents.rollouts import Batch, RolloutPiece, RolloutStore
 from fwrl.agents.stage_timer import StageTimer
+from fwrl.agents.update_step import LearnerSettings, optimise
 from fwrl.envs.step_record import REWARD
+
+if TYPE_CHECKING:
+    from fwrl.agents.learner_process import UpdateProcess
 
 LEARNER_STAGES = ("learner_gather", "learner_forward", "learner_backward", "learner_allreduce",
                   "learner_optimiser", "learner_publish")
-
-
-@dataclass(frozen=True)
-class LearnerSettings:
-    """What the learner takes of a run's settings (PAPERS.md §4): the IMPALA loss's weights, the
-    reward clip, the gradient-norm clip, and whether V-trace bootstraps where a time limit cut an
-    episode (``bootstrap_truncation``; else the cut ends the return there)."""
-
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    reward_clip: float = 1.0
-    grad_norm_clip: float = 40.0
-    bootstrap_truncation: bool = True
 
 
 @dataclass
@@ -56,10 +45,13 @@ class Learner:
     """``update(pieces)``: gather B columns from the store, then ``update_batch``. With a
     :class:`~fwrl.agents.distributed.LearnerGroup` the gradients of all learner ranks are summed
     before the optimiser step (``learner_allreduce``), so every rank steps alike; agent steps
-    count all ranks' columns."""
+    count all ranks' columns. With an :class:`~fwrl.agents.learner_process.UpdateProcess` (one
+    rank on the CPU) the update's maths run in that process, off this process's GIL: the model's
+    weights are shared with it, and :meth:`sync` brings its optimiser and schedule back."""
 
     def __init__(self, model: nn.Module, weights: PolicyWeights, optimizer, scheduler, settings: LearnerSettings,
-                 store: RolloutStore | None, timer: StageTimer | None = None, group: LearnerGroup | None = None):
+                 store: RolloutStore | None, timer: StageTimer | None = None, group: LearnerGroup | None = None,
+                 process: UpdateProcess | None = None):
         self.model = model
         self.weights = weights
         self.optimizer = optimizer
@@ -73,6 +65,9 @@ class Learner:
         self.action_dims = getattr(model, "action_dims", None)
         self.group = group
         self.world_size = group.ranks.world_size if group is not None else 1
+        if process is not None and group is not None:
+            raise ValueError("an update process serves one learner rank: several ranks all-reduce inside the update")
+        self.process = process
 
     def update(self, pieces: Sequence[RolloutPiece]) -> dict[str, float] | None:
         """One optimiser step on the B columns of ``pieces`` (None: a rank voted to stop, no step)."""
@@ -90,33 +85,23 @@ class Learner:
         return {}
 
     def update_batch(self, batch: Batch) -> dict[str, float] | None:
-        """One optimiser step on a gathered batch (None: a rank voted to stop, no step)."""
+        """One optimiser step on a gathered batch (None: a rank voted to stop, no step): here, or
+        in the update process where this learner has one (its stages' times come back with it)."""
         start = time.perf_counter()
-        timer, c = self.timer, self.settings
+        timer = self.timer
         lag_mean, lag_max = batch.policy_lag(self.weights.version)
-        with timer.stage("learner_forward", device_work=True):
-            outputs, _ = self.model(batch.tensors, batch.initial_state)
-            loss, stats = impala_loss(
-                outputs, batch.tensors, discount=c.discount, baseline_cost=c.baseline_cost,
-                entropy_cost=c.entropy_cost, reward_clip=c.reward_clip, action_dims=self.action_dims,
-                bootstrap_truncation=c.bootstrap_truncation,
-            )
-        with timer.stage("learner_backward", device_work=True):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        if self.group is not None:
-            with timer.stage("learner_allreduce", device_work=True):
-                if self.group.sum_gradients(self.params):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    return None
-        with timer.stage("learner_optimiser", device_work=True):
-            grad_norm = clip_grad_norm(self.params, c.grad_norm_clip)
-            self.optimizer.step()
-            self.scheduler.step()
+        if self.process is not None:
+            with timer.stage("learner_gather"):
+                self.process.load(batch.tensors, batch.initial_state)
+            stats, seconds = self.process.update()
+            timer.add(seconds)
+        else:
+            stats = optimise(self.model, self.optimizer, self.scheduler, self.params, self.settings,
+                             self.action_dims, batch.tensors, batch.initial_state, timer, self.group)
+            if stats is None:
+                return None
         with timer.stage("learner_publish", device_work=True):
             self.weights.publish(self.model)
-        stats["grad_norm"] = float(grad_norm)
-        stats["learning_rate"] = self.scheduler.get_last_lr()[0]
         stats["policy_lag_mean"] = round(lag_mean, 3)
         stats["policy_lag_max"] = lag_max
         rows, columns = batch.tensors[REWARD].shape[:2]  # T + 1 rows of B columns
@@ -125,6 +110,31 @@ class Learner:
         self.stats.last = stats
         self.stats.update_seconds = time.perf_counter() - start
         return stats
+
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Start the update process, where this learner has one, and wait until it is ready; False if
+        ``stop`` was set first (no update can be made)."""
+        if self.process is None:
+            return True
+        self.process.start()
+        return self.process.wait_ready(stop)
+
+    def sync(self) -> None:
+        """Bring the optimiser's state and the schedule back from the update process (where this
+        learner has one, started and alive) into ``optimizer`` and ``scheduler``, for a checkpoint;
+        the weights need nothing: the process trains them in shared memory."""
+        if self.process is not None and self.process.ready:
+            optimizer_state, scheduler_state = self.process.training_state()
+            self.optimizer.load_state_dict(optimizer_state)
+            self.scheduler.load_state_dict(scheduler_state)
+
+    def close(self) -> None:
+        """Sync and stop the update process, where this learner has one (nothing otherwise)."""
+        if self.process is not None:
+            try:
+                self.sync()
+            finally:
+                self.process.close()
 
     def vote_stop(self) -> None:
         """Tell the other learner ranks to stop after the update they are in (no step is taken)."""

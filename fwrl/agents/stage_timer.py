@@ -72,6 +72,13 @@ class StageTimer:
                 del self._open[id(running)]
                 self._seconds[name] += now - running[1]
 
+    def add(self, seconds: dict[str, float]) -> None:
+        """Count stages timed elsewhere (the update process's, for the learner thread that waited on
+        them) to this interval."""
+        with self._lock:
+            for name, value in seconds.items():
+                self._seconds[name] += value
+
     def collect(self) -> tuple[dict[str, float], float]:
         """(seconds per stage, wall seconds) since the last call; stages under way count up to now."""
         with self._lock:

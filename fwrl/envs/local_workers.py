@@ -22,8 +22,6 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
-import signal
-import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -34,6 +32,7 @@ import numpy as np
 
 from fwrl.envs.groups import make_group
 from fwrl.envs.worker_pool import PoolSettings, StepResult, WorkerPool
+from fwrl.utils.child_process import become_child_of
 
 if TYPE_CHECKING:
     from fwrl.envs.registry import EnvInfo
@@ -49,24 +48,11 @@ def _views(raw: dict, specs: dict, num_slots: int) -> dict[str, np.ndarray]:
     }
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def _worker_main(settings: PoolSettings, process: int, life: int, raw, specs, conn: Connection, parent_pid: int):
     """Process ``process`` of the pool: its ``worker_splits`` workers' envs, reset in turn (each
     answered as soon as it is ready), then one step per ``("step", split)`` command, in the order
     the commands came."""
-    _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner handles Ctrl-C and stops us
+    become_child_of(parent_pid)  # dies with the learner, which handles Ctrl-C and stops us
     from fwrl.envs.quiet import silence_env_noise
 
     silence_env_noise()

@@ -65,6 +65,8 @@ class LearnerLoop:
     def _loop(self) -> None:
         learner, stop, counters = self.learner, self.stop, self.counters
         try:
+            if self.learn and not learner.start(stop.event):  # its update process, where it has one
+                return  # the run stopped while that process started: nothing learnt, nothing to vote
             with DeviceStreams.use(self.stream):
                 while not self.budget.reached(counters.agent_steps):
                     pieces = None
@@ -89,3 +91,13 @@ class LearnerLoop:
             stop.fail(self.peers.explain(exc, counters.agent_steps))
         finally:
             stop.set()
+            self._close()
+
+    def _close(self) -> None:
+        """The update process's state back and the process stopped (under the update lock: a
+        checkpoint's copy may be reading it); a failure there stops the run with it."""
+        try:
+            with self.update_lock:
+                self.learner.close()
+        except Exception as exc:
+            self.stop.fail(exc)

@@ -41,7 +41,7 @@ from fwrl.utils.settings import Settings, parse_value, redefault, show
 from fwrl.utils.yaml_files import read_yaml
 
 if TYPE_CHECKING:
-    from fwrl.agents.learner import LearnerSettings
+    from fwrl.agents.update_step import LearnerSettings
     from fwrl.envs.worker_pool import PoolSettings
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
@@ -100,6 +100,7 @@ class TrainConfig(Settings):
     acting_batch_wait: float = Field(0.004, ge=0, le=1, description="seconds an acting thread waits, once a worker is ready, for more (until half its workers are) before it acts: larger forwards, fewer calls; 0: act on whoever is ready (dynamic batching)")
     acting_priority: Literal["normal", "high"] = Field("normal", description="CUDA priority of the acting streams: high schedules the acting step's kernels ahead of the learner's queued ones on a shared GPU; normal until the GPU suite's A/B shows high faster (README, fwrl train)")
     acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (more speed up a compute-bound forward and slow an overhead-bound one: README, fwrl train)")
+    learner_process: Literal["auto", "on", "off"] = Field("auto", description="run the learner's update (forward, backward, optimiser) in a process of its own, off the acting thread's GIL (one learner rank on the CPU); auto: on for such runs of at least 100,000 agent steps and no time limit under 60 s, where its start (2-3 s) pays (measured: README, fwrl train)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")
     dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend of the learner ranks; auto: nccl with one GPU per rank, else gloo")
@@ -163,7 +164,7 @@ class TrainConfig(Settings):
 
     def learner_settings(self) -> "LearnerSettings":
         """The learner's section: the loss, the clips, the truncation protocol."""
-        from fwrl.agents.learner import LearnerSettings
+        from fwrl.agents.update_step import LearnerSettings
 
         return LearnerSettings(discount=self.discount, baseline_cost=self.baseline_cost,
                                entropy_cost=self.entropy_cost, reward_clip=self.reward_clip,
@@ -307,7 +308,7 @@ def auto_core_options(config_class: type) -> list[str]:
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph", "acting_batch_wait", "acting_priority", "acting_threads", "learners", "dist_timeout", "dist_backend",
+    "eval_every", "eval_episodes", "inference_graph", "acting_batch_wait", "acting_priority", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
 }
 
 

@@ -150,6 +150,14 @@ class _Learner:
         self.stats = stats or LearnerStats()
         self.group, self.model = None, object()
         self.updates, self.votes = 0, 0
+        self.started = self.closed = False
+
+    def start(self, stop=None) -> bool:
+        self.started = True
+        return True
+
+    def close(self) -> None:
+        self.closed = True
 
     def update(self, pieces):
         self.updates += 1
@@ -199,6 +207,7 @@ def test_the_learner_stops_at_the_budget_and_pushes_its_counters():
     assert learner.updates == 3 and feed.taken == [4, 4, 4] and learner.votes == 0  # 3 x 40 >= 100
     assert (counters.agent_steps, counters.updates, counters.last) == (120, 3, {"total_loss": 3.0})
     assert loop.updated and counters.update_seconds == 0.01
+    assert learner.started and learner.closed  # its update process (where it has one) started and stopped
 
 
 def test_a_resumed_learner_makes_only_the_updates_left():
