@@ -15,6 +15,10 @@ build kernels for sm_90 without a GPU, with their arguments specialised as Trito
 launcher specialises a real launch's (``launch_specialisation``), and read their
 spill space with cuobjdump.
 
+Importing it makes the interpreter's device-function calls skip re-patching
+``triton.language`` inside a launch (``_skip_repatching_in_device_calls``), which
+more than halves the interpreted tests' time without changing what they run.
+
 Imported by the test modules (pytest puts ``tests/`` on ``sys.path``); its name
 does not start with ``test_``, so it is not collected itself.
 """
@@ -25,6 +29,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -86,6 +91,77 @@ needs_compiling_triton = pytest.mark.skipif(
     TRITON_IMPORTED_INTERPRETED,
     reason="Triton was imported with TRITON_INTERPRET=1, so it cannot compile GPU kernels",
 )
+
+
+def _skip_repatching_in_device_calls() -> bool:
+    """Make the interpreter's device-function calls (a ``@triton.jit`` helper called from a
+    kernel: ``common._softmax``, ``_matvec``...) skip re-patching ``triton.language`` where the
+    running launch has already patched it; returns whether it was installed.
+
+    Triton's interpreter patches the language (``interpreter._patch_lang``: every builtin of
+    ``tl``, ``tl.tensor``, ``tl.math``, ``tl.core``, walked with ``inspect.getmembers``) once per
+    launch, and again on every device-function call inside it, where every builtin it finds
+    is already patched, so the call only re-sets the same attributes (Triton 3.9): over half
+    the interpreter's time in these tests (the kernels call helpers per step and per tile).
+    Here a device call patches only when its function sees a language module (``tl`` or
+    ``tl.core`` among its globals) that the running launch did not patch, as before. The
+    kernels run the same interpreted code either way (their outputs and gradients are bit
+    for bit those of the unpatched interpreter). Installed only where the interpreter's source
+    has the calls this relies on (Triton 3.9's); otherwise the interpreter is left as it is.
+    Importing this module installs it (the dry-run subprocesses of test_kernels_benchmark.py
+    import it too).
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    function, executor = interpreter.InterpretedFunction, interpreter.GridExecutor
+    if getattr(function, "_fwrl_skips_repatching", False):
+        return True
+    try:
+        call_source = inspect.getsource(function.__call__)
+        launch_source = inspect.getsource(executor.__call__)
+    except (OSError, TypeError):
+        return False
+    if ("_patch_lang(self.fn)" not in call_source or "patch_scope = _patch_lang(self.fn)" not in launch_source
+            or not hasattr(interpreter, "InterpreterError")):
+        return False
+    language = (triton.language, triton.language.core)
+    patched_by_launches: list[frozenset[int]] = []  # the language modules each running launch patched
+    seen: dict = {}  # function -> (size of its globals, the language modules among them)
+
+    def languages(fn) -> frozenset[int]:
+        size, found = seen.get(fn, (-1, None))
+        if size != len(fn.__globals__):  # first call, or globals added since (the rewriter adds some)
+            found = frozenset(id(v) for v in list(fn.__globals__.values()) if any(v is lang for lang in language))
+            seen[fn] = (len(fn.__globals__), found)
+        return found
+
+    launch = executor.__call__
+
+    def launch_and_track(self, *args, **kwargs):
+        patched_by_launches.append(languages(self.fn))
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched_by_launches.pop()
+
+    def device_call(self, *args, **kwargs):
+        if not patched_by_launches or not languages(self.fn) <= patched_by_launches[-1]:
+            interpreter._patch_lang(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    executor.__call__ = launch_and_track
+    function.__call__ = device_call
+    function._fwrl_skips_repatching = True
+    return True
+
+
+SKIPS_REPATCHING = _skip_repatching_in_device_calls()
 
 
 @pytest.fixture(autouse=True)
