@@ -688,15 +688,16 @@ SRWM = Rule(
     paths=(
         Path("registers", taken=lambda K: K._split_rows(16, 16, None) is None),
         # fused_recurrent_split (W^y's rows over programs), forced at d = 4 with Dy = 13
-        # (SR-DeltaNet's 3d + 1) in chunks of 4 rows, the last chunk holding one row
-        Path("split", d=4, sizes=dict(dy=13), kernel_options=dict(split_rows=4)),
+        # (SR-DeltaNet's 3d + 1) in chunks of 8 rows: two chunks (the second's partials added
+        # to the first's), the last partly masked (5 of 8 rows)
+        Path("split", d=4, sizes=dict(dy=13), kernel_options=dict(split_rows=8)),
     ),
     option_groups={"input_maps": (dict(input_map="softmax"), dict(input_map="identity"))},
     shapes=(
         # SR-DeltaNet's y-part (Dy = 3d + 1), odd head dim, two heads; on the split path at
-        # d = 5: Dy = 16, four full chunks
+        # d = 5: Dy = 16, two full chunks of 8 rows
         Shape("d=12-Dy=37", T=5, B=2, H=2, d=12, sizes=dict(dy=37)),
-        Shape("split-d=5-Dy=16", T=5, B=2, H=2, d=5, sizes=dict(dy=16), kernel_options=dict(split_rows=4)),
+        Shape("split-d=5-Dy=16", T=5, B=2, H=2, d=5, sizes=dict(dy=16), kernel_options=dict(split_rows=8)),
         # SR-DeltaNet's SRWM at d = 32, the SRWM at its largest head dim, and SR-DeltaNet at
         # d = 64 and 40 (the split path, taken on its own); the backward replays row 0 from
         # S + O_0 at t = 1, row 1 from S at t = 2
