@@ -52,6 +52,7 @@ def _starts_ray(item: pytest.Item) -> bool:
     return "ray" in item.keywords or "ray" in item.originalname.split("_")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item.path)
@@ -62,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("ray")
         if _starts_ray(item):  # one Ray at a time on this machine, the cluster started once
             item.add_marker(pytest.mark.xdist_group("ray"))
+            if getattr(config.option, "loadgroup", False):
+                _group_in_node_id(item, "ray")
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIERS[tier][1]))
     if config.option.markexpr or _names_the_slow_tier(config):
@@ -70,6 +73,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+def _group_in_node_id(item: pytest.Item, group: str) -> None:
+    """pytest-xdist (3.8, ``--dist loadgroup``) sends the tests of one group to one worker by an
+    ``@group`` suffix of their node ids, which it writes to ``item._nodeid``; pytest 9.2 keeps the
+    id in ``item._id``, so that write is lost and the group's tests were spread over the workers
+    (each started its own Ray cluster). Where pytest keeps ``_id``, write the suffix there."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # a pytest that reads item._nodeid: pytest-xdist's own write works
+        return
+    if isinstance(getattr(item, "_id", None), NodeId) and not item.nodeid.endswith(f"@{group}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def _names_the_slow_tier(config: pytest.Config) -> bool:
@@ -92,14 +108,22 @@ def fwrl_cli():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A two-node Ray cluster on this machine, this process connected (``ray_cluster.py``);
-    started on first use, skipped where Ray is not installed."""
+def ray_session():
+    """The session's two-node Ray cluster (``ray_cluster.SessionCluster``), started on first use,
+    skipped where Ray is not installed; tests take it through ``ray_cluster``."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed (pip install 'fwrl[ray]')")
     from ray_cluster import cluster_session
 
     yield from cluster_session()
+
+
+@pytest.fixture
+def ray_cluster(ray_session):
+    """A two-node Ray cluster on this machine, this process connected (``ray_cluster.py``): the
+    session's, started again first if an earlier test took its head down."""
+    ray_session.ensure_up()
+    return ray_session
 
 
 @pytest.fixture(params=["local", "ray"])

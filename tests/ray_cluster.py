@@ -4,8 +4,10 @@ A head node (``head`` resource, 1 CPU) and an env node (``envs`` resource,
 2 CPUs), each ``ray start`` in its own process group and private temp dir,
 token authentication with a per-session token. Teardown kills exactly those
 process groups (``ray stop`` would stop every Ray on the machine). The
-session fixture ``ray_cluster`` (``conftest.py``) starts it on first use, so
-a run without Ray tests never pays for it.
+``ray_cluster`` fixture (``conftest.py``) starts it on first use, so a run
+without Ray tests never pays for it. A test may take the cluster's head down
+(``SessionCluster.lend_head``): the cluster is started again only if a later
+test asks for it (the head-loss test runs last, so a plain run starts it once).
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ class LocalCluster:
     """A head and env nodes on this machine, each ``ray start`` in its own process group."""
 
     def __init__(self):
+        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+                        RAY_USAGE_STATS_ENABLED="0", RAY_agent_register_timeout_ms="120000")
+        self._new_place()
+
+    def _new_place(self) -> None:
+        """A fresh temp dir and port (no process yet)."""
         self.tmp = tempfile.mkdtemp(prefix="fwrl-ray-")  # short: Ray's socket paths must stay < 108 chars
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-                        RAY_USAGE_STATS_ENABLED="0", RAY_agent_register_timeout_ms="120000")
         self.groups: list[int] = []
 
     def _ray_start(self, args: list[str]) -> int:
@@ -88,28 +94,53 @@ def env_nodes(ray) -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("envs")]
 
 
-def cluster_session():
-    """Generator behind the ``ray_cluster`` fixture: start, connect this process, yield, tear down."""
-    c = LocalCluster()
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")}
-    try:
-        c.start_head()
-        c.node_group = c.add_env_node()
-        # Ray reads the token when it is imported: set it first (the ray tests import ray lazily)
-        os.environ.update({k: c.env[k] for k in saved})
+class SessionCluster(LocalCluster):
+    """The session's cluster, this process connected to it as a driver (``ray.init``)."""
+
+    def bring_up(self) -> None:
+        """Start the head and an env node, and connect this process."""
         import ray
 
+        self.start_head()
+        self.node_group = self.add_env_node()
         # ray.init puts its own SIGTERM handler (exit at once) in place of the test process's; put
         # pytest's back, so a SIGTERM to the run (a CI limit) stops pytest, not one test
-        c.sigterm_before = signal.getsignal(signal.SIGTERM)
+        self.sigterm_before = signal.getsignal(signal.SIGTERM)
         try:
-            ray.init(address=c.address, logging_level="warning", log_to_driver=False)
+            ray.init(address=self.address, logging_level="warning", log_to_driver=False)
         finally:
-            signal.signal(signal.SIGTERM, c.sigterm_before)
+            signal.signal(signal.SIGTERM, self.sigterm_before)
         nodes = env_nodes(ray)
         assert len(nodes) == 1, ray.nodes()
-        c.env_node = nodes[0]
-        c.head_node = ray.get_runtime_context().get_node_id()
+        self.env_node = nodes[0]
+        self.head_node = ray.get_runtime_context().get_node_id()
+        self.head_group = self.groups[0]
+        self.down = False
+
+    def ensure_up(self) -> None:
+        """Start the cluster again (same token, new port and temp dir) if a test took its head down."""
+        if self.down:
+            self.teardown()
+            self._new_place()
+            self.bring_up()
+
+    def lend_head(self) -> None:
+        """For a test that kills the head: disconnect this process first (Ray ends a driver whose head
+        stays lost for 60 s), and start the cluster again for the next test that asks for it."""
+        import ray
+
+        self.down = True
+        ray.shutdown()
+
+
+def cluster_session():
+    """Generator behind the session's cluster: start, connect this process, yield, tear down."""
+    c = SessionCluster()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")}
+    try:
+        # Ray reads the token when it is imported: set it first (the ray tests import ray lazily)
+        os.environ.update({k: c.env[k] for k in saved})
+        c.bring_up()
         yield c
     finally:
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():
