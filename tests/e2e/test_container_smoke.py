@@ -63,7 +63,7 @@ def test_ray_driver_stops_on_sigterm_with_a_checkpoint(tmp_path):
 
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", "--backend", "ray", "--ray-address", "local",
-           "--preset", "quickstart", "--num-workers", "1", "--total-steps", "100000000",
+           "--preset", "quickstart", "--num-workers", "1", "--total-steps", "100000000", "--log-interval", "0.5",
            "--runs-dir", str(tmp_path), "--name", "sigterm"]
     ckpt = tmp_path / "sigterm" / "checkpoint.pt"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cli_runs import run_cli
 from processes import alive, descendants
 
 pytest.importorskip("ale_py", reason="Atari tests need ale-py (pip install 'fwrl[atari]')")
@@ -20,11 +21,11 @@ PONG = ["--env", "atari:Pong", "--stem", "nature", "--num-workers", "2", "--envs
         "--batch-size", "2", "--unroll-length", "8", "--log-interval", "1"]
 
 
-def fwrl(*args, timeout=240, check=True):
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"fwrl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+def fwrl_here(*args) -> str:
+    """``fwrl ARGS`` in this process (no interpreter and torch start-up), which must succeed; its stdout."""
+    code, out, err = run_cli(list(args))
+    assert code == 0, f"fwrl {' '.join(map(str, args))} exited {code}\n{out}\n{err}"
+    return out
 
 
 def steps_column(run: Path) -> list[int]:
@@ -33,7 +34,7 @@ def steps_column(run: Path) -> list[int]:
 
 
 def test_train_pong_then_resume(tmp_path):
-    fwrl("train", *PONG, "--total-steps", "64", "--name", "pong", "--runs-dir", str(tmp_path))
+    fwrl_here("train", *PONG, "--total-steps", "64", "--name", "pong", "--runs-dir", tmp_path)
     run = tmp_path / "pong"
     payload = torch.load(run / "checkpoint.pt", weights_only=True)
     assert payload["agent_steps"] >= 64 and payload["config"]["env"] == "atari:Pong"
@@ -42,8 +43,8 @@ def test_train_pong_then_resume(tmp_path):
     lr_before = payload["optimizer"]["param_groups"][0]["lr"]
     assert lr_before == pytest.approx(0.0, abs=1e-12), "LR decays to 0 at the budget"
 
-    proc = fwrl("train", "--name", "pong", "--runs-dir", str(tmp_path), "--resume", "--total-steps", "128")
-    assert "stopped by budget" in proc.stdout
+    out = fwrl_here("train", "--name", "pong", "--runs-dir", tmp_path, "--resume", "--total-steps", "128")
+    assert "stopped by budget" in out
     payload = torch.load(run / "checkpoint.pt", weights_only=True)
     assert payload["agent_steps"] >= 128 > first
     assert payload["updates"] == payload["agent_steps"] // 16
@@ -79,9 +80,9 @@ def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
     if sig == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM  # 143, the shell's convention
         assert torch.load(ckpt, weights_only=True)["agent_steps"] == steps_column(ckpt.parent)[-1]
-    resumed = fwrl("train", "--name", "k", "--runs-dir", str(tmp_path), "--resume",
-                   "--total-steps", str(payload["agent_steps"] + 32))
-    assert "stopped by budget" in resumed.stdout
+    resumed = fwrl_here("train", "--name", "k", "--runs-dir", tmp_path, "--resume",
+                        "--total-steps", payload["agent_steps"] + 32)
+    assert "stopped by budget" in resumed
     assert torch.load(ckpt, weights_only=True)["agent_steps"] > payload["agent_steps"]
     assert not [p for p in ckpt.parent.iterdir() if p.name.endswith(".tmp")], "half-written files left"
 
@@ -89,10 +90,11 @@ def test_kill_mid_run_leaves_checkpoint_and_no_orphans(tmp_path, sig):
 # ------------------------------------------------------------------------ bad input
 
 def _error(*args) -> str:
-    proc = fwrl(*args, check=False, timeout=120)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    return proc.stderr
+    """``fwrl ARGS`` in this process (a traceback would raise here): exit status 2; its stderr."""
+    code, out, err = run_cli(list(args))
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    return err
 
 
 def test_unknown_env_core_option_errors(tmp_path):
@@ -114,8 +116,8 @@ def test_unwritable_run_dir(tmp_path):
 
 
 def test_resume_with_incompatible_config_and_corrupt_checkpoint(tmp_path):
-    fwrl("train", "--env", "memory:cue_delay?delay=1", "--num-workers", "1", "--envs-per-worker", "2",
-         "--batch-size", "2", "--unroll-length", "4", "--total-steps", "16", "--name", "r", "--runs-dir", str(tmp_path))
+    fwrl_here("train", "--env", "memory:cue_delay?delay=1", "--num-workers", "1", "--envs-per-worker", "2",
+              "--batch-size", "2", "--unroll-length", "4", "--total-steps", "16", "--name", "r", "--runs-dir", tmp_path)
     msg = _error("train", "--name", "r", "--runs-dir", str(tmp_path), "--resume", "--core", "delta_net")
     assert "core" in msg and "lstm" in msg
     assert "already holds a run" in _error("train", "--env", "memory:cue_delay", "--name", "r",
