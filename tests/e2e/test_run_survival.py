@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import run_cli
 
 from fwrl.runner.checkpointing import CheckpointWriter
 
@@ -90,23 +91,23 @@ def test_resume_continues_time_episodes_and_the_new_schedule(tmp_path):
     from fwrl.runner.train import train
 
     config = TrainConfig(env="memory:cue_delay?delay=2", core="lstm", core_options={"hidden_size": 16},
-                         num_workers=2, envs_per_worker=4, batch_size=4, unroll_length=10, total_steps=2000,
+                         num_workers=2, envs_per_worker=4, batch_size=4, unroll_length=10, total_steps=1000,
                          learning_rate=1e-3, device="cpu", num_threads=1, log_interval=0.5)
     first = train(config, tmp_path)
     assert first.stopped_by == "budget"
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     end_time, end_episodes = float(rows[-1]["time"]), int(rows[-1]["episodes"])
     assert float(rows[-1]["learning_rate"]) == 0.0  # the old budget ran out
-    config.total_steps = 4000
+    config.total_steps = 2000
     second = train(config, tmp_path, resume=True)
-    assert second.agent_steps >= 4000 and second.episodes > first.episodes
+    assert second.agent_steps >= 2000 and second.episodes > first.episodes
     resumed = list(csv.DictReader((tmp_path / "metrics.csv").open()))[len(rows):]
     assert float(resumed[0]["time"]) > end_time and int(resumed[0]["episodes"]) >= end_episodes
     updated = [row for row in resumed if row["learning_rate"] != ""]  # rows after the first update
     for row in updated:  # every update of the resumed run uses the schedule of the new budget
         steps, lr = int(row["agent_steps"]), float(row["learning_rate"])
-        if steps < 4000:
-            assert lr == pytest.approx(1e-3 * (1 - steps / 4000), rel=1e-6), row
+        if steps < 2000:
+            assert lr == pytest.approx(1e-3 * (1 - steps / 2000), rel=1e-6), row
     assert any(float(row["learning_rate"]) > 0 for row in updated)
 
 
@@ -152,15 +153,15 @@ def test_atomic_write_replaces_whole_files_with_open_permissions(tmp_path):
 
 def test_the_same_command_twice_makes_two_runs(tmp_path):
     """Without --name the run folder gets a name of its own (-2, -3, ...), so re-running a command
-    works; with --name a folder holding a run is refused (--resume continues it)."""
-    cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", *QUICK, "--total-steps", "200", "--runs-dir",
-           str(tmp_path)]
+    works; with --name a folder holding a run is refused (--resume continues it). In this process
+    (run_cli): the same command, without an interpreter and torch start-up each time."""
+    argv = ["train", *QUICK, "--total-steps", "200", "--runs-dir", tmp_path]
     for _ in range(2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        code, _, err = run_cli(argv)
+        assert code == 0, err[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory-cue-delay-lstm", "memory-cue-delay-lstm-2"]
-    named = subprocess.run(cmd + ["--name", "memory-cue-delay-lstm"], capture_output=True, text=True, timeout=180)
-    assert named.returncode == 2 and "already holds a run" in named.stderr
+    code, _, err = run_cli(argv + ["--name", "memory-cue-delay-lstm"])
+    assert code == 2 and "already holds a run" in err
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.6, 1.5, 2.5])
@@ -217,7 +218,7 @@ def test_one_writer_per_run_folder(tmp_path):
     """A second fwrl train on a run folder in use (the same --name while the first has no checkpoint
     yet, or --resume of a run still training) is refused in one line naming the writer, before it
     writes anything; once the writer is gone (here killed with SIGKILL: no stale lock) --resume takes
-    the folder."""
+    the folder. The writer is a process of its own; the second commands run in this process (run_cli)."""
     cmd = [sys.executable, "-m", "fwrl.launch.cli", "train", *QUICK, "--total-steps", "10000000",
            "--runs-dir", str(tmp_path), "--name", "run"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -227,20 +228,19 @@ def test_one_writer_per_run_folder(tmp_path):
         while not (run / ".lock").exists():  # the first holds the folder; it has no checkpoint yet
             assert time.monotonic() < deadline and first.poll() is None, first.stdout.read() if first.poll() else ""
             time.sleep(0.05)
-        same_name = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        same_name = run_cli(cmd[3:])
         while not ((run / "checkpoint.pt").exists() and (run / "metrics.csv").exists()):
             assert time.monotonic() < deadline and first.poll() is None, first.stdout.read() if first.poll() else ""
             time.sleep(0.2)
-        resume = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=120)
-        for second in (same_name, resume):
-            assert second.returncode == 2, second.stderr[-2000:]
-            assert (f"is being written by pid {first.pid} on " in second.stderr
-                    or (second is same_name and "already holds a run" in second.stderr)), second.stderr[-2000:]
-        assert f"is being written by pid {first.pid} on " in resume.stderr
+        resume = run_cli(cmd[3:] + ["--resume"])
+        for code, _, err in (same_name, resume):
+            assert code == 2, err[-2000:]
+            assert (f"is being written by pid {first.pid} on " in err
+                    or (err is same_name[2] and "already holds a run" in err)), err[-2000:]
+        assert f"is being written by pid {first.pid} on " in resume[2]
         assert first.poll() is None  # the writer trains on, undisturbed
     finally:
         first.kill()
         first.wait(timeout=60)
-    resumed = subprocess.run(cmd[:-6] + ["--total-steps", "400", "--runs-dir", str(tmp_path), "--name", "run",
-                                         "--resume"], capture_output=True, text=True, timeout=180)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, _, err = run_cli(cmd[3:-6] + ["--total-steps", "400", "--runs-dir", tmp_path, "--name", "run", "--resume"])
+    assert code == 0, err[-2000:]
