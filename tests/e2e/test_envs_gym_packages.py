@@ -296,27 +296,25 @@ def test_time_limit_final_obs_matches_gymnasium(backend, on_path):
 def test_train_and_evaluate_a_dict_env_of_a_package(backend, on_path, tmp_path):
     """``fwrl train --env gym:<module>:<id>`` on the package's Dict-observation env with a
     MultiDiscrete action space and a time limit (image to the stem, the rest beside it, one head per
-    action dimension), then ``fwrl evaluate`` of its checkpoint, as a user runs them."""
+    action dimension), then ``fwrl evaluate`` of its checkpoint, as a user runs them (through fwrl's
+    main in this process, run_cli: the ray backend's actors on the session's cluster, this process its
+    driver, still find the package only through the PYTHONPATH the backend forwards)."""
     import json
-    import subprocess
+
+    from cli_runs import run_cli
 
     spec = f"gym:{PKG}:FwrlPkg/DictMulti-v0?max_episode_steps=4"
     ray = ["--backend", "ray", "--ray-address", backend.ray_address] if backend.name == "ray" else []
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cli = [sys.executable, "-m", "fwrl.launch.cli"]
-    train = subprocess.run(
-        cli + ["train", "--env", spec, "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
-               "--envs-per-worker", "2", "--batch-size", "2", "--unroll-length", "5", "--total-steps", "300",
-               "--device", "cpu", "--num-threads", "1", "--runs-dir", str(tmp_path), "--name", "dict", *ray],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
-    assert "stopped by budget" in train.stdout
+    code, out, err = run_cli(
+        ["train", "--env", spec, "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "2",
+         "--envs-per-worker", "2", "--batch-size", "2", "--unroll-length", "5", "--total-steps", "300",
+         "--device", "cpu", "--num-threads", "1", "--runs-dir", tmp_path, "--name", "dict", *ray])
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "stopped by budget" in out
     payload = torch_load(tmp_path / "dict" / "checkpoint.pt")
     assert payload["env_info"]["extra_size"] == 5 and payload["env_info"]["action_dims"] == [3, 2]
-    evaluate = subprocess.run(
-        cli + ["evaluate", str(tmp_path / "dict"), "--episodes", "4", "--num-workers", "2", *ray],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert evaluate.returncode == 0, evaluate.stdout[-2000:] + evaluate.stderr[-3000:]
+    code, out, err = run_cli(["evaluate", tmp_path / "dict", "--episodes", "4", "--num-workers", "2", *ray])
+    assert code == 0, out[-2000:] + err[-3000:]
     result = json.loads((tmp_path / "dict" / "evaluation.json").read_text())
     (run,) = result["runs"]
     # every episode is cut after 4 steps; rewards are 1 + 10 a0 + a1 per step, so 4 <= return <= 88
