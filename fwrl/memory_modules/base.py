@@ -52,6 +52,10 @@ class Core(nn.Module):
     config_class: ClassVar[type[CoreConfig]] = CoreConfig
     # orthogonal gains (policy, value) for the heads that read this core; None: the agent's init scheme
     head_gains: tuple[float | None, float | None] = (None, None)
+    # whether training steps this core through the unroll in Python (many small calls holding the GIL),
+    # which the learner's update process takes off the acting thread's GIL; False: one fused torch call
+    # whose C++ runs with the GIL released (nn.LSTM, nn.GRU) or no recurrence at all
+    python_recurrence: ClassVar[bool] = True
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> State:
         raise NotImplementedError

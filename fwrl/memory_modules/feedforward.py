@@ -17,6 +17,7 @@ class FeedforwardConfig(CoreConfig):
 
 class FeedforwardCore(Core):
     config_class = FeedforwardConfig
+    python_recurrence = False  # one fused call (or none): the update process gains nothing (fwrl train)
 
     def __init__(self, input_size: int, config: FeedforwardConfig | None = None):
         super().__init__()

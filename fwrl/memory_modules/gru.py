@@ -28,6 +28,7 @@ class GRUConfig(CoreConfig):
 
 class GRUCore(Core):
     config_class = GRUConfig
+    python_recurrence = False  # one fused call (or none): the update process gains nothing (fwrl train)
 
     def __init__(self, input_size: int, config: GRUConfig | None = None):
         super().__init__()

@@ -40,6 +40,7 @@ class LSTMConfig(CoreConfig):
 
 class LSTMCore(Core):
     config_class = LSTMConfig
+    python_recurrence = False  # one fused call (or none): the update process gains nothing (fwrl train)
 
     def __init__(self, input_size: int, config: LSTMConfig | None = None):
         super().__init__()

@@ -180,12 +180,13 @@ UPDATE_PROCESS_MIN_SECONDS = 60.0
 
 
 def update_process(requested: str, device: torch.device, world_size: int, steps_left: int,
-                   max_seconds: float = 0.0) -> bool:
+                   max_seconds: float = 0.0, python_recurrence: bool = True) -> bool:
     """Whether the learner's update runs in a process of its own (``learner_process``;
     :mod:`fwrl.agents.learner_process`): "on" (refused off the CPU or with several learner ranks,
     whose all-reduce runs inside the update), "off", or auto: on for one rank on the CPU with at
     least :data:`UPDATE_PROCESS_MIN_STEPS` agent steps left and no time limit (``max_seconds`` 0)
-    shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`.
+    shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`, for a core that steps through the unroll in
+    Python (``Core.python_recurrence``: every core but feedforward, lstm and gru).
 
     Why: on the CPU the acting thread and the learner thread share one GIL, and a fast-weight core's
     learner is a Python loop of small calls. On 2 cores (quickstart setting, acting beside an update
@@ -202,7 +203,7 @@ def update_process(requested: str, device: torch.device, world_size: int, steps_
                             "runs inside the update): use learner_process=auto (off there) or off.")
         return True
     long = steps_left >= UPDATE_PROCESS_MIN_STEPS and not 0 < max_seconds < UPDATE_PROCESS_MIN_SECONDS
-    return requested == "auto" and device.type == "cpu" and world_size == 1 and long
+    return requested == "auto" and device.type == "cpu" and world_size == 1 and long and python_recurrence
 
 
 def seed_everything(seed: int) -> None:
@@ -281,7 +282,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
     actor_timers, learner_timer = tuple(StageTimer(device) for _ in range(threads)), StageTimer(device)
     process = None
     if update_process(config.learner_process, device, ranks.world_size, budget.total_steps - counters["agent_steps"],
-                      config.max_seconds):
+                      config.max_seconds, model.core.python_recurrence):
         process = UpdateProcess(model, optimizer, scheduler, config.learner_settings(),
                                 getattr(model, "action_dims", None), torch.get_num_threads())
     learner = Learner(model, weights, optimizer, scheduler, config.learner_settings(), store, learner_timer,

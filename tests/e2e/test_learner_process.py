@@ -125,6 +125,7 @@ def test_refused_where_it_cannot_serve():
     assert not update_process("auto", cuda, 1, 10**9) and not update_process("auto", cpu, 2, 10**9)
     assert update_process("on", cpu, 1, 10) and not update_process("off", cpu, 1, 10**9)
     assert not update_process("auto", cpu, 1, 10**9, max_seconds=59) and update_process("auto", cpu, 1, 10**9, 60)
+    assert not update_process("auto", cpu, 1, 10**9, python_recurrence=False)  # lstm, gru, feedforward
     with pytest.raises(FwrlError, match="device is cuda: use learner_process=auto"):
         update_process("on", cuda, 1, 10)
     with pytest.raises(FwrlError, match="this run has 2"):
