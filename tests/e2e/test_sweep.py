@@ -1,8 +1,10 @@
 """``fwrl sweep``: grids, the local / ray / slurm executors, resuming, failures, bad input.
 
 The sweeps are of tiny runs (memory tasks, one env worker, a few hundred agent
-steps), so a cell takes seconds, most of it process start-up. Sweeps run the
-CLI in a subprocess (``python -m fwrl.launch.cli sweep``), as a user would.
+steps), so a cell takes seconds, most of it process start-up. The sweep command
+runs in a subprocess (``python -m fwrl.launch.cli sweep``) where a signal is sent
+to it or it starts a Ray of its own, else through fwrl's main in the test's process
+(``cli``: no interpreter and torch start-up); its cells are processes either way.
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ def commands_in_log(folder: Path, cell: str) -> list[str]:
     return [line.split("$ ", 1)[1] for line in path.read_text().splitlines() if "] $ " in line] if path.exists() else []
 
 
+def _logged_steps(run: Path) -> int:
+    """The agent steps of the last row of a run's metrics.csv (0 before it has one)."""
+    from cli_runs import metrics_rows
+
+    try:
+        rows = metrics_rows(run)
+    except FileNotFoundError:
+        return 0
+    return int(rows[-1]["agent_steps"] or 0) if rows else 0
+
+
 def grid_of(*argv: str):
     args = build_parser().parse_args(["sweep", "unused", *argv])
     from fwrl.launch.flags import given_settings
@@ -124,21 +137,21 @@ def test_local_sweep_finishes_then_starts_nothing_then_resumes_only_what_is_left
     folder = tmp_path / "sw"
     args = [str(folder), "--env", ENVS[0], "--core", "lstm", "feedforward", "--seed", "1", "2", "--parallel", "2",
             *TINY]
-    first = sweep(tmp_path, *args)
-    assert first.returncode == 0, first.stderr[-3000:]
+    code, _, err = cli("sweep", *args)
+    assert code == 0, err[-3000:]
     cells = load_sweep(folder).cells
     assert len(cells) == 4 and set(states(folder).values()) == {"done"}
     for cell in cells:
         run = folder / "runs" / cell.name
         assert (run / "checkpoint.pt").is_file() and (run / "metrics.csv").is_file()
         assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == cell.config.seed
-    assert "ETA" in first.stderr and "4 done" in first.stderr
+    assert "ETA" in err and "4 done" in err
 
     before = {p.name: p.stat().st_mtime_ns for p in (folder / "status").glob("*.json")}
     logs = {p.name: p.read_text() for p in (folder / "logs").glob("*.log")}
-    again = sweep(tmp_path, *args)
-    assert again.returncode == 0, again.stderr
-    assert "nothing to start: 4 of 4 cells done" in again.stderr
+    code, _, err = cli("sweep", *args)
+    assert code == 0, err
+    assert "nothing to start: 4 of 4 cells done" in err
     assert {p.name: p.stat().st_mtime_ns for p in (folder / "status").glob("*.json")} == before
     assert {p.name: p.read_text() for p in (folder / "logs").glob("*.log")} == logs  # no run started
 
@@ -147,9 +160,9 @@ def test_local_sweep_finishes_then_starts_nothing_then_resumes_only_what_is_left
     (folder / "status" / f"{gone}.json").unlink()
     shutil.rmtree(folder / "runs" / gone)
     write_status(folder, stale, state="running", pid=999_999_999)
-    third = sweep(tmp_path, *args)
-    assert third.returncode == 0, third.stderr[-3000:]
-    assert "2 of 4 cells to run" in third.stderr
+    code, _, err = cli("sweep", *args)
+    assert code == 0, err[-3000:]
+    assert "2 of 4 cells to run" in err
     assert set(states(folder).values()) == {"done"}
     assert (folder / "runs" / gone / "checkpoint.pt").is_file()
     assert commands_in_log(folder, gone)[-1].split(" train ")[1].startswith("--config")  # trained afresh
@@ -169,10 +182,11 @@ def test_ctrl_c_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it(
     first = folder / "runs" / "seed-1"
     try:
         deadline = time.monotonic() + 120
-        while not (first / "checkpoint.pt").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # trained (a metrics row past 0 steps: what the status counts) and checkpointed
+        while not ((first / "checkpoint.pt").exists() and _logged_steps(first) > 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert (first / "checkpoint.pt").exists(), "the first cell wrote no checkpoint"
-        time.sleep(1)
+        assert _logged_steps(first) > 0, "the first cell logged no trained steps"
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -197,20 +211,23 @@ def test_ctrl_c_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it(
     assert read_status(folder, "seed-2")["state"] == "interrupted"
 
 
-def test_a_failing_cell_is_reported_with_its_log_and_the_others_finish(tmp_path):
+def test_a_failing_cell_is_reported_with_its_log_and_the_others_finish(tmp_path, monkeypatch):
     (tmp_path / "failwrap.py").write_text(FAILING_WRAPPER)
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"env_wrappers": [[], ["failwrap:in_workers_only"]]}))
     folder = tmp_path / "sw"
-    result = sweep(tmp_path, str(folder), "--grid", str(grid), "--env", ENVS[0], "--core", "lstm", "--parallel", "2",
-                   *TINY, env={"PYTHONPATH": str(tmp_path)})
-    assert result.returncode == 1, result.stderr[-3000:]
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the cells'
+    monkeypatch.syspath_prepend(str(tmp_path))  # the sweep's, which checks the wrappers before any cell starts
+    monkeypatch.delitem(sys.modules, "failwrap", raising=False)  # forgotten after the test
+    code, _, err = cli("sweep", str(folder), "--grid", str(grid), "--env", ENVS[0], "--core", "lstm", "--parallel",
+                       "2", *TINY)
+    assert code == 1, err[-3000:]
     assert states(folder) == {"env_wrappers-none": "done", "env_wrappers-in_workers_only": "failed"}
     status = read_status(folder, "env_wrappers-in_workers_only")
     log = folder / "logs" / "env_wrappers-in_workers_only.log"
     assert status["exit_code"] == 2 and Path(status["log"]) == log.resolve()
     assert "failed 5 times in a row" in status["message"] and "failwrap" in log.read_text()
-    assert "FAILED   env_wrappers-in_workers_only" in result.stderr and str(log.resolve()) in result.stderr
+    assert "FAILED   env_wrappers-in_workers_only" in err and str(log.resolve()) in err
     code, out, _ = cli("sweep", str(folder), "--status")
     assert code == 1 and "2 cells: 1 done, 0 running, 1 failed, 0 pending" in out
 
@@ -249,7 +266,7 @@ def test_slurm_dry_run_prints_the_array_of_unfinished_cells(tmp_path):
     assert {p.name for p in (folder / "status").glob("*.json")} == {f"{names[0]}.json", f"{names[2]}.json"}
 
 
-def test_slurm_submission_with_a_stand_in_sbatch_and_one_array_task_run_here(tmp_path):
+def test_slurm_submission_with_a_stand_in_sbatch_and_one_array_task_run_here(tmp_path, monkeypatch):
     folder, args = _slurm_sweep(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -257,10 +274,11 @@ def test_slurm_submission_with_a_stand_in_sbatch_and_one_array_task_run_here(tmp
     (bin_dir / "squeue").write_text("#!/bin/sh\necho 3\n")  # task 3 still queued, task 1 gone
     for tool in ("sbatch", "squeue"):
         (bin_dir / tool).chmod(0o755)
-    path = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = sweep(tmp_path, *args, "--executor", "slurm", env=path)
-    assert result.returncode == 0, result.stderr
-    assert "submitted SLURM job array 4242 with 2 cells" in result.stderr
+    plain_path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{plain_path}")
+    code, _, err = cli("sweep", *args, "--executor", "slurm")
+    assert code == 0, err
+    assert "submitted SLURM job array 4242 with 2 cells" in err
     jobs = json.loads((folder / "slurm" / "jobs.json").read_text())
     names = [c.name for c in load_sweep(folder).cells]
     assert jobs[0]["job_id"] == "4242" and jobs[0]["cells"] == [names[1], names[3]]
@@ -268,11 +286,12 @@ def test_slurm_submission_with_a_stand_in_sbatch_and_one_array_task_run_here(tmp
     assert (tmp_path / "sbatch-args").read_text().split() == ["--parsable", str(script)]
     assert read_status(folder, names[1])["state"] == "queued" and read_status(folder, names[1])["job_id"] == "4242"
     # squeue still lists task 3: only cell 1 is submitted again
-    again = sweep(tmp_path, *args, "--executor", "slurm", "--dry-run", env=path)
-    assert "#SBATCH --array=1" in again.stdout.splitlines()
+    code, out, err = cli("sweep", *args, "--executor", "slurm", "--dry-run")
+    assert code == 0 and "#SBATCH --array=1" in out.splitlines(), err
     # one array task, as SLURM would start it
     task = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_JOB_ID": "4242"})
+                          env={**os.environ, "PATH": plain_path, "SLURM_ARRAY_TASK_ID": "1",
+                               "SLURM_ARRAY_JOB_ID": "4242"})
     assert task.returncode == 0, task.stderr[-2000:]
     status = read_status(folder, names[1])
     assert status["state"] == "done" and status["job_id"] == "4242"
