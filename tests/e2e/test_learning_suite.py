@@ -5,9 +5,6 @@ random policy's return). The full suite is a benchmark, not a test: benchmarks/l
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +19,12 @@ TINY = ["--total-steps", "120", "--num-workers", "1", "--envs-per-worker", "2", 
         "--unroll-length", "5", "--num-threads", "1", "--device", "cpu"]
 
 
-def _fwrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "fwrl.launch.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+def _fwrl(*args: str) -> tuple[int, str, str]:
+    """``fwrl ARGS`` through its main in this process (the sweep's cells are processes of their own):
+    (exit status, stdout, stderr)."""
+    from cli_runs import run_cli
+
+    return run_cli(list(args))
 
 
 def test_the_grids_name_the_suites_games_and_cores():
@@ -49,16 +48,16 @@ def test_dry_run_trains_evaluates_and_reports_every_cell(tmp_path):
     sweep, grid = tmp_path / "suite", tmp_path / "one-seed.yaml"
     cpu = yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text())
     grid.write_text(yaml.safe_dump({**cpu, "env": cpu["env"][:1], "seed": [1]}))
-    run = _fwrl("sweep", str(sweep), "--grid", str(grid), *TINY, "--evaluate", "--eval-episodes", "2",
-                "--parallel", "2")
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    code, out, err = _fwrl("sweep", str(sweep), "--grid", str(grid), *TINY, "--evaluate", "--eval-episodes", "2",
+                           "--parallel", "2")
+    assert code == 0, out[-3000:] + err[-3000:]
     statuses = [json.loads(p.read_text()) for p in (sweep / "status").glob("*.json")]
     assert len(statuses) == 7 and all(s["state"] == "done" for s in statuses), statuses
-    report = _fwrl("report", str(sweep), "--random-episodes", "5", "--reps", "200")
-    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    code, out, err = _fwrl("report", str(sweep), "--random-episodes", "5", "--reps", "200")
+    assert code == 0, out[-3000:] + err[-3000:]
     result = json.loads((sweep / "report" / "report.json").read_text())
     groups = {row["group"] for row in result["per_game"]}
     assert groups == {"feedforward", "lstm", "delta_net", "rdn", "srwm", "delta_rnn", "elstm-rtrl"}
     assert {g["game"] for g in result["games"]} == {"minatar:breakout"}
     assert all(g["random"] is not None for g in result["games"])
-    assert "| minatar:breakout |" in report.stdout
+    assert "| minatar:breakout |" in out
