@@ -403,7 +403,7 @@ def test_train_survives_faults(tmp_path, backend):
     config = TrainConfig(
         env=f"chaos:cue_delay?delay=3&raise_every=60&only_worker=0&fault_log={log}",
         core="lstm", core_options={"hidden_size": 32}, num_workers=2, envs_per_worker=K,
-        batch_size=4, unroll_length=10, total_steps=2000, learning_rate=1e-3, device="cpu",
+        batch_size=4, unroll_length=10, total_steps=1000, learning_rate=1e-3, device="cpu",
         num_threads=1, step_timeout=10.0, log_interval=1.0, checkpoint_interval=600.0,
         **backend.train_options(),
     )

@@ -207,15 +207,18 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _check_resume(runs: Path, env: dict, extra: list[str], target: int, saved_config: dict) -> None:
-    """``--resume`` continues from the checkpoint with a monotonic step count and the same config."""
+def _check_resume(runs: Path, extra: list[str], target: int, saved_config: dict) -> None:
+    """``--resume`` continues from the checkpoint with a monotonic step count and the same config (run
+    through fwrl's main in this process, run_cli: no interpreter and torch start-up; on the ray backend
+    this process, the session cluster's driver, is the run's)."""
+    from cli_runs import run_cli
+
     run = runs / "r"
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     # rows a killed run wrote after its checkpoint are dropped on resume (those steps are acted again)
     kept = [s for s in _metrics_steps(run) if s <= ckpt["agent_steps"]]
-    done = subprocess.run(_train_cmd(runs, "--resume", "--total-steps", str(target), *extra), env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = run_cli(["train", "--runs-dir", runs, "--name", "r", "--resume", "--total-steps", target, *extra])
+    assert code == 0, err[-3000:]
     steps = _metrics_steps(run)
     new = steps[len(kept):]
     assert steps[:len(kept)] == kept, "resume changed the rows up to the checkpoint"
@@ -266,7 +269,7 @@ def test_train_on_cluster_survives_env_node_loss_then_resumes(cluster, tmp_path)
     assert steps == sorted(steps)
     saved_config = yaml.safe_load((run / "config.yaml").read_text())
     assert saved_config["backend"] == "ray"
-    _check_resume(runs, env, ray_flags, ckpt["agent_steps"] + 400, saved_config)
+    _check_resume(runs, ray_flags, ckpt["agent_steps"] + 400, saved_config)
 
 
 def test_learner_sigkill_leaves_a_loadable_checkpoint_and_resumes(tmp_path):
@@ -290,7 +293,7 @@ def test_learner_sigkill_leaves_a_loadable_checkpoint_and_resumes(tmp_path):
     assert ckpt["agent_steps"] > 0 and ckpt["format"] == "fwrl-checkpoint-v1"
     saved_config = yaml.safe_load((run / "config.yaml").read_text())
     assert ckpt["config"] == saved_config
-    _check_resume(runs, env, [], ckpt["agent_steps"] + 400, saved_config)
+    _check_resume(runs, [], ckpt["agent_steps"] + 400, saved_config)
 
 
 @needs_ray
