@@ -118,7 +118,7 @@ def run_train(args: argparse.Namespace) -> int:
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
-        from fwrl.runner.learners import launch_learners
+        from fwrl.runner.learner_ranks import launch_learners
 
         argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The training runtime, in named parts: ``build`` (every part of a run from its config),
-``acting`` (the acting thread's loop), ``learning`` (the learner thread's loop), ``schedule``
+``acting`` (the acting thread's loop), ``learner_loop`` (the learner thread's loop), ``schedule``
 (periodic jobs: metrics rows, checkpoints, milestones, evaluations), ``stats`` (the metrics rows
 the parts report into), ``stopping`` (stop signals, the time limit), ``peers`` (what several
 learner ranks trade) and ``train`` (the run, top to bottom); beside them the agent, checkpoints,

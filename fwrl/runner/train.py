@@ -9,7 +9,7 @@ each part its own collaborators (the budget, the counters, the pool, the store, 
   device and handed to the learner's queue; this thread runs, after each of its steps, the
   periodic jobs (:mod:`fwrl.runner.schedule`: metrics rows, checkpoints, milestones,
   evaluations) and the stop checks;
-- the learner thread (:class:`~fwrl.runner.learning.LearnerLoop`): B rollout columns gathered
+- the learner thread (:class:`~fwrl.runner.learner_loop.LearnerLoop`): B rollout columns gathered
   on the device -> loss -> optimiser step -> publish weights (and their version) to the acting copy;
 - the checkpoint thread (:class:`~fwrl.runner.checkpointing.CheckpointWriter`): writes snapshots.
 
@@ -33,7 +33,7 @@ from fwrl.runner.acting import ActingLoop
 from fwrl.runner.build import Run, build_run
 from fwrl.runner.checkpointing import CheckpointWriter
 from fwrl.runner.counters import Counters
-from fwrl.runner.learning import LearnerLoop
+from fwrl.runner.learner_loop import LearnerLoop
 from fwrl.runner.peers import Peers
 from fwrl.runner.progress import Progress
 from fwrl.runner.run_metrics import MetricsSink

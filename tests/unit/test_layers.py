@@ -219,7 +219,7 @@ def test_the_checks_catch_cycles_and_upward_imports():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert upward_imports({"fwrl.agents.checkpoint": {"fwrl.runner.rundir", "fwrl.utils.files"}}) == [
         "fwrl.agents.checkpoint -> fwrl.runner.rundir"]
-    assert {"fwrl.runner.build", "fwrl.runner.acting", "fwrl.runner.learning"} <= GRAPH["fwrl.runner.train"]
+    assert {"fwrl.runner.build", "fwrl.runner.acting", "fwrl.runner.learner_loop"} <= GRAPH["fwrl.runner.train"]
     assert "fwrl.utils.files" in GRAPH["fwrl.agents.checkpoint"]  # relative and from-imports resolve
     assert "fwrl.envs.backends" in GRAPH["fwrl.evaluation.episodes"]
     assert upward_imports({"fwrl.launch.flags": {"fwrl.launch.plot"}}, launch_rank) == [

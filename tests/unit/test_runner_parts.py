@@ -24,7 +24,7 @@ from fwrl.errors import FwrlError
 from fwrl.runner.acting import ActingLoop
 from fwrl.runner.budget import Budget
 from fwrl.runner.counters import ACTING, Counters
-from fwrl.runner.learning import LearnerLoop
+from fwrl.runner.learner_loop import LearnerLoop
 from fwrl.runner.peers import Peers
 from fwrl.runner.progress import Progress
 from fwrl.runner.run_metrics import Episodes, Mean

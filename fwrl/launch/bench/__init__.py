@@ -564,7 +564,7 @@ def _train_ranks(config: TrainConfig, run: Path, acting_seconds: float, warmup: 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from fwrl.runner.learners import describe_exit, launch_ranks
+    from fwrl.runner.learner_ranks import describe_exit, launch_ranks
 
     # a failed rank says why in its own line, not in the launcher's traceback and the other ranks' SIGTERM
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
