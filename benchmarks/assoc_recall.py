@@ -65,8 +65,8 @@ from fwrl.envs.registry import describe_env
 from fwrl.errors import FwrlError, run_main
 from fwrl.settings.config import TrainConfig, build_config
 from fwrl.runner.agent import build_model
-from fwrl.runner.progress import Progress
 from fwrl.runner.train import train
+from fwrl.runner.train_progress import Progress
 
 CORES = ("linear_transformer", "delta_net")
 MODES = ("supervised", "rl")

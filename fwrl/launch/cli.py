@@ -135,7 +135,7 @@ def run_train(args: argparse.Namespace) -> int:
                 lock = lock_run_dir(run_dir)
         prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
 
-        from fwrl.runner.progress import Progress
+        from fwrl.runner.train_progress import Progress
         from fwrl.runner.slow_start import SlowStartHint
         from fwrl.runner.train import train
 
@@ -185,7 +185,7 @@ def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
     """The final line's account of a run: steps against the budget, updates, episodes, how it stopped."""
     import math
 
-    from fwrl.runner.progress import steps_text
+    from fwrl.runner.train_progress import steps_text
 
     if math.isnan(result.mean_return):
         episodes = ("no episode finished yet" if result.episodes == 0
@@ -554,7 +554,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     num_workers = opts.num_workers or default_num_workers(env)
     import torch
 
-    from fwrl.evaluation.progress import EvalProgress
+    from fwrl.evaluation.evaluate_progress import EvalProgress
     from fwrl.runner.build import torch_threads
     from fwrl.utils.allocator import keep_freed_memory
 

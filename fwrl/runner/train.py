@@ -35,11 +35,11 @@ from fwrl.runner.checkpointing import CheckpointWriter
 from fwrl.runner.counters import Counters
 from fwrl.runner.learner_loop import LearnerLoop
 from fwrl.runner.peers import Peers
-from fwrl.runner.progress import Progress
 from fwrl.runner.run_metrics import MetricsSink
 from fwrl.runner.schedule import Schedule, periodic_jobs
 from fwrl.runner.stats import RunStats
 from fwrl.runner.stopping import STOP_ALLOWANCE, Stop, TimeLimit, switch_interval
+from fwrl.runner.train_progress import Progress
 from fwrl.settings.config import TrainConfig
 
 # With ``after_first_update`` (fwrl bench throughput): how long past its time acting waits for the

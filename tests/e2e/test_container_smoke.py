@@ -104,7 +104,7 @@ def _last_logged_steps(run) -> int:
 def test_smoke_reads_the_steps_of_fwrl_trains_final_line(tmp_path):
     """docker/smoke.sh compares the steps of ``fwrl train``'s last line with the checkpoint's:
     its parser reads both forms of that line (inside the budget, and past it by part of a batch)."""
-    from fwrl.runner.progress import steps_text
+    from fwrl.runner.train_progress import steps_text
 
     parser = next(line for line in SMOKE.read_text().splitlines() if line.startswith("reported_steps()"))
     for steps, total, expected in ((30_400, 300_000, "30400"), (300_160, 300_000, "300160")):

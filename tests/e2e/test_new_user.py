@@ -225,7 +225,7 @@ def test_sweep_eta_counts_a_running_cells_time_left(tmp_path):
     import time as clock
 
     from fwrl.launch.sweep.plan import CellState
-    from fwrl.launch.sweep.progress import SweepProgress, run_time_left
+    from fwrl.launch.sweep.sweep_progress import SweepProgress, run_time_left
 
     states = [CellState("a", "done", {"state": "done", "seconds": 60.0}), CellState("b", "pending", None)]
     progress = SweepProgress("sw", states, 1, out=io.StringIO(), time_left=lambda cell: 58.0)
@@ -381,7 +381,7 @@ def test_evaluate_shows_episodes_done_the_running_mean_and_an_eta(tmp_path):
 
 
 def test_evaluate_progress_eta_is_the_time_per_episode_times_those_left():
-    from fwrl.evaluation.progress import EvalProgress
+    from fwrl.evaluation.evaluate_progress import EvalProgress
 
     progress = EvalProgress("atari:Pong", console=None)
     progress.started = 100.0

@@ -192,7 +192,7 @@ def test_no_episode_finished_says_so_not_nan():
 
 def test_filling_counts_the_rollouts_the_learner_waits_for():
     from fwrl.settings.config import TrainConfig
-    from fwrl.runner.progress import Progress
+    from fwrl.runner.train_progress import Progress
 
     config = TrainConfig.from_dict({"env": "memory:cue_delay", "batch_size": 32, "unroll_length": 50})
     progress = Progress(config, "runs/x")

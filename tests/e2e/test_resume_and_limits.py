@@ -11,8 +11,8 @@ import io
 import torch
 
 from cli_runs import run_cli
-from fwrl.runner.progress import Progress
 from fwrl.runner.rundir import MetricsCSV
+from fwrl.runner.train_progress import Progress
 from fwrl.settings.config import TrainConfig
 
 TINY = ["--env", "memory:cue_delay?delay=3", "--core", "lstm", "--core-opt", "hidden_size=16", "--num-workers", "1",

@@ -233,7 +233,7 @@ def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpo
 
 
 def test_the_sweeps_progress_shows_the_last_whole_row(tmp_path):
-    from fwrl.launch.sweep.progress import last_metrics_row
+    from fwrl.launch.sweep.sweep_progress import last_metrics_row
 
     path = tmp_path / "metrics.csv"
     _write(path, (100, 200))

@@ -26,11 +26,11 @@ from fwrl.runner.budget import Budget
 from fwrl.runner.counters import ACTING, Counters
 from fwrl.runner.learner_loop import LearnerLoop
 from fwrl.runner.peers import Peers
-from fwrl.runner.progress import Progress
 from fwrl.runner.run_metrics import Episodes, Mean
 from fwrl.runner.schedule import periodic_jobs
 from fwrl.runner.stats import RunStats
 from fwrl.runner.stopping import Clock, Stop, TimeLimit
+from fwrl.runner.train_progress import Progress
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -429,7 +429,7 @@ class _BenchProgress:
     """What ``train`` reports while the bench runs: one status line (warm-up, then measuring)."""
 
     def __init__(self, console, warmup: float, seconds: float, learn: bool = True):
-        from fwrl.runner.progress import SmoothedRate
+        from fwrl.runner.train_progress import SmoothedRate
 
         self.console, self.warmup, self.seconds, self.learn = console, warmup, seconds, learn
         self.status = None
@@ -501,7 +501,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"
         if progress is None:
-            from fwrl.runner.progress import Progress
+            from fwrl.runner.train_progress import Progress
 
             progress = Progress(config, run)
             progress.update = lambda row: None  # the caller prints its own table

@@ -13,7 +13,7 @@ Modules, one job each: :mod:`.options` (the command's own settings),
 :mod:`.grid` (axes and cells from a YAML file and flags), :mod:`.plan` (the
 sweep folder: manifest, configs, what is left to run), :mod:`.status` (cell
 status files and locks), :mod:`.cell` (the per-cell entry point every executor
-runs: ``python -m fwrl.launch.sweep.cell SWEEP CELL``), :mod:`.progress`
+runs: ``python -m fwrl.launch.sweep.cell SWEEP CELL``), :mod:`.sweep_progress`
 (counts and ETA), :mod:`.local`, :mod:`.ray_executor`, :mod:`.slurm` (the
 executors) and :mod:`.command` (``fwrl sweep`` itself).
 """

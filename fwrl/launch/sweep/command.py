@@ -27,8 +27,8 @@ from fwrl.launch.sweep.grid import Cell, expand
 from fwrl.launch.sweep.options import SweepConfig
 from fwrl.launch.sweep.plan import (CellState, Sweep, SweepLock, cell_states, check_compatible, finished, is_sweep,
                                     load_sweep, to_run, write_sweep)
-from fwrl.launch.sweep.progress import SweepProgress, run_time_left
-from fwrl.runner.progress import format_duration
+from fwrl.launch.sweep.sweep_progress import SweepProgress, run_time_left
+from fwrl.runner.train_progress import format_duration
 
 
 def run_sweep(args: argparse.Namespace) -> int:

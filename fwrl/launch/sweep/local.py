@@ -18,8 +18,8 @@ from typing import Sequence
 
 from fwrl.launch.sweep.cell import cell_command
 from fwrl.launch.sweep.plan import Sweep
-from fwrl.launch.sweep.progress import SweepProgress
 from fwrl.launch.sweep.status import is_running, log_path, read_status, write_status
+from fwrl.launch.sweep.sweep_progress import SweepProgress
 
 POLL_SECONDS = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -20,8 +20,8 @@ from typing import Sequence
 from fwrl.errors import FwrlError
 from fwrl.launch.sweep.cell import cell_command
 from fwrl.launch.sweep.plan import Sweep
-from fwrl.launch.sweep.progress import SweepProgress
 from fwrl.launch.sweep.status import log_path, read_status
+from fwrl.launch.sweep.sweep_progress import SweepProgress
 
 POLL_SECONDS = 1.0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from fwrl.launch.sweep.plan import CellState
-from fwrl.runner.progress import format_duration
+from fwrl.runner.train_progress import format_duration
 
 SHOWN = ("done", "running", "failed", "interrupted", "queued", "pending")
 
