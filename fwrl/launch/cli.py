@@ -449,7 +449,7 @@ def _add_env_path_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_throughput(args: argparse.Namespace) -> int:
-    from fwrl.launch.bench import bench_throughput
+    from fwrl.launch.bench.throughput import bench_throughput
     from fwrl.settings.config import config_yaml
     from fwrl.launch.flags import train_config_from_args
     from fwrl.runner.preflight import check_runnable
@@ -475,7 +475,7 @@ def bench_throughput_base(args: argparse.Namespace) -> dict | None:
 
 
 def run_bench_envs(args: argparse.Namespace) -> int:
-    from fwrl.launch.bench import bench_envs
+    from fwrl.launch.bench.envs import bench_envs
     from fwrl.settings.config import build_config
 
     given = given_settings(args, BenchConfig)
@@ -492,9 +492,9 @@ def run_bench_envs(args: argparse.Namespace) -> int:
 
 
 def run_bench_kernels(args: argparse.Namespace) -> int:
-    from fwrl.launch.bench import bench_kernels
+    from fwrl.launch.bench.kernels import main
 
-    return bench_kernels(args)
+    return main(args.rest)  # its options are those of fwrl.launch.bench.kernels
 
 
 # ----------------------------------------------------------------------------- evaluate

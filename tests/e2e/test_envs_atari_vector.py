@@ -414,7 +414,7 @@ def test_a_killed_vector_worker_drops_exactly_its_partial_rollouts():
 
 @needs_a_library
 def test_bench_measures_each_path_on_the_same_workers():
-    from fwrl.launch.bench import measure_env_paths, parse_env_paths
+    from fwrl.launch.bench.envs import measure_env_paths, parse_env_paths
 
     assert parse_env_paths("atari:Pong", None) == ()
     assert parse_env_paths("atari:Pong", "all") == env_paths("atari:Pong")

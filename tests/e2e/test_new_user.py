@@ -462,11 +462,11 @@ def test_bench_without_an_update_in_its_window_says_why_not(tmp_path, monkeypatc
 
 
 def test_bench_window_starts_at_the_first_update():
-    from fwrl.launch.bench import _window_summary
+    from fwrl.launch.bench.throughput import window_summary
 
     rows = [{"time": str(t), "agent_steps": str(s), "updates": str(u), "steps_per_second": "1"}
             for t, s, u in [(1, 0, 0), (5, 0, 0), (9, 0, 0), (12, 640, 1), (13, 1280, 2), (14, 1920, 3)]]
-    result = _window_summary(rows, warmup=5.0)
+    result = window_summary(rows, warmup=5.0)
     assert (result.agent_steps, result.seconds, result.updates) == (1280, 2.0, 2)  # from 12 s, not from 5 s
 
 

@@ -424,7 +424,7 @@ def test_train_survives_faults(tmp_path, backend):
 # ----------------------------------------------------------------------------- fwrl bench envs
 
 def test_bench_envs_counts_env_steps(backend):
-    from fwrl.launch.bench import measure_env_steps
+    from fwrl.launch.bench.envs import measure_env_steps
 
     options = {"address": backend.ray_address, "verbose": False} if backend.name == "ray" else None
     with deadline(60):

@@ -37,7 +37,8 @@ ENV = ["--env", "memory:cue_delay"]  # cheap to describe, so the checks that nee
 @pytest.fixture(autouse=True, scope="module")
 def no_work_starts():
     """Reaching training, evaluation, plotting or a benchmark means a bad value got through."""
-    import fwrl.launch.bench as bench
+    import fwrl.launch.bench.envs as bench_envs
+    import fwrl.launch.bench.throughput as bench_throughput
     import fwrl.evaluation.evaluate as evaluate
     import fwrl.launch.plot as plot
     import fwrl.runner.train as train
@@ -47,7 +48,8 @@ def no_work_starts():
 
     with pytest.MonkeyPatch.context() as mp:
         for module, name in [(train, "train"), (evaluate, "evaluate"), (plot, "plot_runs"),
-                             (bench, "measure_throughput"), (bench, "measure_env_steps")]:
+                             (bench_throughput, "measure_throughput"),
+                             (bench_throughput, "measure_env_steps"), (bench_envs, "measure_env_steps")]:
             mp.setattr(module, name, forbidden)
         yield
 

@@ -273,7 +273,7 @@ def test_env_options_use_the_same_rules():
 
 
 def test_bench_throughput_builds_its_config_like_train(monkeypatch, capsys):
-    import fwrl.launch.bench as bench
+    import fwrl.launch.bench.throughput as bench
 
     seen = []
     monkeypatch.setattr(bench, "bench_throughput", lambda config, seconds, warmup, **window: seen.append(
