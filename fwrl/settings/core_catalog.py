@@ -10,7 +10,7 @@ fingerprint of the sources the core configs are built from
 (:data:`SOURCES`); where they changed since it was written (a core or an
 option added or edited), the catalogue is not used and the registry is
 imported instead, so the answer is always the registry's, only slower, and
-``tests/e2e/test_polish.py`` says to write the file again.
+``tests/e2e/test_answers_without_torch.py`` says to write the file again.
 """
 
 from __future__ import annotations
