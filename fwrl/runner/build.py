@@ -29,7 +29,7 @@ from fwrl.agents.distributed import LearnerGroup, Ranks, rank_device, ranks_from
 from fwrl.agents.inference import InferenceLoop
 from fwrl.agents.learner import Learner
 from fwrl.agents.learner_process import UpdateProcess
-from fwrl.agents.model import AgentNet, MLPStem
+from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights, acting_copy
 from fwrl.agents.rollout_queue import RolloutQueue
@@ -185,16 +185,14 @@ def update_process(requested: str, device: torch.device, world_size: int, steps_
     :mod:`fwrl.agents.learner_process`): "on" (refused off the CPU or with several learner ranks,
     whose all-reduce runs inside the update), "off", or auto: on for one rank on the CPU with at
     least :data:`UPDATE_PROCESS_MIN_STEPS` agent steps left and no time limit (``max_seconds`` 0)
-    shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`, for an agent whose update is mostly Python
-    (``python_recurrence``): a core that steps through the unroll in Python (``Core.python_recurrence``:
-    every core but feedforward, lstm and gru) behind the mlp stem (an image stem's convolutions run in
-    C++ with the GIL released, and there the busy-machine side by side was mixed).
+    shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`, for a core that steps through the unroll in
+    Python (``python_recurrence``, ``Core.python_recurrence``: every core but feedforward, lstm and
+    gru, whose recurrence runs in C++ with the GIL released).
 
     Why: on the CPU the acting thread and the learner thread share one GIL, and a fast-weight core's
-    learner is a Python loop of small calls. Measured on the busy 2-core machine, on against off in
-    the same rounds (``benchmarks/results/cpu_cores/learner_process.md``): quickstart (mlp stem) rdn
-    1.13x, srwm 1.27x, delta_net 1.21x, lstm 0.73x; MinAtar rdn 1.05x, srwm 0.93x, delta_net 0.73x,
-    lstm 0.55x."""
+    learner is a Python loop of small calls; in its own process the update's Python no longer takes
+    turns with the acting step's. The side by side, on against off, per core and stem:
+    ``benchmarks/results/cpu_cores/learner_process.md``."""
     if requested not in ("auto", "on", "off"):
         raise unknown_choice("learner_process", requested, ("auto", "on", "off"))
     if requested == "on":
@@ -285,7 +283,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
     actor_timers, learner_timer = tuple(StageTimer(device) for _ in range(threads)), StageTimer(device)
     process = None
     if update_process(config.learner_process, device, ranks.world_size, budget.total_steps - counters["agent_steps"],
-                      config.max_seconds, model.core.python_recurrence and isinstance(model.stem, MLPStem)):
+                      config.max_seconds, model.core.python_recurrence):
         process = UpdateProcess(model, optimizer, scheduler, config.learner_settings(),
                                 getattr(model, "action_dims", None), torch.get_num_threads())
     learner = Learner(model, weights, optimizer, scheduler, config.learner_settings(), store, learner_timer,
