@@ -28,7 +28,7 @@ Two numbers per run:
   the core keeps per step only its input x_t, c_t and the output gate o_t
   (x and c are shared by the RTRL Function and the output gate; a, b, d,
   c_{t-1} are recomputed in backward), never a [T, B, H, D] sensitivity
-  history (Paper 004, Sec. 3.1; see ``fwrl.kernels.elstm_rtrl.naive``).
+  history (Paper 004, Sec. 3.1; see ``fwrl.kernels.elstm_rtrl.recurrence``).
   The stem and heads save O(T B D) in both modes: "what the heads need".
 
 Prints a table and, with ``--out``, writes ``memory.csv`` and ``memory.json``.

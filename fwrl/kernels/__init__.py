@@ -17,7 +17,8 @@ Each rule's folder ``fwrl/kernels/<rule>/`` holds:
 
 The rules: ``delta_rule`` (sum / delta rule, paper 001), ``rdn``, ``delta_rnn`` and
 ``delta_lstm`` (paper 000), ``srwm`` (paper 002; its split kernel, W^y's rows over programs,
-is ``srwm/fused_recurrent_split.py``) and ``elstm_rtrl`` (paper 004; PyTorch only).
+is ``srwm/fused_recurrent_split.py``) and ``elstm_rtrl`` (paper 004; PyTorch only, no backend to
+choose: its ``naive.py`` the reference, ``recurrence.py`` what the eLSTM core runs on every device).
 
 Shared by the rules, and importing none of them: this package (``GRAD_MODES``),
 ``feature_maps`` (phi of queries and keys), ``dispatch`` (the backend choice),

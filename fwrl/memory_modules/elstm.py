@@ -17,7 +17,7 @@ Option ``grad``:
   ``s_wf``, ``s_bz``, ``s_bf``; zeroed with c on episode starts). Inference
   (T = 1, no grad) just advances them with the acting weights; the learner
   recomputes them from the rollout's initial ones with the current weights
-  (see ``fwrl.kernels.elstm_rtrl.naive``). The output gate is trained by
+  (see ``fwrl.kernels.elstm_rtrl.recurrence``). The output gate is trained by
   ordinary backprop; the input x (the vision stem) gets the one-step Jacobian.
 
 One layer only: with a second recurrent layer RTRL loses its tractability
@@ -40,7 +40,7 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fwrl.kernels.elstm_rtrl.naive import (
+from fwrl.kernels.elstm_rtrl import (
     PARAM_KEYS,
     SENSITIVITY_KEYS,
     elstm_rtrl,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fwrl.errors import FwrlError
-from fwrl.kernels.elstm_rtrl import naive as er
+from fwrl.kernels.elstm_rtrl import naive, recurrence
 from fwrl.memory_modules import build_core
 from fwrl.memory_modules.elstm import ELSTMCore
 
@@ -40,7 +40,7 @@ def make_done(resets: bool, steps: int = T) -> torch.Tensor:
 
 def random_sens(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {k: torch.randn(v.shape, generator=gen, dtype=F64)
-            for k, v in er.initial_sensitivities(B, H, D, dtype=F64).items()}
+            for k, v in naive.initial_sensitivities(B, H, D, dtype=F64).items()}
 
 
 def make_cores(seed: int = 0) -> tuple[ELSTMCore, ELSTMCore]:
@@ -71,13 +71,13 @@ def test_reference_rtrl_equals_bptt_whole_sequence(resets):
     def loss_of(c_all):  # sum_t L_t(c_t), each L_t depends on c_t only directly
         return (torch.tanh(c_all) * target).sum() + 0.5 * (c_all**2).sum()
 
-    c_bptt = er.elstm_scan(x, c0, *params.values(), done)
+    c_bptt = recurrence.elstm_scan(x, c0, *params.values(), done)
     g_bptt = torch.autograd.grad(loss_of(c_bptt), list(params.values()))
 
     c_ref = c_bptt.detach().requires_grad_()
     (delta,) = torch.autograd.grad(loss_of(c_ref), c_ref)
-    c_rtrl, _, g_rtrl = er.rtrl_reference(
-        x, c0, er.initial_sensitivities(B, H, D, dtype=F64), params, done, delta
+    c_rtrl, _, g_rtrl = naive.rtrl_reference(
+        x, c0, naive.initial_sensitivities(B, H, D, dtype=F64), params, done, delta
     )
     torch.testing.assert_close(c_rtrl, c_bptt.detach(), rtol=0, atol=1e-13)
     for key, g in zip(params, g_bptt):
@@ -91,7 +91,7 @@ def test_printed_eq9_factor_is_not_exact(monkeypatch):
     x = torch.randn(T, B, D, generator=gen, dtype=F64)
     c0 = torch.zeros(B, H, dtype=F64)
     done = make_done(False)
-    c_bptt = er.elstm_scan(x, c0, *params.values(), done)
+    c_bptt = recurrence.elstm_scan(x, c0, *params.values(), done)
     (g_bptt,) = torch.autograd.grad(c_bptt.sum(), [params["W_f"]])
 
     def printed(c_prev, z, f, w_z, w_f):
@@ -99,9 +99,9 @@ def test_printed_eq9_factor_is_not_exact(monkeypatch):
         b = (c_prev - z) * f * (1 - f)
         return a, b, f + b * w_f
 
-    monkeypatch.setattr(er, "local_derivatives", printed)
-    _, _, g = er.rtrl_reference(x, c0, er.initial_sensitivities(B, H, D, dtype=F64), params, done,
-                                torch.ones(T, B, H, dtype=F64))
+    monkeypatch.setattr(naive, "local_derivatives", printed)
+    _, _, g = naive.rtrl_reference(x, c0, naive.initial_sensitivities(B, H, D, dtype=F64), params, done,
+                                   torch.ones(T, B, H, dtype=F64))
     assert rel_err(g["W_f"], g_bptt) > 1e-3
 
 
@@ -116,10 +116,10 @@ def test_function_equals_forward_mode_reference(resets):
     done = make_done(resets)
     delta = torch.randn(T, B, H, generator=gen, dtype=F64)
 
-    c_ref, sens_ref, g_ref = er.rtrl_reference(x.detach(), c0, sens0, params, done, delta)
-    c_fn, sens_fn = er.elstm_rtrl(x, c0, sens0, params, done)
+    c_ref, sens_ref, g_ref = naive.rtrl_reference(x.detach(), c0, sens0, params, done, delta)
+    c_fn, sens_fn = recurrence.elstm_rtrl(x, c0, sens0, params, done)
     torch.testing.assert_close(c_fn, c_ref.detach(), rtol=0, atol=1e-13)
-    for key in er.SENSITIVITY_KEYS:
+    for key in naive.SENSITIVITY_KEYS:
         torch.testing.assert_close(sens_fn[key], sens_ref[key].detach(), rtol=1e-12, atol=1e-13)
     grads = torch.autograd.grad((c_fn * delta).sum(), [x, *params.values()])
     for key, g in zip(params, grads[1:]):
@@ -130,7 +130,7 @@ def test_function_equals_forward_mode_reference(resets):
     one_step = []
     for t in range(T):
         c_prev = c_prev * (~done[t]).to(F64)[:, None]
-        c_t, _, _ = er.elstm_cell(x[t], c_prev.detach(), *params.values())
+        c_t, _, _ = naive.elstm_cell(x[t], c_prev.detach(), *params.values())
         one_step.append(c_t)
         c_prev = c_t
     (g_x,) = torch.autograd.grad((torch.stack(one_step) * delta).sum(), [x])
@@ -149,13 +149,13 @@ def test_acting_without_autograd_advances_like_the_forward_mode_reference(resets
     done = make_done(resets)[:steps]
     if steps == 1 and resets:
         done[0, 0] = True
-    c_ref, sens_ref, _ = er.rtrl_reference(x, c0, sens0, params, done)
+    c_ref, sens_ref, _ = naive.rtrl_reference(x, c0, sens0, params, done)
     with torch.no_grad():
-        c_act, sens_act = er.elstm_rtrl(x, c0, sens0, params, done)
-    c_fn, sens_fn = er.elstm_rtrl(x, c0, sens0, {k: v.requires_grad_() for k, v in params.items()}, done)
+        c_act, sens_act = recurrence.elstm_rtrl(x, c0, sens0, params, done)
+    c_fn, sens_fn = recurrence.elstm_rtrl(x, c0, sens0, {k: v.requires_grad_() for k, v in params.items()}, done)
     torch.testing.assert_close(c_act, c_ref, rtol=0, atol=1e-13)
     torch.testing.assert_close(c_act, c_fn.detach(), rtol=0, atol=1e-13)
-    for key in er.SENSITIVITY_KEYS:
+    for key in naive.SENSITIVITY_KEYS:
         torch.testing.assert_close(sens_act[key], sens_ref[key], rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(sens_act[key], sens_fn[key].detach(), rtol=1e-12, atol=1e-13)
 
@@ -168,7 +168,7 @@ def test_rtrl_keeps_no_per_step_sensitivities_for_backward():
     params["W_z"] = torch.randn(H, Dl, dtype=F64, requires_grad=True)
     params["W_f"] = torch.randn(H, Dl, dtype=F64, requires_grad=True)
     x = torch.randn(Tl, B, Dl, dtype=F64, requires_grad=True)
-    sens0 = er.initial_sensitivities(B, H, Dl, dtype=F64)
+    sens0 = naive.initial_sensitivities(B, H, Dl, dtype=F64)
     saved = []
 
     def pack(t):
@@ -176,8 +176,8 @@ def test_rtrl_keeps_no_per_step_sensitivities_for_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        c, _ = er.elstm_rtrl(x, torch.zeros(B, H, dtype=F64), sens0, params,
-                             torch.zeros(Tl, B, dtype=torch.bool))
+        c, _ = recurrence.elstm_rtrl(x, torch.zeros(B, H, dtype=F64), sens0, params,
+                                     torch.zeros(Tl, B, dtype=torch.bool))
     assert saved, "the hooks saw nothing; the check would be vacuous"
     # x, W_z, W_f, (a, b, d, c_{t-1}) per step, initial Z, F and the four vectors
     claimed = Tl * B * Dl + 2 * H * Dl + 4 * Tl * B * H + 2 * B * H * Dl + 4 * B * H
@@ -191,12 +191,12 @@ def test_rtrl_keeps_no_per_step_sensitivities_for_backward():
 def test_function_in_blocks_equals_forward_mode_reference(monkeypatch, resets):
     """The reverse pass split into blocks of 3 steps (7 = 1 + 3 + 3, resets on both sides of a
     block boundary) gives the same values and gradients."""
-    monkeypatch.setattr(er, "CHUNK_STEPS", 3)
+    monkeypatch.setattr(recurrence, "CHUNK_STEPS", 3)
     test_function_equals_forward_mode_reference(resets)
 
 
 def test_core_in_blocks_carries_segments_exactly(monkeypatch):
-    monkeypatch.setattr(er, "CHUNK_STEPS", 2)
+    monkeypatch.setattr(recurrence, "CHUNK_STEPS", 2)
     test_core_rtrl_segments_equal_bptt_over_both_segments()
 
 
@@ -228,8 +228,8 @@ def test_recomputed_derivatives_equal_the_scan(resets):
     c0 = torch.randn(B, H, generator=gen, dtype=F64)
     done = make_done(resets)
     done[0, 1] = resets  # a reset at step 0 drops c0 for that row
-    c_all, *scanned = er.elstm_scan(x, c0, *params.values(), done, with_derivatives=True)
-    recomputed = er.recompute_derivatives(x, c_all, c0, *params.values(), done)
+    c_all, *scanned = recurrence.elstm_scan(x, c0, *params.values(), done, with_derivatives=True)
+    recomputed = recurrence.recompute_derivatives(x, c_all, c0, *params.values(), done)
     for name, want, got in zip(("a", "b", "d_eff", "c_prev"), scanned, recomputed):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14, msg=name)
 
@@ -244,8 +244,8 @@ def test_rtrl_function_saves_nothing_per_step_beyond_x_and_its_output():
         x = torch.randn(steps, B, D, generator=gen, dtype=F64, requires_grad=True)
         meter = StorageMeter()
         with meter.hooks():
-            c, _ = er.elstm_rtrl(x, torch.randn(B, H, dtype=F64), random_sens(gen), params,
-                                 make_done(True, steps))
+            c, _ = recurrence.elstm_rtrl(x, torch.randn(B, H, dtype=F64), random_sens(gen), params,
+                                         make_done(True, steps))
         assert x.untyped_storage().data_ptr() in meter.nbytes
         assert c.untyped_storage().data_ptr() in meter.nbytes
         extra[steps] = meter.bytes_except(x, c)
@@ -387,14 +387,14 @@ def test_optimiser_update_matches_hand_computed_update():
     c_prev, cs = state["c"], []
     for t in range(T):
         c_prev = c_prev * (~done[t]).to(F64)[:, None]
-        c_t, _, _ = er.elstm_cell(x[t], c_prev.detach(), *rec.values())
+        c_t, _, _ = naive.elstm_cell(x[t], c_prev.detach(), *rec.values())
         cs.append(c_t)
         c_prev = c_t
     c_all = torch.stack(cs)
     c_leaf = c_all.detach().requires_grad_()
     y = torch.sigmoid(core.out_gate(torch.cat([x, c_leaf], -1))) * c_leaf
     loss = ((head(y) - target) ** 2).sum()
-    recurrent_names = {"1." + k for k in er.PARAM_KEYS}
+    recurrent_names = {"1." + k for k in naive.PARAM_KEYS}
     others = [(n, p) for n, p in modules.named_parameters() if n not in recurrent_names]
     g_direct = torch.autograd.grad(loss, [c_leaf] + [p for _, p in others], retain_graph=True)
     delta = g_direct[0]
@@ -403,8 +403,8 @@ def test_optimiser_update_matches_hand_computed_update():
     g_via_c = torch.autograd.grad((c_all * delta).sum(), list(stem.parameters()))
     for (n, _), g in zip(stem.named_parameters(), g_via_c):
         expected["0." + n] += g
-    _, _, g_rec = er.rtrl_reference(x.detach(), state["c"], {k: state[k] for k in er.SENSITIVITY_KEYS},
-                                    {k: v.detach() for k, v in rec.items()}, done, delta)
+    _, _, g_rec = naive.rtrl_reference(x.detach(), state["c"], {k: state[k] for k in naive.SENSITIVITY_KEYS},
+                                       {k: v.detach() for k, v in rec.items()}, done, delta)
     for k, g in g_rec.items():
         expected["1." + k] = g
 
@@ -428,7 +428,7 @@ def test_config_state_and_init():
     core = build_core("elstm", 257, {})
     assert core.grad_mode == "bptt" and core.output_size == 256
     assert set(core.initial_state(2)) == {"c"}
-    for name in er.PARAM_KEYS:
+    for name in naive.PARAM_KEYS:
         std = getattr(core, name).detach().std().item()
         assert 0.07 < std < 0.13, name  # N(0, 0.1) init
     rtrl = build_core("elstm", 9, {"hidden_size": "3", "grad": "rtrl"})
