@@ -8,7 +8,11 @@ again and again; per core this prints
   its ratio to the LSTM's;
 - the torch calls one step makes (a ``TorchFunctionMode`` count: each is Python and dispatch
   overhead, paid whatever the op's size);
-- the five ops that take the most self CPU time under ``torch.profiler`` (microseconds per step).
+- the five ops that take the most self CPU time under ``torch.profiler`` (microseconds per step);
+- for a core that steps in Python, the same step with the core replayed from its TorchScript trace
+  (``--acting-trace``, ``fwrl.agents.traced_core``), alternated with the eager step, and the ratio.
+
+glibc's allocator keeps freed memory as ``fwrl train`` has it (``fwrl.utils.allocator``).
 
 ::
 
@@ -43,18 +47,24 @@ class _CallCount(TorchFunctionMode):
 
 
 def measure(setting: str, cores: list[str], rounds: int = 3, steps: int = 200) -> list[dict]:
+    from fwrl.agents.traced_core import TracedCoreStep
+    from fwrl.utils.allocator import keep_freed_memory
+
     torch.set_num_threads(1)
+    keep_freed_memory()
     acts = {core: cpu_cores._micro_case(setting, core)[1] for core in cores}
-    for act in acts.values():
+    traced = {core: TracedCoreStep(act.core) for core, act in acts.items() if act.core.python_recurrence}
+    runs = [(core, act, None) for core, act in acts.items()] + [(core, acts[core], step) for core, step in traced.items()]
+    for _, act, core_step in runs:
         for _ in range(30):
-            act()
-    wall: dict[str, list[float]] = {core: [] for core in cores}
+            act(core_step)
+    wall: dict[tuple[str, bool], list[float]] = {(core, core_step is not None): [] for core, _, core_step in runs}
     for _ in range(rounds):
-        for core, act in acts.items():
+        for core, act, core_step in runs:
             start = time.perf_counter()
             for _ in range(steps):
-                act()
-            wall[core].append((time.perf_counter() - start) / steps * 1e6)
+                act(core_step)
+            wall[core, core_step is not None].append((time.perf_counter() - start) / steps * 1e6)
     rows = []
     for core, act in acts.items():
         count = _CallCount()
@@ -64,19 +74,24 @@ def measure(setting: str, cores: list[str], rounds: int = 3, steps: int = 200) -
             for _ in range(100):
                 act()
         ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:5]
-        rows.append({"core": core, "us": sorted(wall[core])[len(wall[core]) // 2], "calls": count.calls,
+        median = {key: sorted(times)[len(times) // 2] for key, times in wall.items()}
+        rows.append({"core": core, "us": median[core, False], "traced_us": median.get((core, True)),
+                     "calls": count.calls,
                      "top": [(e.key.removeprefix("aten::"), e.self_cpu_time_total / 100) for e in ops]})
     return rows
 
 
 def markdown(rows: list[dict], setting: str) -> str:
     base = next((r["us"] for r in rows if r["core"] == "lstm"), None)
-    lines = [f"| core ({setting}) | us per acting step | x lstm | torch calls per step | top ops by self CPU (us per step) |",
-             "|---|---|---|---|---|"]
+    lines = [f"| core ({setting}) | us per acting step | x lstm | traced: us | traced x eager | traced x lstm | "
+             "torch calls per step | top ops by self CPU (us per step) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['us'] / base:.2f}" if base else ""
+        traced = r["traced_us"]
+        cells = ((f"{traced:,.0f}", f"{traced / r['us']:.2f}", f"{traced / base:.2f}" if base else "")
+                 if traced is not None else ("", "", ""))
         top = ", ".join(f"{name} {us:.0f}" for name, us in r["top"])
-        lines.append(f"| {r['core']} | {r['us']:,.0f} | {ratio} | {r['calls']} | {top} |")
+        lines.append(f"| {r['core']} | {r['us']:,.0f} | {ratio} | {' | '.join(cells)} | {r['calls']} | {top} |")
     return "\n".join(lines) + "\n"
 
 
@@ -84,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="minatar", choices=sorted(cpu_cores.SETTINGS))
     parser.add_argument("--cores", default=",".join(CORES), help="comma-separated cores (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of 200 steps per core (default: 3)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    table = markdown(measure(args.settings, args.cores.split(",")), args.settings)
+    table = markdown(measure(args.settings, args.cores.split(","), rounds=args.rounds), args.settings)
     print(table, end="")
     if args.out:
         Path(args.out).write_text(table)

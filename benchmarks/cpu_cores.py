@@ -127,9 +127,12 @@ def _micro_case(setting: str, spec: str):
         loss.backward()
         optimizer.step()
 
-    def act() -> None:
+    def act(core_step=None) -> None:
+        """One acting step; ``core_step`` stands in for the core (``fwrl.agents.traced_core``)."""
         with torch.no_grad():
-            model(step, step_state)
+            model(step, step_state, **({"core_step": core_step} if core_step is not None else {}))
+
+    act.core = model.core
 
     return update, act
 
@@ -174,12 +177,14 @@ def run_micro(settings: list[str], cores: list[str], kernels: list[str], rounds:
 # --------------------------------------------------------------------------- throughput
 
 
-def _throughput(setting: str, spec: str, backend: str, process: str, seconds: float, warmup: float) -> dict:
+def _throughput(setting: str, spec: str, backend: str, process: str, trace: str, seconds: float,
+                warmup: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         command = [sys.executable, "-m", "fwrl.launch.cli", "bench", "throughput", *SETTINGS[setting],
                    *core_flags(spec), "--seconds", str(seconds), "--warmup", str(warmup),
-                   "--ceiling-seconds", "0", "--json-path", str(out), "--learner-process", process]
+                   "--ceiling-seconds", "0", "--json-path", str(out), "--learner-process", process,
+                   "--acting-trace", trace]
         done = subprocess.run(command, env={**os.environ, "FWRL_KERNELS": backend}, capture_output=True,
                               text=True)
         if done.returncode != 0 or not out.exists():  # recorded, not fatal: the other runs go on
@@ -196,35 +201,38 @@ def _throughput(setting: str, spec: str, backend: str, process: str, seconds: fl
 
 
 def run_throughput(settings: list[str], cores: list[str], kernels: list[str], rounds: int, seconds: float | None,
-                   warmup: float | None, save=lambda rows: None, processes: tuple[str, ...] = ("auto",)) -> list[dict]:
+                   warmup: float | None, save=lambda rows: None, processes: tuple[str, ...] = ("auto",),
+                   traces: tuple[str, ...] = ("auto",)) -> list[dict]:
     """``seconds`` / ``warmup`` None: the setting's own window (:data:`WINDOWS`, else 10 s after 8 s).
-    ``processes``: the ``--learner-process`` values each (core, kernels) runs with, alternated too.
+    ``processes`` / ``traces``: the ``--learner-process`` / ``--acting-trace`` values each (core, kernels)
+    runs with, alternated too.
     ``save(rows)`` is called after every run with the rows so far (a long benchmark keeps what it has)."""
     rows = []
     for setting in settings:
         own_warmup, own_seconds = WINDOWS.get(setting, (8.0, 10.0))
         window = (own_seconds if seconds is None else seconds, own_warmup if warmup is None else warmup)
-        runs: dict[tuple[str, str, str], list[dict]] = {(s, b, p): [] for s in cores for p in processes
-                                                        for b in kernels}
+        runs: dict[tuple[str, str, str, str], list[dict]] = {(s, b, p, t): [] for s in cores for p in processes
+                                                             for t in traces for b in kernels}
         for round_ in range(rounds):
-            for (spec, backend, process), results in runs.items():
-                results.append(_throughput(setting, spec, backend, process, *window))
+            for (spec, backend, process, trace), results in runs.items():
+                results.append(_throughput(setting, spec, backend, process, trace, *window))
                 said = results[-1].get("error") or f"{results[-1]['steps_per_second']:,.0f} agent steps/s"
                 print(f"throughput {setting} round {round_ + 1} / {rounds}: {spec} ({backend}, learner process "
-                      f"{process}) {said}", file=sys.stderr, flush=True)
+                      f"{process}, acting trace {trace}) {said}", file=sys.stderr, flush=True)
                 save(rows + _rows(setting, runs, kernels, window))
         rows += _rows(setting, runs, kernels, window)
     return rows
 
 
 def _rows(setting: str, runs: dict, kernels: list[str], window: tuple[float, float]) -> list[dict]:
-    """Medians over each (core, kernels, learner process)'s measured rounds, and the median of its
-    per-round ratios to the LSTM's with the same learner process (rounds where either failed left out)."""
+    """Medians over each (core, kernels, learner process, acting trace)'s measured rounds, and the median of
+    its per-round ratios to the LSTM's with the same learner process and acting trace (rounds where either
+    failed left out)."""
     rows = []
-    for (spec, backend, process), results in runs.items():
-        baseline = runs.get((BASELINE, kernels[0], process), [])
+    for (spec, backend, process, trace), results in runs.items():
+        baseline = runs.get((BASELINE, kernels[0], process, trace), [])
         ok = [r for r in results if "error" not in r]
-        row = {"setting": setting, "core": spec, "kernels": backend, "learner_process": process,
+        row = {"setting": setting, "core": spec, "kernels": backend, "learner_process": process, "acting_trace": trace,
                "seconds": window[0], "warmup": window[1], "rounds": results, "measured_rounds": len(ok)}
         for key in ("steps_per_second", "learner_ms_per_update", "learner_idle", "acting_forward_share"):
             row[key] = statistics.median(r[key] for r in ok) if ok else None
@@ -253,18 +261,18 @@ def markdown(micro: list[dict], throughput: list[dict], args: argparse.Namespace
         windows = ", ".join(f"{setting} {seconds:g} s after {warmup:g} s of warm-up" for setting, seconds, warmup
                             in dict.fromkeys((r["setting"], r["seconds"], r["warmup"]) for r in throughput))
         lines += [f"## Training throughput (`fwrl bench throughput`: {windows})", "",
-                  "| setting | core | kernels | learner process | agent steps/s | x lstm | learner ms / update | "
-                  "learner idle | acting forward share |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| setting | core | kernels | learner process | acting trace | agent steps/s | x lstm | "
+                  "learner ms / update | learner idle | acting forward share |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in throughput:
             if r["steps_per_second"] is None:
                 errors = {x["error"] for x in r["rounds"] if "error" in x}
-                lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['learner_process']} | failed: "
-                             f"{'; '.join(errors)[:200]} | | | | |")
+                lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['learner_process']} | "
+                             f"{r['acting_trace']} | failed: {'; '.join(errors)[:200]} | | | | |")
                 continue
             ratio = f"{r['ratio_to_lstm']:.2f}" if "ratio_to_lstm" in r else ""
             rounds = "" if r["measured_rounds"] == len(r["rounds"]) else f" ({r['measured_rounds']} rounds)"
             lines.append(f"| {r['setting']} | {r['core']} | {r['kernels']} | {r['learner_process']} | "
-                         f"{r['steps_per_second']:,.0f}{rounds} | "
+                         f"{r['acting_trace']} | {r['steps_per_second']:,.0f}{rounds} | "
                          f"{ratio} | {r['learner_ms_per_update']:.0f} | {r['learner_idle']:.0%} | "
                          f"{r['acting_forward_share']:.0%} |")
         lines.append("")
@@ -279,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default="auto", help="comma-separated FWRL_KERNELS values: auto, reference")
     parser.add_argument("--learner-process", default="auto",
                         help="throughput: comma-separated --learner-process values to alternate (auto, on, off)")
+    parser.add_argument("--acting-trace", default="auto",
+                        help="throughput: comma-separated --acting-trace values to alternate (auto, on, off)")
     parser.add_argument("--part", choices=("micro", "throughput", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=None,
@@ -302,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     processes = tuple(p.strip() for p in args.learner_process.split(",") if p.strip())
     if not processes or set(processes) - {"auto", "on", "off"}:
         parser.error(f"bad --learner-process {args.learner_process!r} (valid: auto, on, off, comma-separated)")
+    traces = tuple(t.strip() for t in args.acting_trace.split(",") if t.strip())
+    if not traces or set(traces) - {"auto", "on", "off"}:
+        parser.error(f"bad --acting-trace {args.acting_trace!r} (valid: auto, on, off, comma-separated)")
 
     def save(micro: list[dict], throughput: list[dict]) -> str:
         text = markdown(micro, throughput, args)
@@ -317,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     micro = run_micro(args.settings, cores, kernels, args.rounds) if args.part in ("micro", "both") else []
     save(micro, [])
     throughput = (run_throughput(args.settings, cores, kernels, args.rounds, args.seconds, args.warmup,
-                                 save=lambda rows: save(micro, rows), processes=processes)
+                                 save=lambda rows: save(micro, rows), processes=processes, traces=traces)
                   if args.part in ("throughput", "both") else [])
     print(save(micro, throughput))
     return 0

@@ -183,11 +183,13 @@ class InferenceLoop:
         timer: StageTimer | None = None,
         streams: DeviceStreams | None = None,
         graph: bool = False,
+        trace: bool = False,
     ):
         """``model`` acts; pass ``weights`` (whose ``model`` it is) when a learner publishes into it,
         else ``lock`` guards it. ``streams.inference`` is made current by the caller's thread
         (see ``fwrl.runner.train``); the loop itself only uses the current stream. ``graph``:
-        replay the forward as CUDA graphs (``fwrl.agents.inference_graph``)."""
+        replay the forward as CUDA graphs (``fwrl.agents.inference_graph``). ``trace``: the core's
+        step from a TorchScript trace on the CPU (``fwrl.agents.traced_core``)."""
         self.weights = weights if weights is not None else PolicyWeights(model, streams, lock)
         self.model = self.weights.model
         self.pool = pool
@@ -210,6 +212,11 @@ class InferenceLoop:
 
             self._graphed = GraphedStep(self._graphed_act, self.device, own_generator(self.device),
                                         protect=lambda: self.state)
+        self._core_step = None
+        if trace:
+            from fwrl.agents.traced_core import TracedCoreStep
+
+            self._core_step = TracedCoreStep(self.model.core)
         self._offsets = np.arange(self.k)
         # Dynamic batching: act on whichever workers are ready, but give the
         # others up to ``batch_wait`` seconds to join until ``min_batch``
@@ -347,7 +354,8 @@ class InferenceLoop:
         with timer.stage("inference_forward", device_work=True):
             inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
             with self.weights.acting() if hold else contextlib.nullcontext() as version:
-                out, state_out = self.model(inputs, state, greedy=self.greedy, **(sampling or {}))
+                extra = {} if self._core_step is None else {"core_step": self._core_step}
+                out, state_out = self.model(inputs, state, greedy=self.greedy, **(sampling or {}), **extra)
             for name, value in state_out.items():
                 self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
             # the step's rows (T = 1) of the outputs, the riders' left out

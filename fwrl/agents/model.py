@@ -33,7 +33,7 @@ PAPERS.md §1:
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -223,7 +223,7 @@ class AgentNet(nn.Module):
 
     def forward(
         self, inputs: Mapping[str, Tensor], state: State, greedy: bool = False, sampler: str = "multinomial",
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, core_step: Callable[..., tuple[Tensor, State]] | None = None,
     ) -> tuple[dict[str, Tensor], State]:
         """inputs: obs [T, B, *obs_shape], reward [T, B], done [T, B] (bool), and obs_extra
         [T, B, extra_size] when the model has extras.
@@ -232,7 +232,8 @@ class AgentNet(nn.Module):
         the logits (``greedy``) or a sample of softmax(logits): ``torch.multinomial``,
         or with ``sampler="gumbel"`` the argmax of logits plus Gumbel noise (the same
         distribution from ``torch.rand`` alone, so it can be captured in a CUDA graph), drawn
-        from ``generator`` (default: torch's global one).
+        from ``generator`` (default: torch's global one). ``core_step`` stands in for ``self.core``
+        (the acting loop's traced step, :mod:`fwrl.agents.traced_core`).
         """
         obs = inputs[OBS]
         T, B = obs.shape[:2]
@@ -245,7 +246,7 @@ class AgentNet(nn.Module):
         if self.extra_size:
             parts.append(as_dtype(inputs[OBS_EXTRA], dtype))
         parts.append(as_dtype(inputs[REWARD], dtype).clamp(-1.0, 1.0).unsqueeze(-1))
-        core_out, state = self.core(torch.cat(parts, dim=-1), state, as_dtype(inputs[DONE], torch.bool))
+        core_out, state = (core_step or self.core)(torch.cat(parts, dim=-1), state, as_dtype(inputs[DONE], torch.bool))
         logits = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
         action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler, generator=generator)

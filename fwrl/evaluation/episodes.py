@@ -205,7 +205,8 @@ def collect_episodes(
             if not greedy:
                 torch.manual_seed(seed)
             collector.start()
-            loop = InferenceLoop(model, collector, None, device, threading.Lock(), greedy=greedy)
+            trace = device.type == "cpu" and getattr(getattr(model, "core", None), "python_recurrence", False)
+            loop = InferenceLoop(model, collector, None, device, threading.Lock(), greedy=greedy, trace=trace)
             while not collector.complete:
                 if stop is not None and stop.is_set():
                     break

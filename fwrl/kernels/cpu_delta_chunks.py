@@ -235,6 +235,12 @@ def step_read_backward(dA: Tensor, x: Tensor, k: Tensor, U: Tensor, res: Tensor,
 def restart_rows(M: Tensor, u: Tensor, k: Tensor, rows: Tensor, B: int) -> None:
     """In place: the matrices M [N, d, F] (= M_0 + u k^T) of the batch rows ``rows`` written from
     zero (u k^T) instead. Masking M_0 first would copy every matrix into a fresh MB-sized tensor,
-    which takes new pages from the OS on every step that has a reset."""
-    u, k = u.view(B, -1, u.shape[-1], 1)[rows], k.view(B, -1, 1, k.shape[-1])[rows]
-    M.view(B, -1, *M.shape[1:])[rows] = u * k
+    which takes new pages from the OS on every step that has a reset. ``rows``: their indices, or
+    under a TorchScript trace (``fwrl.agents.traced_core``, whose replay must serve any number of
+    them) a [B] mask: the same values by ``torch.where`` over every row."""
+    u, k = u.view(B, -1, u.shape[-1], 1), k.view(B, -1, 1, k.shape[-1])
+    M = M.view(B, -1, *M.shape[1:])
+    if rows.dtype == torch.bool:
+        M.copy_(torch.where(rows.view(B, 1, 1, 1), u * k, M))
+    else:
+        M[rows] = u[rows] * k[rows]

@@ -75,6 +75,7 @@ class Run:
     learner: Learner
     actor_timers: tuple[StageTimer, ...]  # one per acting thread
     inference_graph: bool  # the acting forward replays CUDA graphs (acting_graph)
+    acting_trace: bool  # the core's acting step runs from TorchScript traces (traced_acting)
     learner_timer: StageTimer
     episodes: Episodes
     pool: WorkerPool
@@ -92,7 +93,8 @@ class Run:
     def inference_loop(self, source: StepSource, timer: StageTimer) -> InferenceLoop:
         """One acting thread's loop over ``source`` (a slice of the pool) with its stage timer."""
         return InferenceLoop(self.acting_model, source, self.store, self.device, weights=self.weights, timer=timer,
-                             graph=self.inference_graph, batch_wait=self.config.acting_batch_wait)
+                             graph=self.inference_graph, trace=self.acting_trace,
+                             batch_wait=self.config.acting_batch_wait)
 
     def snapshot(self, acted_steps: int, metrics_rows: int = -1) -> dict[str, Any]:
         """A checkpoint's contents, copied between two updates (the actors go on); ``metrics_rows``:
@@ -171,6 +173,21 @@ def acting_graph(requested: bool | None, device: torch.device, threads: int) -> 
     if requested and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     return requested
+
+
+def traced_acting(requested: str, device: torch.device, python_recurrence: bool) -> bool:
+    """Whether the core's acting step runs from TorchScript traces (``acting_trace``;
+    :mod:`fwrl.agents.traced_core`): "on" (refused off the CPU, where CUDA graphs replay the step),
+    "off", or auto: on on the CPU for a core that steps through the unroll in Python
+    (``Core.python_recurrence``: a fast-weight core's step is 100-250 small calls, whose Python the
+    trace leaves out; torch's LSTM and GRU are one call already). Measured side by side:
+    ``benchmarks/results/cpu_cores/acting_trace.md``."""
+    if requested not in ("auto", "on", "off"):
+        raise unknown_choice("acting_trace", requested, ("auto", "on", "off"))
+    if requested == "on" and device.type != "cpu":
+        raise FwrlError(f"acting_trace=on traces the acting step on the CPU; this run's device is {device}, where "
+                        "CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
+    return device.type == "cpu" and (requested == "on" or (requested == "auto" and python_recurrence))
 
 
 # ``learner_process`` auto: the least agent steps left, and the shortest time limit, for a run's update
@@ -294,7 +311,9 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
     return Run(config=config, run_dir=run_dir, ranks=ranks, device=device, info=info, group=group, model=model,
                optimizer=optimizer, scheduler=scheduler, budget=budget, streams=streams,
                weights=weights, acting_model=acting_model, rollouts=rollouts, store=store, learner=learner,
-               actor_timers=actor_timers, inference_graph=graph, learner_timer=learner_timer, episodes=episodes, pool=pool,
+               actor_timers=actor_timers, inference_graph=graph,
+               acting_trace=traced_acting(config.acting_trace, device, model.core.python_recurrence),
+               learner_timer=learner_timer, episodes=episodes, pool=pool,
                clock=Clock(counters["elapsed_seconds"]), resumed=counters,
                counters=Counters(counters["agent_steps"], counters["updates"], int(counters["acted_steps"])))
 

@@ -54,7 +54,7 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     them (on the meta device: nothing is allocated), the worker count of a
     multi-task env, ``load_vision_from`` (read only by a new run, not on
     ``resume``), the Ray backend's dependency, user env wrappers (importable, callable) and that
-    ``inference_graph`` has a CUDA device.
+    ``inference_graph`` has a CUDA device (``acting_trace=on`` the CPU).
     """
     check_workers_runnable(config.env, config.backend, config.env_wrappers)
     from fwrl.agents.stem_shapes import check_stem
@@ -70,6 +70,9 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "
                         f"{config.device!r} is {device} here.")
+    if config.acting_trace == "on" and device.type != "cpu":
+        raise FwrlError(f"setting acting_trace=on traces the acting step on the CPU; device {config.device!r} is "
+                        f"{device} here, where CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
     with torch.device("meta"):
         model = build_model(config, info)
     check_memory(config, info, model.initial_state(1, "meta"), device)

@@ -77,7 +77,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
               "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
-              "acting_priority": "high", "learner_process": "off",
+              "acting_priority": "high", "learner_process": "off", "acting_trace": "off",
               "rmsprop_bias_correction": True,
               "worker_splits": 1,  # the default: ray takes no splits (--worker-splits: test_cli_errors, test_worker_splits)
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}

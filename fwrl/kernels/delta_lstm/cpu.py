@@ -228,7 +228,9 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Ten
     N = B * H
     M = 2 * GATES
     W, c, y = W0.reshape(N * M, d, d), c0, y0
-    restart = reset[0].nonzero().flatten() if bool(reset.any()) else None  # the rows starting an episode
+    restart = None  # the rows starting an episode: indices (a mask under a trace, restart_rows)
+    if bool(reset.any()):
+        restart = reset[0] if torch.jit.is_tracing() else reset[0].nonzero().flatten()
     if restart is not None:
         c, y = keep(c0, reset[0]), keep(y0, reset[0])
     queries = torch.cat([q.reshape(N, 1, d).expand(N, GATES, d), y.reshape(N, 1, d).expand(N, GATES, d)],

@@ -204,7 +204,9 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     F = W0.shape[-1]
     N = B * H
     W, R, h = W0.reshape(N, d, F), R0.reshape(N, d, d), h0.reshape(N, d)
-    restart = reset[0].nonzero().flatten() if bool(reset.any()) else None  # the rows starting an episode
+    restart = None  # the rows starting an episode: indices (a mask under a trace, restart_rows)
+    if bool(reset.any()):
+        restart = reset[0] if torch.jit.is_tracing() else reset[0].nonzero().flatten()
     if restart is not None:
         h = keep(h, reset[0])
     if feature_map == "softmax":
