@@ -20,6 +20,9 @@ public function, ``naive``, ``fused_recurrent``, ``cpu``) beside the shared modu
 ones and ``fwrl.errors`` / ``fwrl.utils``, never another rule; the shared
 modules import no rule.
 
+Cores call a rule only through its public function (``fwrl.kernels.<rule>``, which picks the
+backend): from a rule's own modules a core imports constants alone (UPPER_CASE names).
+
 Runner parts take no run object (``ARCHITECTURE.md``, the runner's parts): inside ``runner``,
 only :data:`RUN_READERS` (``train``, which wires the parts) imports ``build`` (whose ``Run`` it
 reads), and no function outside ``build`` and ``train`` takes a parameter named ``run`` or
@@ -275,3 +278,34 @@ def test_runner_parts_take_no_run_object():
     assert sorted(run_takers({}, {"fwrl.runner.acting": taker})) == [
         "fwrl.runner.acting: __init__(run)", "fwrl.runner.acting: quoted(x)", "fwrl.runner.acting: row(run)"]
     assert run_takers({"fwrl.runner.train": {"fwrl.runner.build"}}, {"fwrl.runner.train": taker}) == []
+
+
+def kernel_reaches(name: str, tree: ast.Module) -> list[str]:
+    """What a core module takes from inside a rule's folder other than its public function: any name
+    imported from ``fwrl.kernels.<rule>.<module>`` that is not a constant (UPPER_CASE), and any import
+    of such a module itself. Cores call a rule only through ``fwrl.kernels.<rule>`` (ARCHITECTURE.md,
+    the kernels' paragraph), which picks the backend; they may read its constants (a rule's matrix
+    names, input maps)."""
+    faults = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[:2] == ["fwrl", "kernels"] and len(parts) > 3 and kernel_rule(node.module):
+                faults += [f"{name}: {alias.name} from {node.module}" for alias in node.names
+                           if not alias.name.isupper()]
+        elif isinstance(node, ast.Import):
+            faults += [f"{name}: import {alias.name}" for alias in node.names
+                       if alias.name.startswith("fwrl.kernels.") and len(alias.name.split(".")) > 3]
+    return faults
+
+
+def test_cores_call_only_a_rules_public_function():
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()
+             if layer(name) == "memory_modules"}
+    assert [fault for name, tree in sorted(trees.items()) for fault in kernel_reaches(name, tree)] == []
+    # the check itself: a core that calls a backend or the reference directly
+    core = ast.parse("from fwrl.kernels.rdn import rdn\nfrom fwrl.kernels.rdn.naive import rdn_reference\n"
+                     "from fwrl.kernels.srwm.naive import INPUT_MAPS\nimport fwrl.kernels.delta_rule.cpu\n")
+    assert kernel_reaches("fwrl.memory_modules.rdn", core) == [
+        "fwrl.memory_modules.rdn: rdn_reference from fwrl.kernels.rdn.naive",
+        "fwrl.memory_modules.rdn: import fwrl.kernels.delta_rule.cpu"]
