@@ -92,7 +92,7 @@ def test_resume_continues_time_episodes_and_the_new_schedule(tmp_path):
 
     config = TrainConfig(env="memory:cue_delay?delay=2", core="lstm", core_options={"hidden_size": 16},
                          num_workers=2, envs_per_worker=4, batch_size=4, unroll_length=10, total_steps=1000,
-                         learning_rate=1e-3, device="cpu", num_threads=1, log_interval=0.5)
+                         learning_rate=1e-3, device="cpu", num_threads=1, log_interval=0.02)
     first = train(config, tmp_path)
     assert first.stopped_by == "budget"
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
