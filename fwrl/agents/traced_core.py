@@ -30,6 +30,14 @@ State = dict[str, Tensor]
 MAX_TRACES = 64  # shapes kept per core: an acting loop sees one per batch size it serves
 
 
+def traced_by_default(core: nn.Module, device: torch.device) -> bool:
+    """Whether ``core`` acts from traces unless told otherwise (``--acting-trace auto``, and
+    ``fwrl evaluate``): on the CPU, for a core that steps through the unroll in Python
+    (``Core.python_recurrence``: a fast-weight core's step is 100-250 small calls, whose Python the
+    trace leaves out; torch's LSTM and GRU are one call already)."""
+    return device.type == "cpu" and bool(getattr(core, "python_recurrence", False))
+
+
 class _FlatCore(nn.Module):
     """``core`` with the state as positional tensors in ``names``' order (what a trace takes)."""
 

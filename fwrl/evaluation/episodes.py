@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fwrl.agents.inference import InferenceLoop
+from fwrl.agents.traced_core import traced_by_default
 from fwrl.envs.backends import make_pool
 from fwrl.envs.spec import parse_env_spec
 from fwrl.envs.worker_pool import PoolSettings, StepResult, WorkerPool
@@ -205,7 +206,7 @@ def collect_episodes(
             if not greedy:
                 torch.manual_seed(seed)
             collector.start()
-            trace = device.type == "cpu" and getattr(getattr(model, "core", None), "python_recurrence", False)
+            trace = traced_by_default(getattr(model, "core", None), device)
             loop = InferenceLoop(model, collector, None, device, threading.Lock(), greedy=greedy, trace=trace)
             while not collector.complete:
                 if stop is not None and stop.is_set():

@@ -123,10 +123,11 @@ def test_sequences_and_autograd_call_the_core_itself():
 
 def test_the_setting_is_on_for_python_stepped_cores_on_the_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert traced_acting("auto", cpu, True) and not traced_acting("auto", cpu, False)  # lstm, gru, feedforward
-    assert not traced_acting("auto", cuda, True) and not traced_acting("off", cpu, True)
-    assert traced_acting("on", cpu, False)
+    rdn, lstm = build_core("rdn", D_IN, dict(FWP)), build_core("lstm", D_IN, {"hidden_size": 8})
+    assert traced_acting("auto", cpu, rdn) and not traced_acting("auto", cpu, lstm)  # lstm, gru, feedforward
+    assert not traced_acting("auto", cuda, rdn) and not traced_acting("off", cpu, rdn)
+    assert traced_acting("on", cpu, lstm)
     with pytest.raises(FwrlError, match="acting_trace=on traces the acting step on the CPU.*inference_graph"):
-        traced_acting("on", cuda, True)
+        traced_acting("on", cuda, rdn)
     with pytest.raises(FwrlError, match="unknown acting_trace 'yes'.*auto, off, on"):
-        traced_acting("yes", cpu, True)
+        traced_acting("yes", cpu, rdn)
