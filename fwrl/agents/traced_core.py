@@ -26,6 +26,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from fwrl.errors import FwrlError, unknown_choice
+
 State = dict[str, Tensor]
 MAX_TRACES = 64  # shapes kept per core: an acting loop sees one per batch size it serves
 
@@ -36,6 +38,20 @@ def traced_by_default(core: nn.Module, device: torch.device) -> bool:
     (``Core.python_recurrence``: a fast-weight core's step is 100-250 small calls, whose Python the
     trace leaves out; torch's LSTM and GRU are one call already)."""
     return device.type == "cpu" and bool(getattr(core, "python_recurrence", False))
+
+
+def traced_acting(requested: str, device: torch.device, core: nn.Module) -> bool:
+    """Whether the core's acting step runs from TorchScript traces (``acting_trace``;
+    :mod:`fwrl.agents.traced_core`): "on" (refused off the CPU, where CUDA graphs replay the step),
+    "off", or auto (:func:`traced_by_default`: on on the CPU for a core
+    that steps through the unroll in Python). Measured side by side:
+    ``benchmarks/results/cpu_cores/acting_trace.md``."""
+    if requested not in ("auto", "on", "off"):
+        raise unknown_choice("acting_trace", requested, ("auto", "on", "off"))
+    if requested == "on" and device.type != "cpu":
+        raise FwrlError(f"acting_trace=on traces the acting step on the CPU; this run's device is {device}, where "
+                        "CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
+    return device.type == "cpu" and (requested == "on" or (requested == "auto" and traced_by_default(core, device)))
 
 
 class _FlatCore(nn.Module):

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
 from fwrl.agents.distributed import LearnerGroup, Ranks, rank_device, ranks_from_env, share
@@ -34,7 +33,7 @@ from fwrl.agents.model import AgentNet
 from fwrl.agents.optim import linear_decay_scheduler, make_optimizer
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights, acting_copy
 from fwrl.agents.rollout_queue import RolloutQueue
-from fwrl.agents.traced_core import traced_by_default
+from fwrl.agents.traced_core import traced_acting
 from fwrl.agents.rollouts import RolloutSpec, RolloutStore, queue_size, store_capacity
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.envs.backends import make_pool
@@ -175,20 +174,6 @@ def acting_graph(requested: bool | None, device: torch.device, threads: int) -> 
     if requested and device.type != "cuda":
         raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
     return requested
-
-
-def traced_acting(requested: str, device: torch.device, core: nn.Module) -> bool:
-    """Whether the core's acting step runs from TorchScript traces (``acting_trace``;
-    :mod:`fwrl.agents.traced_core`): "on" (refused off the CPU, where CUDA graphs replay the step),
-    "off", or auto (:func:`~fwrl.agents.traced_core.traced_by_default`: on on the CPU for a core
-    that steps through the unroll in Python). Measured side by side:
-    ``benchmarks/results/cpu_cores/acting_trace.md``."""
-    if requested not in ("auto", "on", "off"):
-        raise unknown_choice("acting_trace", requested, ("auto", "on", "off"))
-    if requested == "on" and device.type != "cpu":
-        raise FwrlError(f"acting_trace=on traces the acting step on the CPU; this run's device is {device}, where "
-                        "CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
-    return device.type == "cpu" and (requested == "on" or (requested == "auto" and traced_by_default(core, device)))
 
 
 # ``learner_process`` auto: the least agent steps left, and the shortest time limit, for a run's update

@@ -64,17 +64,16 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     check_stem(config.stem, info.obs_shape, config.env)  # before torch: one line naming the stems that fit
     import torch
 
+    from fwrl.agents.traced_core import traced_acting
     from fwrl.runner.agent import build_model, pick_device
 
     device = pick_device(config.device)
     if config.inference_graph and device.type != "cuda":
         raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "
                         f"{config.device!r} is {device} here.")
-    if config.acting_trace == "on" and device.type != "cpu":
-        raise FwrlError(f"setting acting_trace=on traces the acting step on the CPU; device {config.device!r} is "
-                        f"{device} here, where CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
     with torch.device("meta"):
         model = build_model(config, info)
+    traced_acting(config.acting_trace, device, model.core)  # acting_trace=on needs the CPU
     check_memory(config, info, model.initial_state(1, "meta"), device)
     games = parse_env_spec(config.env).num_tasks
     if config.num_workers < games:

@@ -14,10 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from fwrl.agents.traced_core import TracedCoreStep
+from fwrl.agents.traced_core import TracedCoreStep, traced_acting
 from fwrl.errors import FwrlError
 from fwrl.memory_modules import build_core
-from fwrl.runner.build import traced_acting
 
 D_IN, B = 5, 6
 FWP = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=4, ff_dim=8)
