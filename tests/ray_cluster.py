@@ -22,6 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Ray's command line of this interpreter's Ray (not whichever ``ray`` is first on PATH: a test run
+# started as ``venv/bin/python -m pytest`` without activating the venv has none there)
+RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -45,7 +49,7 @@ class LocalCluster:
         self.groups: list[int] = []
 
     def _ray_start(self, args: list[str]) -> int:
-        proc = subprocess.Popen(["ray", "start", *args, "--temp-dir", self.tmp, "--disable-usage-stats"],
+        proc = subprocess.Popen([*RAY_CLI, "start", *args, "--temp-dir", self.tmp, "--disable-usage-stats"],
                                 env=self.env, start_new_session=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         self.groups.append(proc.pid)  # the daemons it starts stay in this process group
