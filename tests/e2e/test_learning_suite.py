@@ -42,22 +42,29 @@ def test_the_grids_name_the_suites_games_and_cores():
     assert same == {k: v for k, v in full.items() if k not in ("env", "total_steps")}
 
 
-def test_dry_run_trains_evaluates_and_reports_every_cell(tmp_path):
-    """The CPU grid's cores on its first game, one seed (the other game and seeds are the same cells
-    again; the report's table of several games is tests/unit/test_report.py's)."""
-    sweep, grid = tmp_path / "suite", tmp_path / "one-seed.yaml"
+def test_dry_run_plans_every_cell_then_trains_evaluates_and_reports_two(tmp_path):
+    """Every cell of the CPU grid planned (its settings checked, nothing started); then two of its
+    cores on its first game, one seed, trained, evaluated and reported: the LSTM and the labelled
+    RTRL eLSTM (the other cores' cells are the same command with another core, and every core
+    trains in tests/e2e/test_every_core_trains.py; the report's table of several games is
+    tests/unit/test_report.py's)."""
+    code, out, err = _fwrl("sweep", str(tmp_path / "plan"), "--grid", str(SUITE / "minatar-cpu.yaml"), "--dry-run")
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "42 of 42 cells would run" in out and not (tmp_path / "plan").exists()
+    sweep, grid = tmp_path / "suite", tmp_path / "two-cores.yaml"
     cpu = yaml.safe_load((SUITE / "minatar-cpu.yaml").read_text())
-    grid.write_text(yaml.safe_dump({**cpu, "env": cpu["env"][:1], "seed": [1]}))
+    cores = [c for c in cpu["core"] if c["label"] in ("lstm", "elstm-rtrl")]
+    grid.write_text(yaml.safe_dump({**cpu, "env": cpu["env"][:1], "seed": [1], "core": cores}))
     code, out, err = _fwrl("sweep", str(sweep), "--grid", str(grid), *TINY, "--evaluate", "--eval-episodes", "2",
                            "--parallel", "2")
     assert code == 0, out[-3000:] + err[-3000:]
     statuses = [json.loads(p.read_text()) for p in (sweep / "status").glob("*.json")]
-    assert len(statuses) == 7 and all(s["state"] == "done" for s in statuses), statuses
+    assert len(statuses) == 2 and all(s["state"] == "done" for s in statuses), statuses
     code, out, err = _fwrl("report", str(sweep), "--random-episodes", "5", "--reps", "200")
     assert code == 0, out[-3000:] + err[-3000:]
     result = json.loads((sweep / "report" / "report.json").read_text())
     groups = {row["group"] for row in result["per_game"]}
-    assert groups == {"feedforward", "lstm", "delta_net", "rdn", "srwm", "delta_rnn", "elstm-rtrl"}
+    assert groups == {"lstm", "elstm-rtrl"}
     assert {g["game"] for g in result["games"]} == {"minatar:breakout"}
     assert all(g["random"] is not None for g in result["games"])
     assert "| minatar:breakout |" in out
