@@ -602,9 +602,12 @@ def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 def part_learner(part: Part, meta: dict[str, Any]) -> None:
     workers = 2 if part.dry else (os.cpu_count() or 2)
     batch = 2 if part.dry else 32  # rfwp-atari's
-    if part.dry:  # the window lasts its 3 s past the first update, however late a loaded machine starts
+    if part.dry:  # the window lasts its 2 s past the first update, however late a loaded machine starts;
+        # the box's paths: the update in the learner thread and eager acting (on the CPU both default to
+        # their CPU forms, a process of its own for the update and a traced acting step, which CUDA never takes)
         common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
-                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 3, "--warmup", 1]
+                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 2, "--warmup", 1,
+                  "--learner-process", "off", "--acting-trace", "off"]
     else:
         common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
                   "--num-workers", workers, "--batch-size", batch, "--seconds", 30, "--warmup", 10]
