@@ -151,8 +151,10 @@ LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 split2", "rdn", WIDE_ENVS_PER_WORKER, SPLIT2),
                 ("delta_net", "delta_net", LEARNER_ENVS_PER_WORKER, ()), ("srwm", "srwm", LEARNER_ENVS_PER_WORKER, ()),
                 ("elstm rtrl", "elstm", LEARNER_ENVS_PER_WORKER, ("--core-opt", "grad=rtrl")))
-# rows the dry run leaves out besides the graphed ones: other cores through the same code as rdn's rows
-DRY_RUN_SKIPS = ("delta_net", "srwm")
+# rows the dry run leaves out besides the graphed ones: other cores through the same code as rdn's rows,
+# and layouts whose flags the suite only passes on (each is trained in tests/e2e: two acting threads,
+# worker splits, the RTRL eLSTM); tests/e2e/test_gpu_suite.py parses every row's command, these too
+DRY_RUN_SKIPS = ("delta_net", "srwm", "rdn x8 2 threads", "rdn x8 split2", "elstm rtrl")
 # the plain graphed rows that the other layouts of their core and width are compared with
 VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
@@ -361,28 +363,16 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
     if part.resume is not None:  # an earlier session's timed rows: its passes are not timed again
         rows = _resumed_rows(part.resume, meta, part.retime)
         part.log(f"resumed {len(rows)} timed rows of {part.resume} (commit {meta['resumed_from']['commit']})")
-    # the dry run's (core, impl, dtype, caps): its shape is always the same
-    done: set[tuple[str, str, str, tuple[int, ...]]] = set()
-    for n, (core, impls, dtypes, shapes, caps) in enumerate(_kernel_passes()):
-        if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes, caps):
-            continue
+    for n, (cores, impls, dtypes, shapes, caps) in enumerate(_kernel_calls(part, rows)):
         path = part.out / f"kernels-pass{n}.json"
-        if part.dry:
-            # bf16 takes the same code path for every core: the dry run times it for the first one
-            dtypes = tuple(d for d in dtypes if d != "bf16" or not any(done_d == "bf16" for *_, done_d, _ in done))
-            impls = tuple(i for i in impls if i in ("reference", "triton")
-                          and any((core, i, d, caps) not in done for d in dtypes))
-            if not impls:
-                continue
-            done.update((core, i, d, caps) for i in impls for d in dtypes)
-        args = ["bench", "kernels", "--core", core, "--dtype", *dtypes, "--json-path", path]
+        args = ["bench", "kernels", "--core", *cores, "--dtype", *dtypes, "--json-path", path]
         if part.dry:
             args += ["--dry-run"]
         else:
             args += ["--repeats", "10"] + [a for shape in shapes for a in ("--shape", shape)]
         args += [a for impl in impls for a in ("--impl", impl)]
         args += ["--maxnreg", *caps] if caps else []
-        what = {"core": core, "dtype": "/".join(dtypes), "shape": " ".join(shapes),
+        what = {"core": "/".join(cores), "dtype": "/".join(dtypes), "shape": " ".join(shapes),
                 "impl": "/".join(impls) + (f" maxnreg {'/'.join(map(str, caps))}" if caps else "")}
         try:
             result = part.run(fwrl(*args), timeout=KERNEL_PASS_SECONDS if not part.dry else 240, check=False,
@@ -400,13 +390,38 @@ def part_kernels(part: Part, meta: dict[str, Any]) -> None:
             B, T, H, D = row["shape"]
             impl = row["impl"] + (f" split {row['split']}" if row.get("split") not in (None, 1)
                                   and "split" not in row["impl"] else "")
-            rows.append({"core": core, "dtype": row["dtype"], "shape": f"{B}x{T}x{H}x{D}", "impl": impl,
+            rows.append({"core": row["core"], "dtype": row["dtype"], "shape": f"{B}x{T}x{H}x{D}", "impl": impl,
                          "fwd_ms": row.get("fwd_ms"), "fwd_bwd_ms": row.get("fwd_bwd_ms"),
                          "fwd_bwd_peak_mib": row.get("fwd_bwd_peak_mib"),
                          "speedup_fwd_bwd": row.get("speedup_fwd_bwd"),
                          "max_abs_error": row.get("max_abs_error"), "note": row.get("skipped") or row.get("note")})
         path.unlink()  # the CSV keeps every row; the device tool brings back at most 8 files
     write_kernel_report(part.out, meta, summary, " ".join(tests + select), rows)
+
+
+def _kernel_calls(part: Part, rows: list[dict[str, Any]]):
+    """``(cores, implementations, dtypes, shapes, register caps)`` of each ``fwrl bench kernels`` call:
+    on the box one per pass of :func:`_kernel_passes` (but those a resumed run had timed, in ``rows``).
+    The dry run (one tiny shape) takes the reference and Triton implementations only, bf16 once (it
+    takes the same code path for every core) and each (core, implementation, dtype, caps) once, and
+    runs consecutive passes that differ only in their core as one call of several cores."""
+    calls: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], list[str], tuple[int, ...]]] = []
+    done: set[tuple[str, str, str, tuple[int, ...]]] = set()
+    for core, impls, dtypes, shapes, caps in _kernel_passes():
+        if part.resume is not None and _pass_timed(rows, core, impls, dtypes, shapes, caps):
+            continue
+        if part.dry:
+            dtypes = tuple(d for d in dtypes if d != "bf16" or not any(done_d == "bf16" for *_, done_d, _ in done))
+            impls = tuple(i for i in impls if i in ("reference", "triton")
+                          and any((core, i, d, caps) not in done for d in dtypes))
+            if not impls:
+                continue
+            done.update((core, i, d, caps) for i in impls for d in dtypes)
+            if calls and calls[-1][1:3] == (impls, dtypes) and calls[-1][4] == caps:
+                calls[-1] = ((*calls[-1][0], core), *calls[-1][1:])
+                continue
+        calls.append(((core,), impls, dtypes, shapes, caps))
+    return calls
 
 
 def write_kernel_report(out: Path, meta: dict[str, Any], summary: str, tests: str,
@@ -600,27 +615,14 @@ def _plot_kernels(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 # ----------------------------------------------------------------------------- learner
 
 def part_learner(part: Part, meta: dict[str, Any]) -> None:
-    workers = 2 if part.dry else (os.cpu_count() or 2)
-    batch = 2 if part.dry else 32  # rfwp-atari's
-    if part.dry:  # the window lasts its 2 s past the first update, however late a loaded machine starts;
-        # the box's paths: the update in the learner thread and eager acting (on the CPU both default to
-        # their CPU forms, a process of its own for the update and a traced acting step, which CUDA never takes)
-        common = ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
-                  "--batch-size", batch, "--unroll-length", 4, "--seconds", 2, "--warmup", 1,
-                  "--learner-process", "off", "--acting-trace", "off"]
-    else:
-        common = ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
-                  "--num-workers", workers, "--batch-size", batch, "--seconds", 30, "--warmup", 10]
+    workers, batch = _learner_workers_and_batch(part.dry)
+    common = learner_common_args(part.dry)
     rows: list[dict[str, Any]] = []
     ceilings: dict[int, float] = {}  # envs per worker -> the env ceiling of those workers
     for label, core, envs, extra in LEARNER_RUNS:
         if part.dry and ("--inference-graph" in extra or label in DRY_RUN_SKIPS):
             continue
-        if "--inference-graph" not in extra:
-            extra = (*extra, *EAGER)
         envs = _learner_width(envs, part.dry)
-        if "--learners" in extra:  # B per rank: every update still takes B x T agent steps
-            extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))
         path = part.out / f"learner-{label.replace(' ', '-')}.json"
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
         # the first row run (lstm x8 graph; in the dry run, which skips graphs, eager lstm x8) and the
@@ -629,8 +631,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         profile = (["--profile-path", part.out / profile_file, "--profile-seconds", 2 if part.dry else 5]
                    if profile_file else [])
         try:
-            part.run(fwrl("bench", "throughput", *common, "--envs-per-worker", envs, "--core", core, *extra,
-                          *profile, "--ceiling-seconds", ceiling_seconds, "--json-path", path),
+            part.run(fwrl(*learner_row_args(common, core, envs, extra, batch), *profile,
+                          "--ceiling-seconds", ceiling_seconds, "--json-path", path),
                      timeout=300 if part.dry else 150)  # a dry run on a loaded 2-core machine starts slowly
         except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
             part.log(f"{label}: {exc}")
@@ -713,6 +715,35 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     (part.out / "learner.md").write_text(md)
 
 
+def _learner_workers_and_batch(dry: bool) -> tuple[int, int]:
+    """The learner part's env workers (the box's CPUs) and batch (rfwp-atari's 32); 2 and 2 in the dry run."""
+    return (2, 2) if dry else (os.cpu_count() or 2, 32)
+
+
+def learner_common_args(dry: bool) -> list[Any]:
+    """The ``fwrl bench throughput`` arguments every learner row shares."""
+    workers, batch = _learner_workers_and_batch(dry)
+    if dry:  # the window lasts its 2 s past the first update, however late a loaded machine starts;
+        # the box's paths: the update in the learner thread and eager acting (on the CPU both default to
+        # their CPU forms, a process of its own for the update and a traced acting step, which CUDA never takes)
+        return ["--env", "atari:Pong", "--stem", "impala", "--device", "cpu", "--num-workers", workers,
+                "--batch-size", batch, "--unroll-length", 4, "--seconds", 2, "--warmup", 1,
+                "--learner-process", "off", "--acting-trace", "off"]
+    return ["--preset", "rfwp-atari", "--env", "atari:Pong", "--stem", "impala", "--device", "cuda",
+            "--num-workers", workers, "--batch-size", batch, "--seconds", 30, "--warmup", 10]
+
+
+def learner_row_args(common: Sequence[Any], core: str, envs: int, extra: Sequence[str], batch: int) -> list[Any]:
+    """``bench throughput`` and the arguments of one row of :data:`LEARNER_RUNS` (before its profile,
+    ceiling and output path): eager unless it asks for graphs, and B per rank where it has several
+    learner ranks (every update still takes B x T agent steps)."""
+    if "--inference-graph" not in extra:
+        extra = (*extra, *EAGER)
+    if "--learners" in extra:
+        extra = (*extra, "--batch-size", batch // int(extra[extra.index("--learners") + 1]))
+    return ["bench", "throughput", *common, "--envs-per-worker", envs, "--core", core, *extra]
+
+
 def _learner_width(envs: int, dry: bool) -> int:
     """The envs per worker a learner row runs with: its own on the GPU; in the dry run 1 for the goal
     rows and 2 for the wide ones, so that the wide rows still get a ceiling of their own."""
@@ -774,13 +805,15 @@ def _plot_learner(path: Path, rows: list[dict[str, Any]], ceilings: dict[int, fl
 
 # ----------------------------------------------------------------------------- pong
 
-PONG_DRY_RUN_FRAMES = 8000  # the dry run's greedy game: at most 2,000 agent steps
+# the dry run's games, trained and greedy: at most 500 agent steps, so that its one env ends a game within
+# its 600 training steps however busy the machine is (a near-random policy's whole game lasts 850-1050
+# agent steps; an untrained greedy agent can rally for minutes on a CPU)
+PONG_DRY_RUN_FRAMES, PONG_DRY_RUN_STEPS = 2000, 600
 
 
 def part_pong(part: Part, meta: dict[str, Any]) -> None:
     workers = 1 if part.dry else max(1, (os.cpu_count() or 2) // len(PONG_AGENTS))
-    # The dry run stops by steps, not time, so that each of its envs ends a game (a Pong game of a
-    # near-random policy lasts 850-1050 agent steps) however busy the machine is.
+    # The dry run stops by steps, not time, and caps its games (PONG_DRY_RUN_FRAMES).
     seconds = 150 if part.dry else PONG_SECONDS
     with tempfile.TemporaryDirectory(prefix="fwrl-pong-") as tmp:
         runs = {name: Path(tmp) / f"pong-{name}" for name in PONG_AGENTS}
@@ -801,7 +834,6 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
                       + ["--json-path", Path(tmp) / f"probe-{name}.json"] for name, agent in PONG_AGENTS.items()}
         _side_by_side(part, {name: fwrl(*args) for name, args in probe_args.items()}, 120 if part.dry else 60)
         episodes = 1 if part.dry else PONG_EVAL_EPISODES
-        # the dry run's game is capped (8,000 frames): an untrained greedy agent can rally for minutes on a CPU
         capped = ["--env", f"atari:Pong?max_frames={PONG_DRY_RUN_FRAMES}"] if part.dry else []
         evaluate = {name: fwrl("evaluate", run, "--episodes", episodes, "--repeats", 1, *capped,
                                "--num-workers", min(episodes, workers), "--device", "cpu" if part.dry else "cuda",
@@ -829,8 +861,9 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
 def _pong_train_args(name: str, workers: int, seconds: int, runs_dir: str, dry: bool) -> list[Any]:
     args = ["train", *PONG_AGENTS[name], "--num-workers", workers, "--max-seconds", seconds, "--runs-dir", runs_dir,
             "--name", f"pong-{name}", "--log-interval", 2 if dry else 10]
-    return args + (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
-                    "--total-steps", 1600] if dry else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
+    return args + (["--env", f"atari:Pong?max_frames={PONG_DRY_RUN_FRAMES}", "--device", "cpu",
+                    "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
+                    "--total-steps", PONG_DRY_RUN_STEPS] if dry else ["--device", "cuda", "--envs-per-worker", PONG_ENVS_PER_WORKER])
 
 
 def _side_by_side(part: Part, commands: dict[str, list[str]], timeout: float) -> dict[str, bool]:
