@@ -46,6 +46,8 @@ from typing import Callable, Hashable
 import torch
 from torch import Tensor
 
+from fwrl.errors import FwrlError
+
 WARMUP_CALLS = 3
 # held by every capture and replay in this process (the module docstring says why)
 _CAPTURE_OR_REPLAY = threading.Lock()
@@ -132,3 +134,18 @@ def own_generator(device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
     return generator
+
+
+def acting_graph(requested: bool | None, device: torch.device, threads: int) -> bool:
+    """Whether the acting forward replays CUDA graphs (``inference_graph``): ``requested`` where given
+    (true needs a CUDA device), else on for a CUDA device with one acting thread.
+
+    A T = 1 forward on a GPU is bound by its kernel launches; one graph replay launches them all
+    (the measured gain: README, ``fwrl train``'s ``--inference-graph``). Several acting threads keep
+    the eager forward unless asked: their graphed path (one lock for capture and replay, a generator
+    per loop) has not yet been timed on a GPU."""
+    if requested is None:
+        return device.type == "cuda" and threads == 1
+    if requested and device.type != "cuda":
+        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
+    return requested

@@ -27,6 +27,7 @@ import torch
 from fwrl.agents.checkpoint import checkpoint_payload, load_checkpoint, load_model_weights, set_rng_state
 from fwrl.agents.distributed import LearnerGroup, Ranks, rank_device, ranks_from_env, share
 from fwrl.agents.inference import InferenceLoop
+from fwrl.agents.inference_graph import acting_graph
 from fwrl.agents.learner import Learner
 from fwrl.agents.learner_process import UpdateProcess
 from fwrl.agents.model import AgentNet
@@ -159,21 +160,6 @@ def acting_threads(requested: int, num_workers: int) -> int:
                         f"learner rank: each acting thread serves its own workers; use 1..{num_workers} "
                         "(or 0 for the default, 1).")
     return requested if requested > 0 else 1
-
-
-def acting_graph(requested: bool | None, device: torch.device, threads: int) -> bool:
-    """Whether the acting forward replays CUDA graphs (``inference_graph``): ``requested`` where given
-    (true needs a CUDA device), else on for a CUDA device with one acting thread.
-
-    A T = 1 forward on a GPU is bound by its kernel launches; one graph replay launches them all
-    (the measured gain: README, ``fwrl train``'s ``--inference-graph``). Several acting threads keep
-    the eager forward unless asked: their graphed path (one lock for capture and replay, a generator
-    per loop) has not yet been timed on a GPU."""
-    if requested is None:
-        return device.type == "cuda" and threads == 1
-    if requested and device.type != "cuda":
-        raise FwrlError(f"--inference-graph replays CUDA graphs and needs a CUDA device; this run uses {device}.")
-    return requested
 
 
 # ``learner_process`` auto: the least agent steps left, and the shortest time limit, for a run's update

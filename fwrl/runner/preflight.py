@@ -64,13 +64,12 @@ def check_runnable(config: TrainConfig, resume: bool = False) -> "EnvInfo":
     check_stem(config.stem, info.obs_shape, config.env)  # before torch: one line naming the stems that fit
     import torch
 
+    from fwrl.agents.inference_graph import acting_graph
     from fwrl.agents.traced_core import traced_acting
     from fwrl.runner.agent import build_model, pick_device
 
     device = pick_device(config.device)
-    if config.inference_graph and device.type != "cuda":
-        raise FwrlError(f"setting inference_graph=true replays CUDA graphs and needs a CUDA device; device "
-                        f"{config.device!r} is {device} here.")
+    acting_graph(config.inference_graph, device, 1)  # inference_graph=true needs a CUDA device
     with torch.device("meta"):
         model = build_model(config, info)
     traced_acting(config.acting_trace, device, model.core)  # acting_trace=on needs the CPU

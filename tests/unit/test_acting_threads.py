@@ -10,7 +10,8 @@ import torch
 from fwrl.agents.policy_weights import SharedLock
 from fwrl.envs.worker_pool import PoolSlice, split_workers
 from fwrl.errors import FwrlError
-from fwrl.runner.build import acting_graph, acting_threads
+from fwrl.agents.inference_graph import acting_graph
+from fwrl.runner.build import acting_threads
 
 
 @pytest.mark.parametrize("workers,parts", [(1, 1), (4, 2), (5, 2), (16, 3), (7, 7)])

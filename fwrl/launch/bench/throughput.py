@@ -304,7 +304,7 @@ def _acting_graph(config: TrainConfig) -> bool:
     """Whether ``config``'s run replayed its acting forward as CUDA graphs (``inference_graph`` unset:
     the default for its device and acting threads)."""
     from fwrl.runner.agent import pick_device
-    from fwrl.runner.build import acting_graph
+    from fwrl.agents.inference_graph import acting_graph
 
     return acting_graph(config.inference_graph, pick_device(config.device), _acting_threads(config))
 
