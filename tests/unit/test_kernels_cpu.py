@@ -13,7 +13,8 @@ One table of rules; each is checked the same way:
   ``FWRL_KERNELS=reference``.
 
 Beyond the table, the RDN's hand-derived backward: the feature maps the table leaves out, a loss on
-some outputs with the gradient of some inputs, and gradcheck.
+some outputs with the gradient of some inputs, and gradcheck; the SRWM's likewise: both input maps at
+SR-DeltaNet's shape, a loss on some outputs with the gradient of some inputs, and gradcheck.
 """
 
 from __future__ import annotations
@@ -325,3 +326,70 @@ def test_rdn_cpu_backward_passes_gradcheck(feature_map):
     reset = torch.tensor([[True, False], [False, True], [False, True], [True, False]])
     leaves = [x.requires_grad_() for x in inputs]
     assert torch.autograd.gradcheck(lambda *xs: rdn_cpu(*xs, reset, feature_map=feature_map), leaves)
+
+
+def _srwm_flat_inputs(T, B, seed, H=2, D=4, Dy=None) -> list[torch.Tensor]:
+    """The SRWM's inputs with its offsets flattened: x, W_y, W_q, W_k, w_b, O_y, O_q, O_k, O_b."""
+    *slow, offsets = _srwm_inputs(T, B, torch.Generator().manual_seed(seed), H=H, D=D, Dy=Dy)
+    return [*slow, *offsets]
+
+
+def _srwm_call(fn, flat, reset, **options) -> list[torch.Tensor]:
+    """``fn`` on the flat inputs of :func:`_srwm_flat_inputs`: y, then the four final offsets."""
+    return _outputs(fn(*flat[:5], tuple(flat[5:]), reset, **options))
+
+
+@pytest.mark.parametrize("input_map", ("softmax", "identity"))
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_srwm_cpu_path_with_the_sr_delta_net_rows(input_map, grad_mode):
+    """The SRWM's hand-derived backward with both input maps at SR-DeltaNet's shape (a y-part of
+    3D + 1 rows, three heads) against the reference in float64, resets at step 0 and mid-way."""
+    T, B, D = 7, 3, 4
+    options = {"input_map": input_map, "grad_mode": grad_mode}
+    inputs = _srwm_inputs(T, B, torch.Generator().manual_seed(10), H=3, D=D, Dy=3 * D + 1)
+    with torch.no_grad():
+        outs = _outputs(srwm_reference(*inputs, resets(T, B, "none"), **options))
+    g = torch.Generator().manual_seed(99)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    for pattern in ("start", "mid"):
+        reset = resets(T, B, pattern)
+        ref = _run(srwm_reference, inputs, reset, weights, **options)
+        got = _run(srwm_cpu, inputs, reset, weights, **options)
+        _assert_same(ref, got, 1e-9, 1e-9, f"srwm {options} resets {pattern}")
+
+
+@pytest.mark.parametrize("input_map", ("softmax", "identity"))
+def test_srwm_cpu_gradient_of_some_outputs_and_some_inputs(input_map):
+    """The backward of the SRWM's CPU path skips what is not asked for: a loss on one output (y or
+    one final offset) or two and the gradient of a few inputs only (x, one slow matrix, one initial
+    offset) equal the reference's, in both grad modes."""
+    T, B = 6, 3
+    flat = _srwm_flat_inputs(T, B, seed=11)
+    reset = resets(T, B, "mid")
+    with torch.no_grad():
+        outs = _srwm_call(srwm_reference, flat, reset, input_map=input_map)
+    g = torch.Generator().manual_seed(12)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    cases = (((0,), (0,)), ((0,), (1, 5)), ((2,), (3, 7)), ((4,), (0, 4, 8)), ((1, 3), (2, 6)), ((0, 4), (4,)))
+    for grad_mode in GRAD_MODES:
+        for used, wanted in cases:
+            grads = []
+            for fn in (srwm_reference, srwm_cpu):
+                leaves = [x.detach().clone().requires_grad_(i in wanted) for i, x in enumerate(flat)]
+                out = _srwm_call(fn, leaves, reset, input_map=input_map, grad_mode=grad_mode)
+                loss = sum((out[i] * weights[i]).sum() for i in used)
+                grads.append(torch.autograd.grad(loss, [leaves[i] for i in wanted], allow_unused=True))
+            assert any(x is not None and x.abs().max() > 0 for x in grads[1]), (grad_mode, used, wanted)
+            _assert_same(*grads, 1e-9, 1e-9, f"srwm {input_map} {grad_mode} outputs {used} inputs {wanted}")
+
+
+@pytest.mark.parametrize("input_map", ("softmax", "identity"))
+def test_srwm_cpu_backward_passes_gradcheck(input_map):
+    """Finite differences of the SRWM's CPU path agree with its hand-derived backward (grad mode
+    full: step's gradient is truncated by design), resets at step 0 and on consecutive steps."""
+    T, B = 4, 2
+    flat = _srwm_flat_inputs(T, B, seed=13, H=1, D=3, Dy=2)
+    reset = torch.tensor([[True, False], [False, True], [False, True], [True, False]])
+    leaves = [x.requires_grad_() for x in flat]
+    assert torch.autograd.gradcheck(lambda *xs: tuple(_srwm_call(srwm_cpu, list(xs), reset, input_map=input_map)),
+                                    leaves)
