@@ -415,7 +415,10 @@ def test_train_survives_faults(tmp_path, backend):
     with open(run_dir / "metrics.csv", newline="") as f:
         last = list(csv.DictReader(f))[-1]
     restarts, dropped = int(last["worker_restarts"]), int(last["dropped_steps"])
-    assert restarts > 0 and dropped > 0
+    # a restarted worker's partial rollout is counted as dropped when its new life first steps (the
+    # store learns the life there): only a second restart proves the first new life stepped. On a machine
+    # loaded past its cores the other worker can finish the budget while worker 0's new life starts.
+    assert restarts > 0 and (dropped > 0 or restarts == 1)
     faults = len(log.read_text().splitlines())
     # one fault may have been injected after the last row was written, before the pool closed
     assert restarts <= faults <= restarts + 1
