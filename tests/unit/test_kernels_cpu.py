@@ -285,15 +285,22 @@ def test_rdn_cpu_path_with_the_feature_maps_the_table_leaves_out(feature_map, gr
     T, B, d = 6, 3, 4
     options = {"feature_map": feature_map, "grad_mode": grad_mode}
     inputs = _rdn_inputs(T, B, torch.Generator().manual_seed(5), d=d, F=feature_dim(feature_map, d))
+    _check_starts_at_step_0_and_mid_way(rdn_reference, rdn_cpu, inputs, options, "rdn")
+
+
+def _check_starts_at_step_0_and_mid_way(reference, cpu, inputs, options: dict, name: str) -> None:
+    """``cpu`` against ``reference`` in float64, forward and every gradient (each output weighted by
+    its own random tensor), with episodes starting at step 0 and mid-way."""
+    T, B = inputs[0].shape[:2]
     with torch.no_grad():
-        outs = _outputs(rdn_reference(*inputs, resets(T, B, "none"), **options))
+        outs = _outputs(reference(*inputs, resets(T, B, "none"), **options))
     g = torch.Generator().manual_seed(99)
     weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
     for pattern in ("start", "mid"):
         reset = resets(T, B, pattern)
-        ref = _run(rdn_reference, inputs, reset, weights, **options)
-        got = _run(rdn_cpu, inputs, reset, weights, **options)
-        _assert_same(ref, got, 1e-9, 1e-9, f"rdn {options} resets {pattern}")
+        ref = _run(reference, inputs, reset, weights, **options)
+        got = _run(cpu, inputs, reset, weights, **options)
+        _assert_same(ref, got, 1e-9, 1e-9, f"{name} {options} resets {pattern}")
 
 
 def test_rdn_cpu_gradient_of_some_outputs_and_some_inputs():
@@ -347,15 +354,7 @@ def test_srwm_cpu_path_with_the_sr_delta_net_rows(input_map, grad_mode):
     T, B, D = 7, 3, 4
     options = {"input_map": input_map, "grad_mode": grad_mode}
     inputs = _srwm_inputs(T, B, torch.Generator().manual_seed(10), H=3, D=D, Dy=3 * D + 1)
-    with torch.no_grad():
-        outs = _outputs(srwm_reference(*inputs, resets(T, B, "none"), **options))
-    g = torch.Generator().manual_seed(99)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
-    for pattern in ("start", "mid"):
-        reset = resets(T, B, pattern)
-        ref = _run(srwm_reference, inputs, reset, weights, **options)
-        got = _run(srwm_cpu, inputs, reset, weights, **options)
-        _assert_same(ref, got, 1e-9, 1e-9, f"srwm {options} resets {pattern}")
+    _check_starts_at_step_0_and_mid_way(srwm_reference, srwm_cpu, inputs, options, "srwm")
 
 
 @pytest.mark.parametrize("input_map", ("softmax", "identity"))
