@@ -63,10 +63,10 @@ class DeltaLSTMLayer(FastWeightLayer):
         T, B, _ = x.shape
         H, d, M = self.num_heads, self.head_dim, self.num_matrices
         p = self.slow_net(x).view(T, B, H, self.per_head)
-        q = p[..., :d]
-        k = p[..., d : d + M * d].reshape(T, B, H, M, d)
-        v = p[..., d + M * d : d + 2 * M * d].reshape(T, B, H, M, d)
-        beta = p[..., d + 2 * M * d :]
+        # split, not slices: the backward of a split is one concatenation, where each slice's writes a
+        # zero tensor the size of p
+        q, k, v, beta = p.split([d, M * d, M * d, M], dim=-1)
+        k, v = k.reshape(T, B, H, M, d), v.reshape(T, B, H, M, d)
         y, W, c, y_last = delta_lstm(
             q, k, v, beta, state["W"], state["c"], state["y"], done, grad_mode=self.grad_mode,
             layer=kernel_layer_name(self),

@@ -61,9 +61,9 @@ class DeltaRNNLayer(FastWeightLayer):
         T, B, _ = x.shape
         d = self.head_dim
         p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
-        q, k, v, beta = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d]
-        o = 3 * d + 1
-        kr, vr, betar = p[..., o : o + d], p[..., o + d : o + 2 * d], p[..., o + 2 * d]
+        # split, not slices: its backward is one concatenation, a slice's a zero tensor the size of p
+        q, k, v, beta, kr, vr, betar = p.split([d, d, d, 1, d, d, 1], dim=-1)
+        beta, betar = beta.squeeze(-1), betar.squeeze(-1)
         y, W, R, h = delta_rnn(
             q, k, v, beta, kr, vr, betar, state["W"], state["R"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,

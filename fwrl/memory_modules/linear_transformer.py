@@ -76,8 +76,9 @@ class SlowNetFastWeightLayer(FastWeightLayer):
         T, B, _ = x.shape
         d = self.head_dim
         p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
-        q, k, v = p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d]
-        beta = p[..., 3 * d] if self.rule == "delta" else None
+        # split, not slices: its backward is one concatenation, a slice's a zero tensor the size of p
+        q, k, v, *rest = p.split([d, d, d] + ([1] if self.rule == "delta" else []), dim=-1)
+        beta = rest[0].squeeze(-1) if rest else None
         y, W = delta_rule(
             q, k, v, beta, state["W"], done,
             rule=self.rule, feature_map=self.feature_map, grad_mode=self.grad_mode,

@@ -80,8 +80,10 @@ class RDNLayer(FastWeightLayer):
         T, B, _ = x.shape
         d = self.head_dim
         p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+        # split, not slices: its backward is one concatenation, a slice's a zero tensor the size of p
+        q, k, v, beta = p.split([d, d, d, 1], dim=-1)
         y, W, h = rdn(
-            p[..., :d], p[..., d : 2 * d], p[..., 2 * d : 3 * d], p[..., 3 * d],
+            q, k, v, beta.squeeze(-1),
             self.R_q, self.R_k, self.R_v, self.r_b, state["W"], state["h"], done,
             feature_map=self.feature_map, grad_mode=self.grad_mode,
             layer=kernel_layer_name(self),
