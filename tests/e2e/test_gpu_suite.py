@@ -137,6 +137,7 @@ def test_every_learner_row_is_a_command_fwrl_takes():
 
 
 def _suite():
+    """benchmarks/gpu/suite.py as a module (it is a script, not part of the package)."""
     sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
     try:
         import suite
@@ -216,11 +217,7 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
     """--resume: the H100 run at c7ffd00 timed every fp32 goal pass, FLA's fused recurrent kernel at the RL
     shape and bf16 of three cores; its delta_rnn bf16 pass was stopped, so that pass and every later one
     are timed again."""
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    try:
-        import suite
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks/gpu"))
+    suite = _suite()
     meta: dict = {}
     rows = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", meta)
     assert meta["resumed_from"]["commit"].startswith("c7ffd00") and meta["resumed_from"]["rows"] == len(rows)
@@ -251,11 +248,7 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
 
 
 def test_register_cap_rows_compare_each_cap_with_the_default():
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    try:
-        import suite
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks/gpu"))
+    suite = _suite()
     rows = [{"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "triton", "fwd_bwd_ms": 25.7,
              "speedup_fwd_bwd": 7.94},
             {"core": "rdn", "dtype": "fp32", "shape": "256x101x8x64", "impl": "triton[maxnreg=255]", "fwd_bwd_ms": 26.0},
