@@ -51,7 +51,7 @@ def traced_acting(requested: str, device: torch.device, core: nn.Module) -> bool
     if requested == "on" and device.type != "cpu":
         raise FwrlError(f"acting_trace=on traces the acting step on the CPU; this run's device is {device}, where "
                         "CUDA graphs replay it (inference_graph): use acting_trace=auto or off.")
-    return device.type == "cpu" and (requested == "on" or (requested == "auto" and traced_by_default(core, device)))
+    return requested == "on" or (requested == "auto" and traced_by_default(core, device))  # on: the CPU (above)
 
 
 class _FlatCore(nn.Module):
