@@ -160,7 +160,7 @@ class Rule:
     mismatch: tuple[int, str]  # (supports argument cut to 8 features, words of the reason)
     error: str  # the FwrlError of FWRL_KERNELS=triton on inputs no kernel runs on (a regex)
     cuda_sizes: tuple[Mapping, ...]
-    sm90_builds: Callable[[ModuleType], Iterator[tuple]]  # yields (label, build, check or None)
+    sm90_builds: Callable[[ModuleType], Iterator[tuple]]  # yields (label, build, check or None[, stack bytes allowed])
     low_precision: tuple[torch.dtype, ...] = (torch.bfloat16,)
     state_tuple: bool = False  # the state goes in and out as one tuple argument (the SRWM)
     split_exact: bool = True  # a sequence split in two calls gives bit-identical outputs
@@ -229,6 +229,12 @@ def _delta_rule_rebuild(K, inputs, reset, *, rule="delta", feature_map="elu1_sum
 # program per (batch, head) and over the row blocks ``split`` gives (``--split`` of the
 # benchmark, ``auto`` on small grids); (dim, split, rule, dtype). (64, 1, "delta", "fp32") is
 # what the H100 timed at the large shape (split auto).
+# The stack a backward build under the register cap may keep: on the H200 at 35e8e0f, Triton
+# 3.6 kept 24 B of stack (no local memory) in the fp32 backward at head dim 64 under cap 128,
+# and that binary ran fwd+bwd 1.43x faster than the uncapped one at (256, 101, 8, 64)
+# (benchmarks/results/gpu/kernels-h200-35e8e0f). Anything more, or any stack without a cap,
+# fails.
+DELTA_RULE_CAPPED_STACK_BYTES = 32
 DELTA_RULE_COMPILE_CASES = [(16, 1, "delta", "bf16"), (32, 1, "delta", "bf16"), (32, 2, "delta", "bf16"),
                             (64, 1, "sum", "fp32"), (64, 1, "delta", "fp32"), (64, 2, "delta", "bf16"),
                             (64, 4, "delta", "fp32"), (128, 1, "delta", "fp32"), (128, 8, "delta", "bf16")]
@@ -255,7 +261,8 @@ def _delta_rule_sm90_builds(C):
                                                dict(common, STORE=True), fwd_warps, ints, cap), None)
         backward = dict(common, FULL=True, FUSE_FMAP=bv >= dim, WRITE_REBUILT=False)
         yield (f"backward {label}", compile_sm90(C._backward_kernel, _delta_rule_io(dtype), backward,
-                                                bwd_warps, ints, cap), None)
+                                                bwd_warps, ints, cap), None,
+               DELTA_RULE_CAPPED_STACK_BYTES if cap else 0)
     rows = LAUNCH_INTS["T"] * LAUNCH_INTS["B"] * LAUNCH_INTS["H"]
     yield ("feature-map backward kernel for head dim 128 split 8",
            compile_sm90(C._feature_map_backward_kernel, {"X": "*bf16", "DX": "*bf16"},
@@ -1056,15 +1063,17 @@ def test_cuda_matches_reference(rule, sizes, monkeypatch):
 @pytest.mark.parametrize("rule", BY_RULE)
 def test_compiles_for_sm90_without_spills(rule):
     """Compile only (no GPU needed): every shipped configuration of the rule's kernels builds
-    for sm_90 with the arguments a launch passes, without spilling registers (and passes the
+    for sm_90 with the arguments a launch passes, without spilling registers (a build may name
+    the stack bytes it is allowed, as a 4th item, where a register cap measured to pay keeps
+    some: the delta rule's backward) (and passes the
     rule's own check of its build, where it has one). Every build is made before the test
     fails, so one run names every spilling build."""
     skip_without_sm90_toolchain()
     spills = []
-    for label, build, check in rule.sm90_builds(load_kernel_module(rule.name, interpret=False)):
+    for label, build, check, *stack_allowed in rule.sm90_builds(load_kernel_module(rule.name, interpret=False)):
         stack, local = stack_and_local_bytes(build)
-        if stack or local:
-            spills.append(f"{label}: stack {stack} B, local {local} B")
+        if stack > sum(stack_allowed) or local:
+            spills.append(f"{label}: stack {stack} B (allowed {sum(stack_allowed)}), local {local} B")
         if check is not None:
             check(build)
     assert not spills, f"{rule.name} builds that spill registers:\n" + "\n".join(spills)
