@@ -125,22 +125,27 @@ ACTING_ONLY = ("--acting-only",)
 # step's kernels behind the learner's), time in which a second thread can stage, launch and complete its
 # own call. Their graphed path passed its CUDA test at 19cb767 but has never been timed.
 TWO_THREADS = ("--acting-threads", "2")
+# Order: what the next box most needs to know first (the part stops at its budget). At 35e8e0f (H200) the
+# acting-only row reached 0.66 of the env ceiling and the prio, nowait and two-thread A/Bs did not pay
+# (0.93-1.02x): the acting call's host work is the limit, so the rows never timed that change it come next:
+# acting in two processes (two learner ranks, each acting over half the workers with its own interpreter),
+# fewer workers than cores, 16 envs per worker; then the A/Bs already timed.
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph 2 learners", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
+                ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
+                ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph acting-only", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *ACTING_ONLY)),
-                ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
+                ("rdn x16 graph split2", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("rdn x8 graph nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *NO_WAIT)),
+                ("rdn x16 graph prio nowait", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
+                ("rdn x8 graph prio", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY)),
                 ("rdn x8 graph prio nowait", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
                 ("rdn x8 graph 2 threads", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *TWO_THREADS)),
                 ("lstm x8 graph prio nowait", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
-                ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
-                ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
-                ("rdn x16 graph prio nowait", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *PRIORITY, *NO_WAIT)),
-                ("rdn x8 2 learners graph", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 # the eager rows of the wide graphed ones: graphed over eager in one run measures the graph
                 # of the whole acting step (1.35x / 1.48x at 19cb767)
                 ("lstm x8", "lstm", WIDE_ENVS_PER_WORKER, ()), ("rdn x8", "rdn", WIDE_ENVS_PER_WORKER, ()),
-                ("rdn x16 graph split2", "rdn", 2 * WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("lstm x8 graph split2", "lstm", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("rdn x8 graph split2", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *SPLIT2)),
                 ("lstm", "lstm", LEARNER_ENVS_PER_WORKER, ()), ("rdn", "rdn", LEARNER_ENVS_PER_WORKER, ()),
@@ -160,7 +165,7 @@ VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
 WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
                  "rdn x8 graph 2 threads",
-                 "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 2 learners graph", "rdn x8", "rdn x8 2 learners",
+                 "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 graph 2 learners", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
 # env paths whose ceilings the learner part compares (the box carries ale-py, not EnvPool)
 ENV_PATHS = ("none", "ale")
@@ -693,7 +698,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     if variants:
         md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
                "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
-               "`--acting-only`; 2 threads: `--acting-threads 2`): "
+               "`--acting-only`; 2 threads: `--acting-threads 2`; 2 learners: `--learners 2`, each rank acting in its own process): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
