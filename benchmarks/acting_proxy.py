@@ -78,7 +78,9 @@ CUT_EVERY = 40  # a slot's episode is cut by a time limit once every this many s
 # ----------------------------------------------------------------------------- one checkout, in its process
 
 class ZeroCostPool:
-    """Workers that answer at once: every call to ``wait`` returns all of them with prepared arrays."""
+    """Workers that answer at once: every call to ``wait`` returns all of them with prepared arrays,
+    each worker's the rows of ``[slots, ...]`` arrays (``shared_arrays``), as the local backend's
+    shared memory hands them over."""
 
     def __init__(self, make_result, workers: int, k: int, obs_shape, obs_dtype, extra_steps: int = 0):
         import numpy as np
@@ -86,15 +88,18 @@ class ZeroCostPool:
         self.num_workers, self.envs_per_worker, self.num_slots = workers, k, workers * k
         rng = np.random.default_rng(0)
         self.make_result = make_result
-        self.arrays = []
-        for w in range(workers):
-            obs = (rng.integers(0, 255, (k, *obs_shape)).astype(obs_dtype) if obs_dtype == "uint8"
-                   else rng.standard_normal((k, *obs_shape)).astype(obs_dtype))
-            self.arrays.append({"obs": obs, "reward": np.zeros(k, np.float32), "done": np.zeros(k, bool),
-                                "truncated": np.zeros(k, bool), "episode_return": np.zeros(k, np.float32),
-                                "episode_step": np.zeros(k, np.int32), "task": np.zeros(k, np.int32),
-                                "final_obs": np.zeros_like(obs)})
+        n = workers * k
+        obs = (rng.integers(0, 255, (n, *obs_shape)).astype(obs_dtype) if obs_dtype == "uint8"
+               else rng.standard_normal((n, *obs_shape)).astype(obs_dtype))
+        self.shared = {"obs": obs, "reward": np.zeros(n, np.float32), "done": np.zeros(n, bool),
+                       "truncated": np.zeros(n, bool), "episode_return": np.zeros(n, np.float32),
+                       "episode_step": np.zeros(n, np.int32), "task": np.zeros(n, np.int32),
+                       "final_obs": np.zeros_like(obs)}
+        self.arrays = [{name: value[w * k:(w + 1) * k] for name, value in self.shared.items()} for w in range(workers)]
         self.step = 0
+
+    def shared_arrays(self):
+        return self.shared
 
     def wait(self, timeout=None, workers=None):
         self.step += 1
@@ -244,7 +249,7 @@ def _outside_ops(prof) -> tuple[int, int]:
     return outside, sum(1 for e in events if e.name == REPLAY)
 
 
-def measure(setting: str, steps: int, graph: bool = False) -> dict:
+def measure(setting: str, steps: int, graph: bool = False, staging: str = "pack") -> dict:
     import threading
 
     import torch
@@ -252,7 +257,8 @@ def measure(setting: str, steps: int, graph: bool = False) -> dict:
     from fwrl.agents.inference import InferenceLoop
 
     pool, model, store = _parts(setting)
-    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0)
+    options = {} if staging == "pack" else {"staging": staging}  # older checkouts have no option: they pack
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), batch_wait=0.0, **options)
     if graph:
         _emulate_graph(loop)
     for _ in range(30):  # warm-up: first pages, allocator
@@ -439,10 +445,11 @@ def _checkout(rev: str, folder: Path) -> Path:
     return folder
 
 
-def _run(path: Path, setting: str, steps: int, threads: int = 0, graph: bool = False, beside: bool = False) -> dict:
+def _run(path: Path, setting: str, steps: int, threads: int = 0, graph: bool = False, beside: bool = False,
+         staging: str = "pack") -> dict:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
     extra = ((["--measure-threads", str(threads)] if threads else []) + (["--measure-graph"] if graph else [])
-             + (["--measure-beside"] if beside else []))
+             + (["--measure-beside"] if beside else []) + ["--measure-staging", staging])
     out = subprocess.run([sys.executable, __file__, "--measure", setting, "--steps", str(steps), *extra], env=env,
                          capture_output=True, text=True, check=True, cwd=path).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -499,6 +506,9 @@ def main() -> int:
     parser.add_argument("--beside-learner", action="store_true", help="the graphed acting path's host side (replays "
                         "made no-ops), wall us per call alone and beside a thread of learner updates (GIL sharing)")
     parser.add_argument("--measure-beside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--staging", nargs="+", default=["pack"], choices=["pack", "shared"],
+                        help="this checkout's acting staging (InferenceLoop staging=): several are measured side by side")
+    parser.add_argument("--measure-staging", default="pack", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.processes and not args.threads:
         parser.error("--processes is measured beside --threads (e.g. --threads 1 2 --processes 2)")
@@ -509,20 +519,22 @@ def main() -> int:
     if args.measure:
         print(json.dumps(measure_threads(args.measure, args.steps, args.measure_threads) if args.measure_threads
                          else measure_beside(args.measure, args.steps) if args.measure_beside
-                         else measure(args.measure, args.steps, args.measure_graph)))
+                         else measure(args.measure, args.steps, args.measure_graph, args.measure_staging)))
         return 0
     if args.threads:
         return _threads_report(args)
     with tempfile.TemporaryDirectory(prefix="fwrl-proxy-") as tmp:
-        checkouts = {f"this ({_commit()})": ROOT}
+        staged = len(args.staging) > 1 or args.staging != ["pack"]
+        checkouts = {f"this ({_commit()}{f', {staging} staging' if staged else ''})": (ROOT, staging)
+                     for staging in args.staging}
         if args.baseline:
-            checkouts = {f"baseline ({args.baseline})": _checkout(args.baseline, Path(tmp)), **checkouts}
+            checkouts = {f"baseline ({args.baseline})": (_checkout(args.baseline, Path(tmp)), "pack"), **checkouts}
         results: dict[tuple[str, str], list[dict]] = {}
         for setting in args.settings:
             for _ in range(args.repeats):
-                for name, path in checkouts.items():  # alternated, so drift hits both alike
+                for name, (path, staging) in checkouts.items():  # alternated, so drift hits both alike
                     results.setdefault((name, setting), []).append(_run(path, setting, args.steps, graph=args.graph,
-                                                                        beside=args.beside_learner))
+                                                                        beside=args.beside_learner, staging=staging))
                     print(name, setting, results[(name, setting)][-1], file=sys.stderr, flush=True)
     if args.beside_learner:
         return _beside_report(args, results)

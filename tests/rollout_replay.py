@@ -23,14 +23,16 @@ CUE = "memory:cue_delay?delay=2&num_cues=3"  # 4-step episodes: ends inside roll
 
 
 def collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None, workers: int = 2,
-             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp"), threads: int = 1):
+             until=lambda rollouts: True, obs=((4,), torch.float32, 3, "mlp"), threads: int = 1,
+             staging: str = "pack"):
     """At least ``n`` rollouts (and more until ``until(rollouts)``) of acting with the model through a
     pool of ``backend`` (default: local), copied out of the store (each page is handed back as soon
     as it is copied). ``obs``: the env's (observation shape, dtype, actions) and the model's stem.
     ``threads`` > 1: that many acting threads, each with its own loop over a slice of the workers,
-    writing the one store at once (``fwrl.runner.acting``); the last value is then the list of loops."""
+    writing the one store at once (``fwrl.runner.acting``); the last value is then the list of loops.
+    ``staging``: the loops' (``InferenceLoop``)."""
     if threads > 1:
-        return collect_threaded(core, core_options, n, env, workers, until, obs, threads)
+        return collect_threaded(core, core_options, n, env, workers, until, obs, threads, staging)
     torch.manual_seed(0)
     shape, dtype, actions, stem = obs
     pool = (backend.pool(env, workers, 2, seed=5, step_timeout=30.0) if backend is not None
@@ -38,7 +40,7 @@ def collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None,
     model = AgentNet(shape, actions, core, core_options, stem=stem)
     store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions), workers, torch.device("cpu"),
                          model.initial_state(1))
-    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock())
+    loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), staging=staging)
     rollouts: list[RolloutData] = []
 
     def keep(rollout: Rollout) -> None:
@@ -54,7 +56,7 @@ def collect(core: str, core_options: dict, n: int, env: str = CUE, backend=None,
     return model, rollouts, store, loop
 
 
-def collect_threaded(core, core_options, n, env, workers, until, obs, threads):
+def collect_threaded(core, core_options, n, env, workers, until, obs, threads, staging="pack"):
     torch.manual_seed(0)
     shape, dtype, actions, stem = obs
     pool = LocalWorkerPool(PoolSettings(env, workers, 2, seed=5, step_timeout=30.0))
@@ -62,7 +64,7 @@ def collect_threaded(core, core_options, n, env, workers, until, obs, threads):
     store = RolloutStore(RolloutSpec(T, 2, StepRecord.of(shape, str(dtype).removeprefix("torch.")), actions),
                          workers, torch.device("cpu"), model.initial_state(1))
     weights = PolicyWeights(model)  # one acting copy, read by every thread's forwards at once
-    loops = [InferenceLoop(model, PoolSlice(pool, part), store, torch.device("cpu"), weights=weights)
+    loops = [InferenceLoop(model, PoolSlice(pool, part), store, torch.device("cpu"), weights=weights, staging=staging)
              for part in split_workers(workers, threads)]
     rollouts: list[RolloutData] = []
     kept = threading.Lock()

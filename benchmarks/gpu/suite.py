@@ -125,6 +125,11 @@ ACTING_ONLY = ("--acting-only",)
 # step's kernels behind the learner's), time in which a second thread can stage, launch and complete its
 # own call. Their graphed path passed its CUDA test at 19cb767 but has never been timed.
 TWO_THREADS = ("--acting-threads", "2")
+# Observations read from the workers' shared memory (--acting-staging shared, "shared"): at 35e8e0f the store's
+# host work was 1.2 ms of each acting call, the largest part of it packing about 70 slots of frames into
+# pinned staging; on the CPU proxy of the graphed path (acting_staging_proxy.md) shared staging cut the
+# acting thread's host time per call of Pong frames from 1,475 to 974 us.
+SHARED = ("--acting-staging", "shared")
 # Order: what the next box most needs to know first (the part stops at its budget). At 35e8e0f (H200) the
 # acting-only row reached 0.66 of the env ceiling and the prio, nowait and two-thread A/Bs did not pay
 # (0.93-1.02x): the acting call's host work is the limit, so the rows never timed that change it come next:
@@ -132,6 +137,7 @@ TWO_THREADS = ("--acting-threads", "2")
 # fewer workers than cores, 16 envs per worker; then the A/Bs already timed.
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph shared", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *SHARED)),
                 ("rdn x8 graph 2 learners", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
                 ("rdn x16 graph", "rdn", 2 * WIDE_ENVS_PER_WORKER, GRAPH),
@@ -163,7 +169,7 @@ DRY_RUN_SKIPS = ("delta_net", "srwm", "rdn x8 2 threads", "rdn x8 split2", "elst
 # the plain graphed rows that the other layouts of their core and width are compared with
 VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
-WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph shared", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
                  "rdn x8 graph 2 threads",
                  "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 graph 2 learners", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
@@ -698,7 +704,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     if variants:
         md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
                "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
-               "`--acting-only`; 2 threads: `--acting-threads 2`; 2 learners: `--learners 2`, each rank acting in its own process): "
+               "`--acting-only`; 2 threads: `--acting-threads 2`; shared: `--acting-staging shared`; 2 learners: `--learners 2`, each rank acting in its own process): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     if (part.out / PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "

@@ -39,15 +39,18 @@ from torch import nn
 
 from fwrl.agents.policy_weights import DeviceStreams, PolicyWeights
 from fwrl.agents.rollouts import AGENT_KEYS, BOOTSTRAP_KEY, TORCH_DTYPES, Rollout, RolloutStore
+from fwrl.agents.shared_staging import SharedRows
 from fwrl.agents.stage_timer import ACTING_CALL, StageTimer
 from fwrl.envs.step_record import DONE, FINAL_OF, OBS, OBS_EXTRA, REWARD, TRUNCATED, ColumnGroup, StepRecord
 from fwrl.envs.worker_pool import EpisodeRecord, StepResult, StepSource
+from fwrl.errors import unknown_choice
 
 # Stages of the inference thread (fwrl.agents.stage_timer): waiting for env
 # workers and sending them actions, the forward (and the actions' trip back
 # to the host), store and staging work.
 INFERENCE_STAGES = ("env_wait", "inference_forward", "rollout_bookkeeping")
 INDEX = "index"  # the step's indices (StepIndex), one int64 upload
+STAGINGS = ("pack", "shared")  # how an acting call stages the workers' observations (InferenceLoop)
 RIDER = "rider/"  # + OBS / OBS_EXTRA: the cut episodes' final observations, one row per cut slot
 
 
@@ -56,6 +59,8 @@ class StepIndex(NamedTuple):
     read back on the device as named views of it.
 
     - ``slots`` [n]: each slot's row in the loop's core state;
+    - ``pool_slots`` [n]: each slot's row in the pool's shared arrays (``worker * K + env``), where
+      staging reads observations from them (``staging="shared"``; else empty);
     - ``env_entries``, ``agent_entries`` [n]: the store's entries of obs t and of the agent's output
       (``RolloutStore.plan``; empty without a store);
     - ``cut`` [c]: the batch positions of the slots whose episode a time limit cut, whose final
@@ -63,24 +68,33 @@ class StepIndex(NamedTuple):
     """
 
     slots: Any
+    pool_slots: Any
     env_entries: Any
     agent_entries: Any
     cut: Any
 
     @staticmethod
-    def pack(slots: np.ndarray, plan: Any = None, cut: np.ndarray | None = None) -> np.ndarray:
-        """The host array to upload: ``slots``, then with a store's ``plan`` its entries and ``cut``."""
-        if plan is None:
-            return slots
-        return np.concatenate([slots, plan.env_entries, plan.agent_entries, cut])
+    def pack(slots: np.ndarray, plan: Any = None, cut: np.ndarray | None = None,
+             pool_slots: np.ndarray | None = None) -> np.ndarray:
+        """The host array to upload: ``slots``, with a store's ``plan`` its entries and ``cut``, then
+        ``pool_slots`` where given."""
+        parts = [slots]
+        if plan is not None:
+            parts += [plan.env_entries, plan.agent_entries, cut]
+        if pool_slots is not None:
+            parts.append(pool_slots)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @classmethod
-    def unpack(cls, index: torch.Tensor, n: int, stored: bool) -> "StepIndex":
-        """The views of an uploaded ``index`` of ``n`` slots (``stored``: packed with a store's plan)."""
+    def unpack(cls, index: torch.Tensor, n: int, stored: bool, shared: bool = False) -> "StepIndex":
+        """The views of an uploaded ``index`` of ``n`` slots (``stored``: packed with a store's plan;
+        ``shared``: with the pool slots, its last n entries)."""
         none = index[n:n]
+        end = len(index) - n if shared else len(index)
+        pool_slots = index[end:] if shared else none
         if not stored:
-            return cls(index[:n], none, none, none)
-        return cls(index[:n], index[n:2 * n], index[2 * n:3 * n], index[3 * n:])
+            return cls(index[:n], pool_slots, none, none, none)
+        return cls(index[:n], pool_slots, index[n:2 * n], index[2 * n:3 * n], index[3 * n:end])
 
 
 class _Staging:
@@ -91,13 +105,20 @@ class _Staging:
 
     On CUDA they are packed into pinned host buffers (allocated on first use) and copied without
     blocking on the current stream; the buffers are not written again before that copy has finished.
+
+    With the pool's ``shared`` arrays (``staging="shared"``) the observation groups are not packed:
+    they come whole from :class:`~fwrl.agents.shared_staging.SharedRows`, ``[slots, ...]`` with the
+    ready workers' rows current, and the step gathers its rows (:meth:`gather`).
     """
 
-    def __init__(self, device: torch.device, num_slots: int, record: StepRecord | None = None):
+    def __init__(self, device: torch.device, num_slots: int, record: StepRecord | None = None,
+                 shared: dict[str, np.ndarray] | None = None, k: int = 1):
         self.device = device
         self.num_slots = num_slots
         self.record = record
         self.groups: tuple[ColumnGroup, ...] = record.groups() if record is not None else ()
+        self.shared = SharedRows(shared, self.groups, device, k) if shared is not None and record is not None else None
+        self.packed = tuple(g for g in self.groups if self.shared is None or g.name not in self.shared.names)
         self.pinned: dict[str, torch.Tensor] = {}
         self.copied: torch.cuda.Event | None = None
 
@@ -107,17 +128,20 @@ class _Staging:
         on the device: into the tensors of ``out`` (a graph's static inputs) where given."""
         if self.record is None:  # a source without a described record (evaluation): its arrays say it
             self.record = StepRecord.of_arrays(results[0].arrays)
-            self.groups = self.record.groups()
+            self.groups = self.packed = self.record.groups()
         parts = [r.arrays for r in results]
+        shared = self.shared.upload(results) if self.shared is not None else {}
         if self.device.type != "cuda":
-            packed = {g.name: torch.from_numpy(g.pack(parts)) for g in self.groups}
+            packed = {g.name: torch.from_numpy(g.pack(parts)) for g in self.packed}
             packed.update((name, torch.from_numpy(array)) for name, array in extras.items())
-            return packed if out is None else {name: out[name].copy_(value) for name, value in packed.items()}
+            if out is not None:
+                packed = {name: out[name].copy_(value) for name, value in packed.items()}
+            return {**packed, **shared}
         if self.copied is not None:
             self.copied.synchronize()
         n = sum(len(p[REWARD]) for p in parts)
         hosts = {}
-        for g in self.groups:
+        for g in self.packed:
             hosts[g.name] = self._pinned(g.name, (n, *g.shape), TORCH_DTYPES[g.dtype])
             g.pack(parts, out=hosts[g.name].numpy())
         for name, array in extras.items():
@@ -129,21 +153,31 @@ class _Staging:
             uploaded = {name: out[name].copy_(host, non_blocking=True) for name, host in hosts.items()}
         self.copied = torch.cuda.Event()
         self.copied.record()
-        return uploaded
+        return {**uploaded, **shared}
 
     def _pinned(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The first ``shape[0]`` rows of the pinned host buffer ``name`` (made, or made larger, here)."""
         buffer = self.pinned.get(name)
         if buffer is None or len(buffer) < shape[0] or buffer.shape[1:] != shape[1:] or buffer.dtype != dtype:
-            rows = max(shape[0], self.num_slots * (4 if name == INDEX else 1))
+            rows = max(shape[0], self.num_slots * (5 if name == INDEX else 1))
             buffer = self.pinned[name] = torch.empty((rows, *shape[1:]), dtype=dtype, pin_memory=True)
         return buffer[:shape[0]]
 
     def shapes(self, n: int, extras: dict[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shape and dtype of every tensor :meth:`upload` gives for ``n`` slots and ``extras``."""
-        out = {g.name: ((n, *g.shape), TORCH_DTYPES[g.dtype]) for g in self.groups}
+        out = {g.name: ((n, *g.shape), TORCH_DTYPES[g.dtype]) for g in self.packed}
+        out.update((name, (tuple(value.shape), value.dtype)) for name, value in self.fixed().items())
         out.update((name, (array.shape, torch.from_numpy(array).dtype)) for name, array in extras.items())
         return out
+
+    def fixed(self) -> dict[str, torch.Tensor]:
+        """The tensors :meth:`upload` gives at every call, whatever the batch (the shared groups'
+        buffers): a graph's static inputs for them."""
+        return self.shared.buffers if self.shared is not None else {}
+
+    def gather(self, tensors: dict[str, torch.Tensor], pool_slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The step's ``tensors`` with the shared groups cut to the rows of ``pool_slots`` (device work)."""
+        return tensors if self.shared is None else self.shared.gather(tensors, pool_slots)
 
     def column(self, values: dict[str, Any], name: str) -> Any:
         """Column ``name`` of the packed groups ``values`` (device tensors or the host arrays): a view."""
@@ -184,12 +218,17 @@ class InferenceLoop:
         streams: DeviceStreams | None = None,
         graph: bool = False,
         trace: bool = False,
+        staging: str = "pack",
     ):
         """``model`` acts; pass ``weights`` (whose ``model`` it is) when a learner publishes into it,
         else ``lock`` guards it. ``streams.inference`` is made current by the caller's thread
         (see ``fwrl.runner.train``); the loop itself only uses the current stream. ``graph``:
         replay the forward as CUDA graphs (``fwrl.agents.inference_graph``). ``trace``: the core's
-        step from a TorchScript trace on the CPU (``fwrl.agents.traced_core``)."""
+        step from a TorchScript trace on the CPU (``fwrl.agents.traced_core``). ``staging``: "pack"
+        the ready workers' observations into one upload, or read them from the pool's "shared"
+        arrays (``fwrl.agents.shared_staging``; a pool without them, or a loop without a store, packs)."""
+        if staging not in STAGINGS:
+            raise unknown_choice("acting staging", staging, STAGINGS)
         self.weights = weights if weights is not None else PolicyWeights(model, streams, lock)
         self.model = self.weights.model
         self.pool = pool
@@ -203,7 +242,9 @@ class InferenceLoop:
         self._place = np.full(workers.max() + 1, -1, np.int64)
         self._place[workers] = np.arange(len(workers))
         self.timer = timer if timer is not None else StageTimer(self.device)
-        self._staging = _Staging(self.device, pool.num_slots, store.spec.record if store is not None else None)
+        shared = getattr(pool, "shared_arrays", lambda: None)() if staging == "shared" and store is not None else None
+        self._staging = _Staging(self.device, pool.num_slots, store.spec.record if store is not None else None,
+                                 shared, pool.envs_per_worker)
         self._no_values = torch.zeros(pool.num_slots, device=self.device)
         self._action_host: tuple[torch.Tensor, np.ndarray] | None = None  # (tensor, its numpy view)
         self._graphed = None
@@ -303,10 +344,12 @@ class InferenceLoop:
                     if len(cut) and key in self._staging.record.names:
                         extras[RIDER + key] = np.concatenate([r.arrays[FINAL_OF[key]][flags]
                                                               for r, flags in zip(results, truncated)])
-            extras[INDEX] = StepIndex.pack(slots, plan, cut)
+            pool_slots = None if self._staging.shared is None else (np.asarray(workers)[:, None] * k + self._offsets).ravel()
+            extras[INDEX] = StepIndex.pack(slots, plan, cut, pool_slots)
             # one graph per batch size and number of riders
             key = (n, len(extras[INDEX]))
-            static = self._graphed.buffers(key, self._staging.shapes(n, extras)) if self._graphed is not None else None
+            static = (self._graphed.buffers(key, self._staging.shapes(n, extras), self._staging.fixed())
+                      if self._graphed is not None else None)
             tensors = self._staging.upload(results, extras, out=static)
         if self._graphed is not None:
             with timer.stage("inference_forward", device_work=True), self.weights.acting() as version:
@@ -342,8 +385,10 @@ class InferenceLoop:
         Everything here is device work with no host sync and shapes fixed by the batch size and the
         number of riders, so :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
         n = len(self._staging.column(tensors, REWARD))
-        index = StepIndex.unpack(tensors[INDEX], n, stored=self.store is not None)
+        index = StepIndex.unpack(tensors[INDEX], n, stored=self.store is not None,
+                                 shared=self._staging.shared is not None)
         slots, cut = index.slots, index.cut
+        tensors = self._staging.gather(tensors, index.pool_slots)
         with timer.stage("rollout_bookkeeping", device_work=True):
             state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
             inputs = {key: self._staging.column(tensors, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)

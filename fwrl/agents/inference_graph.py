@@ -86,10 +86,13 @@ class GraphedStep:
         self._buffers: dict[Hashable, dict[str, Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every key
 
-    def buffers(self, key: Hashable, like: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Tensor]:
-        """The static inputs of ``key`` (allocated on first use, shapes and dtypes as ``like`` says)."""
+    def buffers(self, key: Hashable, like: dict[str, tuple[tuple[int, ...], torch.dtype]],
+                fixed: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The static inputs of ``key`` (allocated on first use, shapes and dtypes as ``like`` says;
+        the tensors of ``fixed`` themselves, shared by every key, under their names)."""
         if key not in self._buffers:
-            self._buffers[key] = {name: torch.empty(shape, dtype=dtype, device=self.device)
+            fixed = fixed or {}
+            self._buffers[key] = {name: fixed[name] if name in fixed else torch.empty(shape, dtype=dtype, device=self.device)
                                   for name, (shape, dtype) in like.items()}
         return self._buffers[key]
 

@@ -115,6 +115,9 @@ class LocalWorkerPool(WorkerPool):
         self._procs: list[_Process | None] = [None] * self.settings.num_processes
         self._closed = False
 
+    def shared_arrays(self) -> dict[str, np.ndarray]:
+        return self.arrays
+
     # ------------------------------------------------------------------ processes
     def _place(self, worker: int) -> tuple[int, int]:
         """(its process, its split in that process) of ``worker``."""

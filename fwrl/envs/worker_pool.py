@@ -154,6 +154,9 @@ class PoolSlice:
     def wait(self, timeout: float | None = None) -> list[StepResult]:
         return self.pool.wait(timeout, self.workers)
 
+    def shared_arrays(self) -> dict[str, np.ndarray] | None:
+        return self.pool.shared_arrays()
+
     def act(self, worker: int, actions: np.ndarray) -> None:
         self.pool.act(worker, actions)
 
@@ -232,6 +235,12 @@ class WorkerPool:
     def _chosen(self, workers: Sequence[int] | None) -> Sequence[int]:
         """``workers`` (a slice's), or every worker where None."""
         return range(self.num_workers) if workers is None else workers
+
+    def shared_arrays(self) -> dict[str, np.ndarray] | None:
+        """The ``[slots, ...]`` arrays, one per step-record column, that the workers write and every
+        result's arrays are rows of (rows ``slots_of(worker)``), where they are shared with this
+        process (the local backend); None where results arrive as copies (Ray)."""
+        return None
 
     def slots_of(self, worker: int) -> slice:
         k = self.envs_per_worker

@@ -96,7 +96,7 @@ class Run:
         """One acting thread's loop over ``source`` (a slice of the pool) with its stage timer."""
         return InferenceLoop(self.acting_model, source, self.store, self.device, weights=self.weights, timer=timer,
                              graph=self.inference_graph, trace=self.acting_trace,
-                             batch_wait=self.config.acting_batch_wait)
+                             batch_wait=self.config.acting_batch_wait, staging=self.config.acting_staging)
 
     def snapshot(self, acted_steps: int, metrics_rows: int = -1) -> dict[str, Any]:
         """A checkpoint's contents, copied between two updates (the actors go on); ``metrics_rows``:

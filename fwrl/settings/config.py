@@ -99,6 +99,7 @@ class TrainConfig(Settings):
     inference_graph: bool | None = Field(None, description="replay the acting step (state gather and scatter, forward, store writes) as CUDA graphs, one per batch size (CUDA only); default: on where a learner rank acts on a CUDA device with one acting thread, else off (measured: README, fwrl train)")
     acting_batch_wait: float = Field(0.004, ge=0, le=1, description="seconds an acting thread waits, once a worker is ready, for more (until half its workers are) before it acts: larger forwards, fewer calls; 0: act on whoever is ready (dynamic batching)")
     acting_priority: Literal["normal", "high"] = Field("normal", description="CUDA priority of the acting streams: high schedules the acting step's kernels ahead of the learner's queued ones on a shared GPU; normal until the GPU suite's A/B shows high faster (README, fwrl train)")
+    acting_staging: Literal["pack", "shared"] = Field("pack", description="how an acting call stages the observations of the ready env workers: pack them into one upload, or read them from the arrays the local backend's workers share with the learner (no copy on the CPU; on CUDA one copy per run of workers from that memory, pinned); pack until the GPU suite's A/B shows shared faster (README, fwrl train)")
     acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (more speed up a compute-bound forward and slow an overhead-bound one: README, fwrl train)")
     acting_trace: Literal["auto", "on", "off"] = Field("auto", description="run the core's acting step (T = 1, no autograd) from a TorchScript trace per batch size on the CPU: the same calls, the same results bit for bit, without their Python (checked against the eager step before use; a core that does not match runs eagerly, with a warning); auto: on on the CPU for a core that steps in Python (all but feedforward, lstm, gru); on is refused off the CPU, where CUDA graphs do this (inference_graph)")
     learner_process: Literal["auto", "on", "off"] = Field("auto", description="run the learner's update (forward, backward, optimiser) in a process of its own, off the acting thread's GIL (one learner rank on the CPU); auto: on for such runs of a core that steps through the unroll in Python (all but feedforward, lstm, gru), with at least 100,000 agent steps and no time limit under 60 s, where its start (2-3 s) pays (measured: README, fwrl train)")
@@ -141,6 +142,10 @@ class TrainConfig(Settings):
         if self.worker_splits > 1 and self.backend != "local":
             raise FwrlError(f"setting worker_splits={self.worker_splits} is for the local backend (splits of one "
                             f"worker process), not backend={self.backend!r}: use worker_splits 1 and more workers.")
+        if self.acting_staging == "shared" and self.backend != "local":
+            raise FwrlError(f"setting acting_staging='shared' reads the arrays the local backend's workers share "
+                            f"with the learner, not backend={self.backend!r}'s (its results arrive as copies): use "
+                            f"acting_staging 'pack'.")
         if self.freeze_vision and not self.load_vision_from:
             raise FwrlError("setting freeze_vision=true freezes a vision stem loaded by load_vision_from, which is "
                             "not set: it would train the core on a random stem. Give --load-vision-from CKPT or "
@@ -309,7 +314,7 @@ def auto_core_options(config_class: type) -> list[str]:
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph", "acting_trace", "acting_batch_wait", "acting_priority", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
+    "eval_every", "eval_episodes", "inference_graph", "acting_trace", "acting_batch_wait", "acting_priority", "acting_staging", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
 }
 
 

@@ -54,14 +54,17 @@ def test_replay_from_initial_state_matches_acting(core):
 RESTARTING_ALL = "chaos:cue_delay?delay=2&num_cues=3&raise_every=9"
 
 
-@pytest.mark.parametrize("core", ["lstm", "delta_net"])
-def test_replay_matches_acting_with_two_acting_threads(core):
+@pytest.mark.parametrize("core,staging", [("lstm", "pack"), ("delta_net", "pack"), ("lstm", "shared")])
+def test_replay_matches_acting_with_two_acting_threads(core, staging):
     """Two acting threads, each stepping its own slice of the workers, write one store at once
     (``fwrl.runner.acting``): every rollout still replays from its initial state to the very
-    outputs acting computed, across episode ends and worker restarts in both slices."""
+    outputs acting computed, across episode ends and worker restarts in both slices; with
+    ``staging="shared"`` both threads read the observations from the workers' shared arrays
+    (each result checked to be its worker's rows there)."""
     model, rollouts, store, loops = collect(
         core, CORES[core], 12, env=RESTARTING_ALL, workers=4, threads=2,
-        until=lambda rs: {r.worker for r in rs if r.life > 0} >= {0, 3})
+        until=lambda rs: {r.worker for r in rs if r.life > 0} >= {0, 3}, staging=staging)
+    assert all((loop._staging.shared is not None) == (staging == "shared") for loop in loops)
     assert assert_replay_matches(model, rollouts)
     assert {r.worker for r in rollouts} == {0, 1, 2, 3}
     assert all(loop.restarts_seen >= 1 for loop in loops), "each thread saw a restart of one of its workers"

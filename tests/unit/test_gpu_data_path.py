@@ -7,6 +7,7 @@ everywhere; the rest needs a CUDA GPU (the GPU suite,
 """
 
 import contextlib
+import threading
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
 from fwrl.agents.model import AgentNet
+from fwrl.envs.worker_pool import StepResult
 from fwrl.errors import FwrlError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -102,23 +104,34 @@ def test_a_graphed_forward_equals_the_eager_forward(core):
 class _ScriptedPool:
     """Workers whose step records are drawn from a seeded generator (the same for every pool made
     with the same seed): random observations, an episode end now and then, and every 7th call a
-    time-limit cut in each ready worker (its final observation rides the forward as an extra row)."""
+    time-limit cut in each ready worker (its final observation rides the forward as an extra row).
+    ``shared``: as the local backend hands them over, each result's arrays are the rows of its
+    worker in ``[slots, ...]`` arrays (``shared_arrays``), which hold every worker's last result."""
 
-    def __init__(self, workers: int, k: int, seed: int = 0):
+    def __init__(self, workers: int, k: int, seed: int = 0, shared: bool = False):
         import numpy as np
 
         self.num_workers, self.envs_per_worker, self.num_slots = workers, k, workers * k
         self.rng = np.random.default_rng(seed)
         self.calls = 0
+        self.arrays = None
+        if shared:
+            from fwrl.envs.step_record import StepRecord
 
-    def wait(self, timeout=None):
+            self.arrays = StepRecord.of((4,), "float32").allocate(self.num_slots)
+
+    def shared_arrays(self):
+        return self.arrays
+
+    def wait(self, timeout=None, workers=None):
         import numpy as np
 
         from fwrl.envs.worker_pool import StepResult
 
         self.calls += 1
         k, rng = self.envs_per_worker, self.rng
-        ready = sorted(rng.choice(self.num_workers, size=int(rng.integers(1, self.num_workers + 1)), replace=False))
+        among = np.arange(self.num_workers) if workers is None else np.asarray(workers)
+        ready = sorted(rng.choice(among, size=int(rng.integers(1, len(among) + 1)), replace=False))
         out = []
         for w in ready:
             cut = np.zeros(k, bool)
@@ -129,6 +142,11 @@ class _ScriptedPool:
                       "reward": rng.standard_normal(k).astype(np.float32), "done": done, "truncated": cut,
                       "episode_return": np.zeros(k, np.float32), "episode_step": np.zeros(k, np.int32),
                       "task": np.zeros(k, np.int32), "final_obs": rng.standard_normal((k, 4)).astype(np.float32)}
+            if self.arrays is not None:  # written into the worker's shared rows, handed over as views of them
+                rows = slice(w * k, (w + 1) * k)
+                for name, value in arrays.items():
+                    self.arrays[name][rows] = value
+                arrays = {name: value[rows] for name, value in self.arrays.items()}
             out.append(StepResult(int(w), 0, arrays, []))
         return out
 
@@ -138,14 +156,16 @@ class _ScriptedPool:
 
 def _scripted_loop(model: AgentNet, device: torch.device, **options):
     """(inference loop, its rollout store) of ``model`` over a scripted pool of 4 workers x 2 envs
-    (seed 3), rollouts of T 5; ``options`` go to ``InferenceLoop``."""
+    (seed 3), rollouts of T 5; ``options`` go to ``InferenceLoop`` (with ``staging="shared"`` the
+    pool's results are views of its shared arrays)."""
     from fwrl.agents.inference import InferenceLoop
     from fwrl.agents.policy_weights import PolicyWeights
     from fwrl.agents.rollouts import RolloutSpec, RolloutStore
     from fwrl.envs.step_record import StepRecord
 
     store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, device, model.initial_state(1, device))
-    loop = InferenceLoop(model, _ScriptedPool(4, 2, seed=3), store, device, weights=PolicyWeights(model),
+    pool = _ScriptedPool(4, 2, seed=3, shared=options.get("staging") == "shared")
+    loop = InferenceLoop(model, pool, store, device, weights=PolicyWeights(model),
                          batch_wait=0.0, **options)
     return loop, store
 
@@ -197,14 +217,16 @@ class _NoAverages(list):
         return ""
 
 
-def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None):
+def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None, staging: str = "pack"):
     """An eager and a graphed inference loop (greedy, same model) over two scripted pools of the
-    same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep."""
+    same seed, 40 steps each; ``make_graphed(loop)`` replaces the graphed loop's GraphedStep;
+    ``staging``: the graphed loop's (the eager one packs)."""
     torch.manual_seed(0)
     model = AgentNet((4,), 3, core, CORES[core], stem="mlp").to(device).eval()
     runs = []
     for graph in (False, True):
-        loop, store = _scripted_loop(model, device, greedy=True, graph=graph and make_graphed is None)
+        loop, store = _scripted_loop(model, device, greedy=True, graph=graph and make_graphed is None,
+                                     staging=staging if graph else "pack")
         if graph and make_graphed is not None:
             loop._graphed = make_graphed(loop)
         finished = []
@@ -218,7 +240,7 @@ def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None)
 def _assert_same_steps(eager_run, graphed_run):
     (eager, eager_store, eager_done), (graphed, graphed_store, graphed_done) = eager_run, graphed_run
     graphs = graphed._graphed.graphs  # (batch size, its indices): several sizes, with and without riders
-    assert len({n for n, _ in graphs}) >= 2 and any(size > 3 * n for n, size in graphs)
+    assert len({n for n, _ in graphs}) >= 2 and any(size > _indices_per_slot(graphed) * n for n, size in graphs)
     for name in eager.state:
         torch.testing.assert_close(graphed.state[name], eager.state[name], rtol=1e-4, atol=1e-5)
     for name in eager_store.tensors:
@@ -264,15 +286,79 @@ class _EagerReplay(GraphedStep):
         return _Captured(Replay(), outputs)
 
 
+def _indices_per_slot(loop) -> int:
+    """Entries per slot of a stored step's index upload without riders (StepIndex): its state row
+    and two store entries, and its pool slot where staging reads the pool's shared arrays."""
+    return 3 if loop._staging.shared is None else 4
+
+
+@pytest.mark.parametrize("staging", ["pack", "shared"])
 @pytest.mark.parametrize("core", ["lstm", "rdn"])
-def test_the_graphed_acting_path_writes_what_the_eager_path_writes_on_the_cpu(core):
+def test_the_graphed_acting_path_writes_what_the_eager_path_writes_on_the_cpu(core, staging):
     """The inference loop's graphed path with the CUDA graph replaced by calls of the step it
     captures (so it runs on the CPU): its static buffers, the step's index layout, the warm-up
     calls (which must leave the core state as it was) and the replays leave the state and the
-    store as the eager path does."""
-    eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), _EagerReplay)
+    store as the eager path (packed staging) does; with ``staging="shared"`` the observations come
+    from the pool's shared arrays (one buffer for every graph), gathered inside the step."""
+    eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), _EagerReplay, staging)
     assert graphed[0]._graphed.warmups == (WARMUP_CALLS + 1) * len(graphed[0]._graphed.graphs)
+    if staging == "shared":
+        buffers = graphed[0]._graphed._buffers.values()
+        assert len({id(b["obs"]) for b in buffers}) == 1 and len(buffers) >= 2  # one [slots, 4] buffer for all
+        assert next(iter(buffers))["obs"].shape == (8, 4)
     _assert_same_steps(eager, graphed)
+
+
+def test_shared_staging_over_a_slice_of_the_pool_reads_its_workers_rows():
+    """An acting thread's loop over a slice of the pool (its workers 2 and 3: its state rows 0-3,
+    the pool's shared rows 4-7) stores what a packing loop over the same slice stores."""
+    from fwrl.agents.inference import InferenceLoop
+    from fwrl.agents.rollouts import RolloutSpec, RolloutStore
+    from fwrl.envs.step_record import StepRecord
+    from fwrl.envs.worker_pool import PoolSlice
+
+    torch.manual_seed(0)
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").eval()
+    runs = []
+    for staging in ("pack", "shared"):
+        store = RolloutStore(RolloutSpec(5, 2, StepRecord.of((4,), "float32"), 3), 4, torch.device("cpu"),
+                             model.initial_state(1))
+        pool = _ScriptedPool(4, 2, seed=3, shared=staging == "shared")
+        loop = InferenceLoop(model, PoolSlice(pool, [2, 3]), store, torch.device("cpu"), threading.Lock(),
+                             greedy=True, batch_wait=0.0, staging=staging)
+        for _ in range(20):
+            loop.step(0.0, on_rollout=store.release)
+        runs.append((loop, store))
+    (pack, pack_store), (shared, shared_store) = runs
+    assert shared._staging.shared is not None and pack._staging.shared is None
+    for name in pack_store.tensors:
+        torch.testing.assert_close(shared_store.tensors[name], pack_store.tensors[name], rtol=0, atol=0)
+    assert pack_store.tensors["obs"].abs().sum() > 0
+
+
+def test_shared_staging_refuses_results_that_are_not_the_pools_rows():
+    """Shared staging reads the pool's shared arrays, not the results: a result whose arrays are
+    copies (a pool breaking that contract) is refused at its call, never read stale."""
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").eval()
+    loop, store = _scripted_loop(model, torch.device("cpu"), staging="shared")
+    assert loop._staging.shared is not None
+    wait = loop.pool.wait
+    loop.pool.wait = lambda timeout=None: [StepResult(r.worker, r.life, {n: v.copy() for n, v in r.arrays.items()}, [])
+                                           for r in wait(timeout)]
+    with pytest.raises(ValueError, match="not the pool's shared rows"):
+        loop.step(0.0, on_rollout=store.release)
+
+
+def test_shared_staging_packs_where_the_pool_shares_nothing():
+    """A pool without shared arrays (the Ray backend's results are copies) is staged by packing."""
+    model = AgentNet((4,), 3, "lstm", CORES["lstm"], stem="mlp").eval()
+    loop, store = _scripted_loop(model, torch.device("cpu"), staging="pack")
+    from fwrl.agents.inference import InferenceLoop
+
+    shared_loop = InferenceLoop(model, loop.pool, store, torch.device("cpu"), staging="shared")
+    assert shared_loop._staging.shared is None  # _ScriptedPool(shared=False) shares nothing
+    with pytest.raises(FwrlError, match="acting staging.*'copy'.*pack, shared"):
+        InferenceLoop(model, loop.pool, store, torch.device("cpu"), staging="copy")
 
 
 class _HostSyncs(TorchDispatchMode):
@@ -301,8 +387,8 @@ class _HostSyncs(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("core", sorted(CORES))
-def test_the_graphed_acting_step_makes_no_host_sync(core, monkeypatch):
+@pytest.mark.parametrize("core,staging", [(core, "pack") for core in sorted(CORES)] + [("rdn", "shared")])
+def test_the_graphed_acting_step_makes_no_host_sync(core, staging, monkeypatch):
     """The step a graphed loop captures (state gather, the forward sampling with Gumbel noise,
     the riders of time-limit cuts, the state scatter, the store writes), run on the CPU for 20
     steps of a scripted pool, issues no op that would make a GPU's host wait: a CUDA graph cannot
@@ -312,22 +398,24 @@ def test_the_graphed_acting_step_makes_no_host_sync(core, monkeypatch):
     monkeypatch.setenv("FWRL_KERNELS", "reference")
     torch.manual_seed(0)
     device = torch.device("cpu")
-    loop, store = _scripted_loop(AgentNet((4,), 3, core, CORES[core], stem="mlp").eval(), device)
+    loop, store = _scripted_loop(AgentNet((4,), 3, core, CORES[core], stem="mlp").eval(), device, staging=staging)
     syncs = _HostSyncs()
     loop._graphed = _EagerReplay(loop, torch.Generator().manual_seed(1), syncs)
     for _ in range(20):
         loop.step(0.0, on_rollout=store.release)
-    assert any(size > 3 * n for n, size in loop._graphed.graphs), "no step with riders"
+    assert any(size > _indices_per_slot(loop) * n for n, size in loop._graphed.graphs), "no step with riders"
     assert syncs.found == []
 
 
 @needs_cuda
-@pytest.mark.parametrize("core", ["lstm", "rdn"])
-def test_a_graphed_acting_step_writes_what_the_eager_step_writes(core):
+@pytest.mark.parametrize("core,staging", [("lstm", "pack"), ("rdn", "pack"), ("rdn", "shared")])
+def test_a_graphed_acting_step_writes_what_the_eager_step_writes(core, staging):
     """The whole acting step as CUDA graphs (the state's gather and scatter, the forward, the
     store's writes) leaves the core state and the store as the eager step does, greedy, over
-    page turns, batch sizes that vary and time-limit cuts (their riders ride the graph)."""
-    _assert_same_steps(*_eager_and_graphed_loops(core, torch.device("cuda")))
+    page turns, batch sizes that vary and time-limit cuts (their riders ride the graph); with
+    ``staging="shared"``, the observations copied from the pool's shared arrays (registered as
+    pinned memory) run by run, and gathered inside the graph."""
+    _assert_same_steps(*_eager_and_graphed_loops(core, torch.device("cuda"), staging=staging))
 
 
 @needs_cuda

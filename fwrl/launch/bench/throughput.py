@@ -317,7 +317,7 @@ def _throughput_record(config: TrainConfig, ceiling: EnvBenchResult | None, resu
     return {"config": config.to_dict(), "env_path": env_path(config.env), "acting_threads": _acting_threads(config),
             "worker_splits": config.worker_splits,
             "inference_graph": _acting_graph(config), "acting_priority": config.acting_priority,
-            "acting_batch_wait": config.acting_batch_wait,
+            "acting_batch_wait": config.acting_batch_wait, "acting_staging": config.acting_staging,
             "learners": config.learners, "acting_only": acting_only, "seconds": result.seconds,
             "agent_steps": result.agent_steps, "updates": result.updates, "steps_per_second": result.steps_per_second,
             "env_ceiling_steps_per_second": ceiling.steps_per_second if ceiling is not None else None,
@@ -347,7 +347,8 @@ def _throughput_rows(config: TrainConfig, ceiling: EnvBenchResult | None,
               + (" per learner rank" if config.learners > 1 else "")),
              ("acting forward", ("CUDA graphs" if _acting_graph(config) else "eager")
               + (", high-priority streams" if config.acting_priority == "high" else "")
-              + f"; waits {1000 * config.acting_batch_wait:g} ms for more workers"),
+              + f"; waits {1000 * config.acting_batch_wait:g} ms for more workers"
+              + ("; observations read from the workers' shared memory" if config.acting_staging == "shared" else "")),
              ("learner ranks", f"{config.learners}" + ("; shares: rank 0's, B per rank" if config.learners > 1
                                                         else "")),
              ("batch x unroll", f"{config.batch_size} x {config.unroll_length}"),
