@@ -206,6 +206,7 @@ def test_yaml_file_with_a_bad_setting(case, how):
                      (["--num-workers", "4", "--learners", "2", "--acting-threads", "3"], "acting_threads", "3"),
                      (["--envs-per-worker", "3", "--worker-splits", "2"], "worker_splits", "2"),
                      (["--backend", "ray", "--envs-per-worker", "2", "--worker-splits", "2"], "worker_splits", "ray"),
+                     (["--backend", "ray", "--acting-staging", "shared"], "acting_staging", "ray"),
                      (["--sticky-actions"], "sticky_actions", "true"),
                      (["--stem", "nature"], "stem", "nature"),
                      (["--name", "a/b"], "--name", "a/b"),

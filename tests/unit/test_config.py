@@ -80,6 +80,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
               "acting_priority": "high", "learner_process": "off", "acting_trace": "off",
               "rmsprop_bias_correction": True,
               "worker_splits": 1,  # the default: ray takes no splits (--worker-splits: test_cli_errors, test_worker_splits)
+              "acting_staging": "pack",  # the default: ray shares no arrays (shared: test_acting_staging_reaches_the_config_with_the_local_backend)
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}
     argv = ["train", "--print-config"]
     for wrapper in values["env_wrappers"]:
@@ -334,3 +335,9 @@ def test_evaluate_leaves_its_workers_their_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", seen.append)
     assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "2"]) == 0
     assert seen == [6], seen
+
+
+def test_acting_staging_reaches_the_config_with_the_local_backend(capsys):
+    """``--acting-staging shared`` (refused with Ray: test_cli_errors' cross-setting checks)."""
+    assert main(["train", "--print-config", "--acting-staging", "shared"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["acting_staging"] == "shared"
