@@ -3,13 +3,14 @@
 Two learner ranks (``torch.distributed``, gloo; on a GPU box both may share the
 one GPU) each take ``--updates`` optimiser steps on fixed synthetic rollout
 batches of the Pong / nature-stem / LSTM agent (B 8, T 80 per rank: the
-``fwrl bench throughput`` defaults), timing each update's stages as training
+``fwrl bench throughput`` defaults; ``--unroll`` shortens T, as the GPU suite's dry run does),
+timing each update's stages as training
 does (``fwrl.agents.learner``); one rank alone does the same for the baseline.
 No env workers run, so the figures are the learner's alone. Printed: update
 time with one rank and with two, the all-reduce time and its share of a
 two-rank update, and the gradient size.
 
-    python benchmarks/multi_learner_overhead.py [--device cuda] [--updates 30] [--json-path out.json]
+    python benchmarks/multi_learner_overhead.py [--device cuda] [--updates 30] [--unroll 80] [--warmup 3] [--json-path out.json]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _model(device: torch.device) -> AgentNet:
     return AgentNet(OBS, ACTIONS, "lstm", {}, stem="nature").to(device)
 
 
-def _batch(device: torch.device, seed: int) -> Batch:
+def _batch(device: torch.device, seed: int, T: int = T) -> Batch:
     g = torch.Generator().manual_seed(seed)
     tensors = {
         "obs": torch.randint(0, 256, (T + 1, B, *OBS), generator=g, dtype=torch.uint8),
@@ -59,7 +60,8 @@ def _batch(device: torch.device, seed: int) -> Batch:
                  [[0] * (T + 1)], [B])
 
 
-def _measure(rank: int, world: int, port: int, device_name: str, updates: int, out: str) -> None:
+def _measure(rank: int, world: int, port: int, device_name: str, updates: int, out: str, unroll: int = T,
+             warmup: int = 3) -> None:
     device = torch.device(device_name)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     group = None
@@ -71,10 +73,10 @@ def _measure(rank: int, world: int, port: int, device_name: str, updates: int, o
     optimizer = make_optimizer(model.parameters(), lr=config.learning_rate)
     timer = StageTimer(device)
     learner = Learner(model, PolicyWeights(_model(device)), optimizer,
-                      linear_decay_scheduler(optimizer, 10**9, B * T * world), config.learner_settings(), None,
+                      linear_decay_scheduler(optimizer, 10**9, B * unroll * world), config.learner_settings(), None,
                       timer=timer, group=group)
-    batch = _batch(device, seed=rank)
-    for _ in range(3):  # warm-up
+    batch = _batch(device, seed=rank, T=unroll)
+    for _ in range(warmup):
         learner.update_batch(batch)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -97,12 +99,12 @@ def _measure(rank: int, world: int, port: int, device_name: str, updates: int, o
         group.close()
 
 
-def _run(world: int, device: str, updates: int, tmp: Path) -> dict:
+def _run(world: int, device: str, updates: int, tmp: Path, unroll: int = T, warmup: int = 3) -> dict:
     out = tmp / f"world{world}.json"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_measure, args=(world, port, device, updates, str(out)), nprocs=world, join=True)
+    mp.spawn(_measure, args=(world, port, device, updates, str(out), unroll, warmup), nprocs=world, join=True)
     return json.loads(out.read_text())
 
 
@@ -110,19 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (two ranks share one GPU)")
     parser.add_argument("--updates", type=int, default=30, help="timed updates per rank (median reported)")
+    parser.add_argument("--unroll", type=int, default=T, help="T of each rank's batch (B stays 8)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed updates per rank first")
     parser.add_argument("--json-path", "--json", dest="json_path", metavar="PATH",
                         help="also write the figures here (--json: its old name, deprecated)")
     args = parser.parse_args(argv)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        one = _run(1, args.device, args.updates, Path(tmp))
-        two = _run(2, args.device, args.updates, Path(tmp))
+        one = _run(1, args.device, args.updates, Path(tmp), args.unroll, args.warmup)
+        two = _run(2, args.device, args.updates, Path(tmp), args.unroll, args.warmup)
     result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "cpus": os.cpu_count(), "batch_per_rank": B, "unroll": T, "one_rank": one, "two_ranks": two,
+              "cpus": os.cpu_count(), "batch_per_rank": B, "unroll": args.unroll, "one_rank": one, "two_ranks": two,
               "allreduce_share_of_two_rank_update": two["allreduce_ms"] / two["update_ms"],
               "two_rank_update_over_one": two["update_ms"] / one["update_ms"]}
-    print(f"Pong / nature / lstm, B {B} x T {T} per rank, {result['device']}, {result['cpus']} CPUs, "
+    print(f"Pong / nature / lstm, B {B} x T {args.unroll} per rank, {result['device']}, {result['cpus']} CPUs, "
           f"gradient {one['gradient_mib']:.1f} MiB")
     print(f"one rank:  update {one['update_ms']:8.1f} ms")
     print(f"two ranks: update {two['update_ms']:8.1f} ms, of which all-reduce {two['allreduce_ms']:.1f} ms "

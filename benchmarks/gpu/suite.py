@@ -251,6 +251,7 @@ class Part:
             raise TimeoutError(f"{self.name}: out of its time budget before {' '.join(argv[:6])}")
         tag = _tag(prefix)
         self.log(f"{tag}$ {' '.join(argv)}")
+        began = time.monotonic()
         lines: list[str] = []
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, **(env or {})})
@@ -270,6 +271,7 @@ class Part:
             reader.join(5)
             raise subprocess.TimeoutExpired(argv, timeout, output="".join(lines)) from None
         reader.join()
+        self.log(f"{tag}({time.monotonic() - began:.1f} s, exit {proc.returncode})")
         result = subprocess.CompletedProcess(argv, proc.returncode, stdout="".join(lines))
         if check and proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} ... exited with {proc.returncode}")
@@ -718,7 +720,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         md += table(env_paths["rows"], ("env_path", "env_steps_per_s", "per_cpu_second", "cores_busy", "x_none"))
     if overhead:
         md += (f"\n## Two learner ranks sharing the device ({'cpu' if part.dry else 'one GPU'}, gloo)\n\n"
-               f"`python benchmarks/multi_learner_overhead.py`: Pong / nature / lstm, B 8 x T 80 per rank. One "
+               f"`python benchmarks/multi_learner_overhead.py`: Pong / nature / lstm, B {overhead['batch_per_rank']} x "
+               f"T {overhead['unroll']} per rank. One "
                f"rank: {overhead['one_rank']['update_ms']:.1f} ms per update; two: "
                f"{overhead['two_ranks']['update_ms']:.1f} ms, of which the all-reduce of the "
                f"{overhead['one_rank']['gradient_mib']:.1f} MiB gradient is {overhead['two_ranks']['allreduce_ms']:.1f} ms "
@@ -785,7 +788,8 @@ def _multi_learner_overhead(part: Part) -> dict[str, Any] | None:
     """Two learner ranks on this device: update time against the gradient all-reduce (issue 16)."""
     path = part.out / "multi-learner.json"
     argv = [sys.executable, "benchmarks/multi_learner_overhead.py", "--json-path", path,
-            "--updates", 3 if part.dry else 20, "--device", "cpu" if part.dry else "cuda"]
+            "--updates", 3 if part.dry else 20, "--device", "cpu" if part.dry else "cuda",
+            *(["--unroll", 4, "--warmup", 1] if part.dry else [])]  # the dry run's figures mean nothing
     if not part.try_run(argv, timeout=120) or not path.exists():
         return None
     data = json.loads(path.read_text())
