@@ -43,7 +43,7 @@ from fwrl.kernels import check_grad_mode
 from fwrl.kernels.cpu_common import reset_steps
 from fwrl.kernels.cpu_delta_chunks import (
     add_query_gradient, recurrent_query, recurrent_query_jacobian, keep, chunks, segments,
-    write_vectors, read_backward, step_read_backward, restart_rows,
+    write_vectors, read_backward, step_read_backward, written,
 )
 from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS
 
@@ -228,7 +228,7 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Ten
     N = B * H
     M = 2 * GATES
     W, c, y = W0.reshape(N * M, d, d), c0, y0
-    restart = None  # the rows starting an episode: indices (a mask under a trace, restart_rows)
+    restart = None  # the rows starting an episode: indices (a mask under a trace, written)
     if bool(reset.any()):
         restart = reset[0] if torch.jit.is_tracing() else reset[0].nonzero().flatten()
     if restart is not None:
@@ -246,9 +246,7 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Ten
     keys, queries = x.unbind(1)
     u = torch.sub(v.reshape(N * M, d), Wk).mul_(torch.sigmoid(beta.reshape(N * M, 1)))
     read = torch.addcmul(Wx, u, torch.linalg.vecdot(keys, queries).unsqueeze(-1)).view(B, H, 2, GATES, d)
-    W = torch.addcmul(W, u.unsqueeze(-1), keys.unsqueeze(-2))
-    if restart is not None:
-        restart_rows(W, u, keys, restart, B)
+    W = written(W, u, keys, restart, B)
     pre = read[:, :, 0] + read[:, :, 1]  # [B, H, 3, d]: W_g q + R_g r
     so = torch.sigmoid(pre[:, :, 1:])
     c = torch.lerp(pre[:, :, 0], c, so[:, :, 0])  # Eq. 39

@@ -63,7 +63,7 @@ from fwrl.kernels.cpu_common import reset_steps
 from fwrl.kernels.cpu_delta_chunks import (
     add_query_gradient, recurrent_query, recurrent_query_jacobian, keep, chunks, segments,
     write_vectors, known_reads, final_matrices, known_chunk, read_backward, step_read_backward,
-    restart_rows,
+    written,
 )
 from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS, apply_feature_map
 
@@ -204,7 +204,7 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     F = W0.shape[-1]
     N = B * H
     W, R, h = W0.reshape(N, d, F), R0.reshape(N, d, d), h0.reshape(N, d)
-    restart = None  # the rows starting an episode: indices (a mask under a trace, restart_rows)
+    restart = None  # the rows starting an episode: indices (a mask under a trace, written)
     if bool(reset.any()):
         restart = reset[0] if torch.jit.is_tracing() else reset[0].nonzero().flatten()
     if restart is not None:
@@ -226,11 +226,7 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     phi_q, phi_k = qk.unbind(1)
     y = torch.addcmul(Wq, u, torch.linalg.vecdot(phi_q, phi_k).unsqueeze(-1)).add_(Rr)
     y.addcmul_(ur, torch.linalg.vecdot(k_r, r).unsqueeze(-1))  # Eq. 12
-    W = torch.addcmul(W, u.unsqueeze(-1), phi_k.unsqueeze(-2))
-    R = torch.addcmul(R, ur.unsqueeze(-1), k_r.unsqueeze(-2))
-    if restart is not None:
-        restart_rows(W, u, phi_k, restart, B)
-        restart_rows(R, ur, k_r, restart, B)
+    W, R = written(W, u, phi_k, restart, B), written(R, ur, k_r, restart, B)
     y = y.view(1, B, H, d)
     return y, W.view(B, H, d, F), R.view(B, H, d, d), y[0]
 
