@@ -217,8 +217,9 @@ class Part:
     """One part's output folder, log and time budget."""
 
     def __init__(self, name: str, out: Path, dry: bool, budget: float, skip_tests: bool = False,
-                 resume: Path | None = None, retime: Sequence[str] = ()):
+                 resume: Path | None = None, retime: Sequence[str] = (), rows: Sequence[str] = ()):
         self.name, self.dry, self.skip_tests = name, dry, skip_tests
+        self.rows = tuple(rows)  # learner: the rows of LEARNER_RUNS to run, in their order (empty: all)
         self.out = out / name
         if self.out.exists():
             shutil.rmtree(self.out)
@@ -633,6 +634,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     rows: list[dict[str, Any]] = []
     ceilings: dict[int, float] = {}  # envs per worker -> the env ceiling of those workers
     for label, core, envs, extra in LEARNER_RUNS:
+        if part.rows and label not in part.rows:
+            continue
         if part.dry and ("--inference-graph" in extra or label in DRY_RUN_SKIPS):
             continue
         envs = _learner_width(envs, part.dry)
@@ -1036,12 +1039,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rebuild", metavar="FOLDER",
                         help="kernels: write the report again from FOLDER/kernels.json (its timed rows; "
                              "the goals are re-derived), on any machine")
+    parser.add_argument("--rows", metavar="LABEL,...", type=lambda text: [r.strip() for r in text.split(",") if r.strip()],
+                        default=[], help="learner: only these rows of LEARNER_RUNS (by label, comma-separated; they "
+                                         "run in the suite's order): for a box with less time than the whole part")
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("out", nargs="?", help="output folder (default: $OUT, else benchmarks/results/gpu; a dry run: "
                                                "a new temporary folder, never under benchmarks/results)")
     args = parser.parse_intermixed_args(argv)  # PART may come before the options, OUT after them
     if args.rebuild:
         return rebuild_report(args.part, Path(args.rebuild))
+    unknown = [row for row in args.rows if row not in {label for label, *_ in LEARNER_RUNS}]
+    if args.rows and (args.part != "learner" or unknown):
+        print(f"benchmarks/gpu/run.sh: --rows picks rows of the learner part; "
+              + (f"unknown: {', '.join(map(repr, unknown))}; the rows: "
+                 f"{', '.join(label for label, *_ in LEARNER_RUNS)}" if unknown else f"got part {args.part}"),
+              file=sys.stderr)
+        return 2
     if args.retime and args.resume is None:
         print("benchmarks/gpu/run.sh: --retime drops cores from the rows of --resume; give --resume JSON too",
               file=sys.stderr)
@@ -1061,7 +1074,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.dry_run and meta["gpu"] == "none (CPU)":
         print("benchmarks/gpu/run.sh: torch sees no CUDA GPU here; use --dry-run on a CPU.", file=sys.stderr)
         return 2
-    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests, args.resume, args.retime)
+    part = Part(args.part, out, args.dry_run, args.budget, args.skip_tests, args.resume, args.retime, args.rows)
     part.log(f"GPU suite part {args.part}: {json.dumps(meta)}")
     PART_FUNCTIONS[args.part](part, meta)
     part.log(f"done in {time.monotonic() - part.started:.0f} s: {sorted(p.name for p in part.out.iterdir())}")

@@ -207,6 +207,18 @@ def test_kernel_goals_from_the_h100_rows(tmp_path):
         folder / "kernels.md").read_text()
 
 
+def test_rows_of_the_learner_part_are_named_or_refused(tmp_path):
+    """``--rows`` (a box with less time than the whole learner part) takes labels of its rows only,
+    and names the valid ones when one is not."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--dry-run", "learner",
+                           "--rows", "rdn x8 graph, rdn x8 graf", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "unknown: 'rdn x8 graf'" in proc.stderr and "rdn x8 graph shared" in proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--dry-run", "pong",
+                           "--rows", "rdn x8 graph", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "got part pong" in proc.stderr
+
+
 def test_rebuild_names_what_it_needs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--rebuild", str(tmp_path),
                            "kernels"], capture_output=True, text=True, timeout=120)
