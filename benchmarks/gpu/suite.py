@@ -90,7 +90,7 @@ GOALS = {
 # acts with two threads (--acting-threads 2, each over half the workers), "2 learners" in two processes
 # (--learners 2 sharing the GPU, each rank acting over half the workers with B / 2, so an update still
 # takes B x T agent steps).
-PROFILE_FILE = "learner-profile-lstm.md"  # the acting thread of the first lstm row run, op by op
+PROFILE_FILE = "learner-profile-{core}.md"  # the acting thread of the first row run (its core), op by op
 # the acting thread of the acting-only row, op by op: its calls with no learner beside them
 ACTING_ONLY_PROFILE_FILE = "learner-profile-acting-only.md"
 LEARNER_ENVS_PER_WORKER = 2  # the goal rows' width (monobeast's 2 envs per actor process)
@@ -643,7 +643,8 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
         ceiling_seconds = (1 if part.dry else 10) if envs not in ceilings else 0
         # the first row run (lstm x8 graph; in the dry run, which skips graphs, eager lstm x8) and the
         # acting-only row run 5 s more under torch.profiler, left out of their figures
-        profile_file = PROFILE_FILE if not rows else ACTING_ONLY_PROFILE_FILE if "--acting-only" in extra else None
+        profile_file = (PROFILE_FILE.format(core=core) if not rows
+                        else ACTING_ONLY_PROFILE_FILE if "--acting-only" in extra else None)
         profile = (["--profile-path", part.out / profile_file, "--profile-seconds", 2 if part.dry else 5]
                    if profile_file else [])
         try:
@@ -711,9 +712,10 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
                "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
                "`--acting-only`; 2 threads: `--acting-threads 2`; shared: `--acting-staging shared`; 2 learners: `--learners 2`, each rank acting in its own process): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
-    if (part.out / PROFILE_FILE).exists():
+    first_profile = PROFILE_FILE.format(core=rows[0]["core"].split()[0]) if rows else None
+    if first_profile and (part.out / first_profile).exists():
         md += (f"\nThe acting thread of the first row ({rows[0]['core']}), op by op (5 s after its window, under "
-               f"torch.profiler): `{PROFILE_FILE}`.\n")
+               f"torch.profiler): `{first_profile}`.\n")
     if (part.out / ACTING_ONLY_PROFILE_FILE).exists():
         md += (f"\nThe acting thread of the acting-only row (no learner beside it), op by op: "
                f"`{ACTING_ONLY_PROFILE_FILE}`.\n")
