@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -183,6 +184,7 @@ class MetricsSink:
         except ImportError:
             self.tensorboard = None
         else:
+            quiet_tensorboard_writer_faults()
             self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
         self.tensorboard_dir = run_dir / TENSORBOARD
 
@@ -221,3 +223,28 @@ class MetricsSink:
                 self.tensorboard.close()
             except OSError as exc:  # its writer thread's disk fault, said with the folder
                 raise OSError(exc.errno, exc.strerror, str(self.tensorboard_dir)) from None
+
+
+def quiet_tensorboard_writer_faults() -> None:
+    """Keep a disk fault in TensorBoard's writer thread (a full disk, a read-only mount) from printing a
+    traceback: that thread keeps the error and re-raises it, and the next ``add_scalar``, ``flush`` or
+    ``close`` raises it again in the run's thread, where it ends the command in one line (exit 74).
+    Every other thread exception goes to the hook that was there before. Installed once per process."""
+    if getattr(threading.excepthook, "fwrl_tensorboard", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args: "threading.ExceptHookArgs") -> None:
+        if not (isinstance(args.exc_value, OSError) and _raised_in_tensorboard(args.exc_traceback)):
+            previous(args)
+
+    hook.fwrl_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
+def _raised_in_tensorboard(tb: Any) -> bool:
+    """Whether a thread's traceback starts (past the threading module's own frames) in the tensorboard
+    package: the exception came out of a thread that runs TensorBoard's code, its writer."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == threading.__file__:
+        tb = tb.tb_next
+    return tb is not None and "/tensorboard/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
