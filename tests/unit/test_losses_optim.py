@@ -92,7 +92,7 @@ def test_entropy_stat_is_the_mean_entropy_per_step_whatever_the_cost():
     by_hand = 0.0
     for b in range(B):
         for t in range(T):
-            logp = log_softmax_list([float(x) for x in learner["policy_logits"][t, b]])
+            logp = log_softmax_list([float(x) for x in learner["policy_logits"][t, b].detach()])
             by_hand -= sum(math.exp(lp) * lp for lp in logp)
     by_hand /= T * B
     for cost in (0.01, 0.0):
