@@ -30,7 +30,45 @@ from torch import Tensor
 from fwrl.errors import FwrlError
 
 
-class BiasCorrectedRMSprop(torch.optim.RMSprop):
+def _unguarded(method):
+    """torch's own implementation of an ``Optimizer`` method without the guard that keeps
+    ``torch.compile`` out of it (where a torch release has one; else the method itself). That guard
+    imports ``torch._dynamo`` on its first call: 1.2 s of CPU on the 2-core machine, as long as
+    importing the rest of torch, in every process that builds, steps or saves an optimiser (the
+    learner and its update process). fwrl never compiles its optimiser."""
+    return getattr(method, "__wrapped__", method)
+
+
+class RMSprop(torch.optim.RMSprop):
+    """torch's RMSprop, its maths and state unchanged, with the methods a run calls taken without
+    their ``torch.compile`` guards (:func:`_unguarded`). ``step`` sets grad mode as torch's does
+    (off unless the optimiser is ``differentiable``); the profiler's record and the step hooks that
+    torch adds around ``step`` stay."""
+
+    _step = staticmethod(_unguarded(torch.optim.RMSprop.step))
+    _add_param_group = staticmethod(_unguarded(torch.optim.Optimizer.add_param_group))
+    _zero_grad = staticmethod(_unguarded(torch.optim.Optimizer.zero_grad))
+    _state_dict = staticmethod(_unguarded(torch.optim.Optimizer.state_dict))
+    _load_state_dict = staticmethod(_unguarded(torch.optim.Optimizer.load_state_dict))
+
+    def step(self, closure=None):
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._step(self, closure)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._add_param_group(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_grad(self, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._load_state_dict(self, state_dict)
+
+
+class BiasCorrectedRMSprop(RMSprop):
     """torch's RMSprop with the square average divided by ``1 - alpha^n`` at update ``n`` (module
     docstring). Each param group counts its updates in ``corrected_updates`` (saved with the
     optimiser's state, so a resumed run goes on with the same correction)."""
@@ -58,8 +96,9 @@ def make_optimizer(
     momentum: float = 0.0,
     bias_correction: bool = False,
 ) -> torch.optim.RMSprop:
-    """torch RMSprop with the IMPALA defaults; ``bias_correction``: :class:`BiasCorrectedRMSprop`."""
-    cls = BiasCorrectedRMSprop if bias_correction else torch.optim.RMSprop
+    """torch's RMSprop (:class:`RMSprop`) with the IMPALA defaults; ``bias_correction``:
+    :class:`BiasCorrectedRMSprop`."""
+    cls = BiasCorrectedRMSprop if bias_correction else RMSprop
     return cls(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum)
 
 

@@ -193,6 +193,35 @@ def test_make_optimizer_defaults():
     assert (group["lr"], group["alpha"], group["eps"], group["momentum"]) == (6e-4, 0.99, 0.01, 0.0)
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_rmsprop_steps_and_saves_as_torchs_own(momentum):
+    """fwrl's RMSprop (torch's without the torch.compile guards) takes the same steps as
+    torch.optim.RMSprop, and each loads the other's state (checkpoints of either kind resume)."""
+    torch.manual_seed(0)
+    grads = [torch.randn(4, 3, dtype=torch.float64) for _ in range(5)]
+    ours = torch.nn.Parameter(torch.ones(4, 3, dtype=torch.float64))
+    theirs = torch.nn.Parameter(torch.ones(4, 3, dtype=torch.float64))
+    opt = make_optimizer([ours], lr=1e-2, momentum=momentum)
+    ref = torch.optim.RMSprop([theirs], lr=1e-2, alpha=0.99, eps=0.01, momentum=momentum)
+    with torch.enable_grad():  # the step itself records no graph, as torch's does not
+        for g in grads[:3]:
+            for p, o in ((ours, opt), (theirs, ref)):
+                p.grad = g.clone()
+                o.step()
+                o.zero_grad()
+                assert p.grad is None
+    assert ours.grad_fn is None and torch.equal(ours.detach(), theirs.detach())
+    mine, torchs = make_optimizer([ours], lr=1e-2, momentum=momentum), torch.optim.RMSprop(
+        [theirs], lr=1e-2, alpha=0.99, eps=0.01, momentum=momentum)
+    mine.load_state_dict(ref.state_dict())  # each resumes from the other's state
+    torchs.load_state_dict(opt.state_dict())
+    for g in grads[3:]:
+        for p, o in ((ours, mine), (theirs, torchs)):
+            p.grad = g.clone()
+            o.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=0)
+
+
 def _bias_corrected_rmsprop_by_hand(grads, lr, alpha, eps):
     """The parameter after each update of Adam-style bias-corrected RMSProp (eps outside the root)."""
     p, v, out = torch.zeros_like(grads[0]), torch.zeros_like(grads[0]), []
