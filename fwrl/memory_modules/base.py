@@ -64,6 +64,27 @@ class Core(nn.Module):
         raise NotImplementedError
 
 
+def _drawing_shapes_only() -> bool:
+    """True while modules are built on the meta device (the preflight's model of shapes only)."""
+    return torch.get_default_device().type == "meta"
+
+
+def normal_init_(param: Tensor, std: float) -> Tensor:
+    """``nn.init.normal_(param, 0, std)``, and nothing on the meta device: a model of shapes only
+    draws no numbers, and torch's meta ``normal_`` imports torch.compile's machinery (1.2 s of CPU at
+    the start of every run of a core that draws its own slow weights)."""
+    return param if param.is_meta else nn.init.normal_(param, mean=0.0, std=std)
+
+
+def scaled_randn(shape: tuple[int, ...], std: float, mean: float | None = None) -> Tensor:
+    """``torch.randn(*shape) * std`` (``+ mean`` where given), and an empty tensor of that shape on the
+    meta device (as :func:`normal_init_`; there the product too would import it)."""
+    if _drawing_shapes_only():
+        return torch.empty(*shape)
+    draw = torch.randn(*shape) * std
+    return draw if mean is None else draw + mean
+
+
 def reset_rows(state: State, initial: State, done_t: Tensor) -> State:
     """Replace the rows of ``state`` where ``done_t`` [B] is true by ``initial``'s rows."""
     out = {}

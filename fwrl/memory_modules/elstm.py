@@ -47,7 +47,7 @@ from fwrl.kernels.elstm_rtrl import (
     elstm_scan,
     initial_sensitivities,
 )
-from fwrl.memory_modules.base import Core, CoreConfig, State, register_core
+from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, scaled_randn
 
 GRADIENT_METHODS = ("bptt", "rtrl")  # how the eLSTM core learns (not the fwp cores' GRAD_MODES)
 INIT_STD = 0.1
@@ -73,12 +73,12 @@ class ELSTMCore(Core):
         self.input_size = D
         self.output_size = H
         self.grad_mode = config.grad
-        self.W_z = nn.Parameter(torch.randn(H, D) * INIT_STD)
-        self.W_f = nn.Parameter(torch.randn(H, D) * INIT_STD)
-        self.w_z = nn.Parameter(torch.randn(H) * INIT_STD)
-        self.w_f = nn.Parameter(torch.randn(H) * INIT_STD)
-        self.b_z = nn.Parameter(torch.randn(H) * INIT_STD)
-        self.b_f = nn.Parameter(torch.randn(H) * INIT_STD + config.forget_bias)
+        self.W_z = nn.Parameter(scaled_randn((H, D), INIT_STD))
+        self.W_f = nn.Parameter(scaled_randn((H, D), INIT_STD))
+        self.w_z = nn.Parameter(scaled_randn((H,), INIT_STD))
+        self.w_f = nn.Parameter(scaled_randn((H,), INIT_STD))
+        self.b_z = nn.Parameter(scaled_randn((H,), INIT_STD))
+        self.b_f = nn.Parameter(scaled_randn((H,), INIT_STD, config.forget_bias))
         self.out_gate = nn.Linear(D + H, H)  # W_o [x; c] + b_o (Eq. 7: O x + W^o c)
 
     def recurrent_parameters(self) -> dict[str, Tensor]:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from fwrl.kernels.dispatch import kernel_layer_name
 from fwrl.kernels.feature_maps import feature_dim
 from fwrl.kernels.rdn import rdn
-from fwrl.memory_modules.base import Core, State, register_core
+from fwrl.memory_modules.base import Core, State, normal_init_, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.memory_modules.linear_transformer import FEATURE_MAP_CHOICES
 from fwrl.utils.settings import redefault
@@ -65,7 +65,7 @@ class RDNLayer(FastWeightLayer):
         self.R_v = nn.Parameter(torch.empty(H, d, d))
         self.r_b = nn.Parameter(torch.empty(H, d))
         for p in (self.R_q, self.R_k, self.R_v, self.r_b):
-            nn.init.normal_(p, mean=0.0, std=1.0 / math.sqrt(d))
+            normal_init_(p, 1.0 / math.sqrt(d))
         self.out_size = H * d
 
     def initial_state(self, batch_size: int, device=None) -> State:

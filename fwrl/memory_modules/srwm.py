@@ -53,7 +53,7 @@ from fwrl.kernels.dispatch import kernel_layer_name
 from fwrl.kernels.feature_maps import apply_feature_map
 from fwrl.kernels.srwm import srwm
 from fwrl.kernels.srwm.naive import INPUT_MAPS, NUM_RATES
-from fwrl.memory_modules.base import State, register_core
+from fwrl.memory_modules.base import State, normal_init_, register_core
 from fwrl.memory_modules.fwp_block import FastWeightLayer, FWPConfig, FWPTransformerCore
 from fwrl.utils.settings import redefault
 
@@ -95,7 +95,7 @@ class SRWMConfig(FWPConfig):
 
 
 def _normal_(param: Tensor, head_dim: int) -> Tensor:
-    return nn.init.normal_(param, mean=0.0, std=1.0 / math.sqrt(head_dim))
+    return normal_init_(param, 1.0 / math.sqrt(head_dim))
 
 
 class _SelfReferentialLayer(FastWeightLayer):
