@@ -79,7 +79,7 @@ def test_bench_throughput_measures_learner_ranks_acting_in_their_processes(tmp_p
 def test_bench_throughput_profiles_the_acting_thread_per_call(tmp_path):
     report = tmp_path / "profile" / "acting.md"
     code, _, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2], "--stem", "auto",
-                            "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 3, "--profile-seconds", 2,
+                            "--ceiling-seconds", 0, "--warmup", 1, "--seconds", 1, "--profile-seconds", 2,
                             "--profile-path", report])
     assert code == 0, err
     text = report.read_text()

@@ -202,10 +202,10 @@ def test_ctrl_c_stops_the_running_cell_with_a_checkpoint_and_a_rerun_resumes_it(
     # cells at once (--parallel, not a setting of theirs), each with room for updates after its start-up (which
     # counts in the limit) on a loaded machine; in this process (cli): no interpreter and torch start-up
     steps_before = status["agent_steps"]
-    code, _, err = cli("sweep", *args, "--parallel", "2", "--max-seconds", "25")
+    code, _, err = cli("sweep", *args, "--parallel", "2", "--max-seconds", "15")
     assert code == 75, err[-3000:]  # stopped by the time limit: not finished
     resumed = commands_in_log(folder, "seed-1")[-1]
-    assert "--resume" in resumed and "--max-seconds 25.0" in resumed
+    assert "--resume" in resumed and "--max-seconds 15.0" in resumed
     status = read_status(folder, "seed-1")
     assert status["state"] == "interrupted" and "time limit" in status["message"]
     assert status["agent_steps"] > steps_before
