@@ -22,6 +22,7 @@ its checkpoint gets exactly the learning rate it would have had.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable
 
 import torch
@@ -35,8 +36,10 @@ def _unguarded(method):
     ``torch.compile`` out of it (where a torch release has one; else the method itself). That guard
     imports ``torch._dynamo`` on its first call: 1.2 s of CPU on the 2-core machine, as long as
     importing the rest of torch, in every process that builds, steps or saves an optimiser (the
-    learner and its update process). fwrl never compiles its optimiser."""
-    return getattr(method, "__wrapped__", method)
+    learner and its update process). fwrl never compiles its optimiser. Unwrapped to the innermost
+    function: a ``step`` that an earlier torch optimiser of the class has wrapped in its profiler
+    hook (``Optimizer._patch_step_function``) unwraps through that hook too (ours gets its own)."""
+    return inspect.unwrap(method)
 
 
 class RMSprop(torch.optim.RMSprop):
