@@ -6,8 +6,9 @@ and writes the step into the rollout store. Everything the model touches
 stays on the learner's device:
 
 - the per-slot core state lives there (``state``: ``[slots, ...]``); a step
-  gathers the ready slots' rows, and only slots that start a rollout have
-  their state copied (device to device) into the store;
+  gathers the ready slots' rows (eager, a run of consecutive slots: reads them
+  in place), and only slots that start a rollout have their state copied
+  (device to device) into the store;
 - observations and the other env arrays go host -> device once per step, on
   CUDA from pinned memory without blocking, and the same device tensors feed
   the forward and the store;
@@ -330,6 +331,8 @@ class InferenceLoop:
         if not results:
             return 0
         k = self.k
+        if self._graphed is None:  # consecutive workers in order: their slots are one run of the state
+            results.sort(key=lambda r: self._place[r.worker])
         workers = [r.worker for r in results]
         n = len(workers) * k
         with timer.stage("rollout_bookkeeping", device_work=True):
@@ -355,7 +358,9 @@ class InferenceLoop:
             with timer.stage("inference_forward", device_work=True), self.weights.acting() as version:
                 out = self._graphed.step(key, tensors)
         else:
-            out, version = self._act(tensors, timer)
+            run = int(slots[0]) if slots[-1] - slots[0] == n - 1 else None
+            keep = plan is not None and len(self.store.starting(plan)) > 0
+            out, version = self._act(tensors, timer, run=run, keep_state_in=keep)
         with timer.stage("inference_forward", device_work=True):
             actions = self._actions_to_host(out["action"])
         with timer.stage("env_wait"):  # the workers step while the store completes the step
@@ -374,7 +379,8 @@ class InferenceLoop:
         return n
 
     def _act(self, tensors: dict[str, torch.Tensor], timer: StageTimer | _Untimed = _UNTIMED,
-             sampling: dict[str, Any] | None = None, hold: bool = True) -> tuple[dict[str, torch.Tensor], int | None]:
+             sampling: dict[str, Any] | None = None, hold: bool = True, run: int | None = None,
+             keep_state_in: bool = True) -> tuple[dict[str, torch.Tensor], int | None]:
         """The device work of one inference step over the n slots of ``tensors`` (as staging uploads
         them: the env groups, ``INDEX``, the riders' observations): the slots' core state gathered,
         the forward (T = 1; the riders of cut episodes ride it as extra rows), the state scattered
@@ -383,14 +389,25 @@ class InferenceLoop:
         ``hold`` false the caller holds them: None).
 
         Everything here is device work with no host sync and shapes fixed by the batch size and the
-        number of riders, so :class:`~fwrl.agents.inference_graph.GraphedStep` captures it."""
+        number of riders, so :class:`~fwrl.agents.inference_graph.GraphedStep` captures it.
+
+        An eager caller whose slots are one run of the state, ``run`` to ``run + n - 1`` in order,
+        passes ``run``: the forward then reads the state's rows in place and its new state is one
+        plain copy back, where gathering and scattering rows by index cost several passes over the
+        state (a fast-weight core's or RTRL's state is MBs a step). The returned ``STATE_IN`` is
+        then a copy only with ``keep_state_in`` (a rollout starts at this step: the store copies
+        its initial state); else it is those rows, already overwritten, and must not be read."""
         n = len(self._staging.column(tensors, REWARD))
         index = StepIndex.unpack(tensors[INDEX], n, stored=self.store is not None,
                                  shared=self._staging.shared is not None)
         slots, cut = index.slots, index.cut
         tensors = self._staging.gather(tensors, index.pool_slots)
         with timer.stage("rollout_bookkeeping", device_work=True):
-            state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
+            if run is None:
+                state_in = {name: value.index_select(0, slots) for name, value in self.state.items()}
+            else:  # the rows in place; a copy where the store reads them after the step
+                state_in = {name: value.narrow(0, run, n).clone() if keep_state_in else value.narrow(0, run, n)
+                            for name, value in self.state.items()}
             inputs = {key: self._staging.column(tensors, key) for key in (OBS, REWARD, DONE, OBS_EXTRA)
                       if key in self._staging.record.names}
             state = state_in
@@ -402,7 +419,11 @@ class InferenceLoop:
                 extra = {} if self._core_step is None else {"core_step": self._core_step}
                 out, state_out = self.model(inputs, state, greedy=self.greedy, **(sampling or {}), **extra)
             for name, value in state_out.items():
-                self.state[name].index_copy_(0, slots, value if len(value) == n else value[:n])
+                value = value if len(value) == n else value[:n]
+                if run is None:
+                    self.state[name].index_copy_(0, slots, value)
+                else:
+                    self.state[name].narrow(0, run, n).copy_(value)
             # the step's rows (T = 1) of the outputs, the riders' left out
             agent = {key: out[key][0] if not len(cut) else out[key][0, :n] for key in AGENT_KEYS}
         if self.store is not None:

@@ -309,10 +309,9 @@ class RolloutStore:
         row 0 is that row T), copy the initial state of every rollout that starts here
         (``state_in``: the slots' core state before obs t; row 0, or row T on the next page), stamp
         the ``version`` of the weights that acted, and hand every finished rollout to ``on_rollout``."""
-        T = self.spec.unroll_length
         if len(step.turning):
             self._turn_pages(step)
-        starting = np.flatnonzero((step.rows == 0) | (step.rows == T))
+        starting = self.starting(step)
         if len(starting):
             self._copy_state(starting, step.cols, state_in)
         for page, row in zip(self._page[step.workers].tolist(), step.next_rows.tolist()):
@@ -320,6 +319,12 @@ class RolloutStore:
         self._cursor[step.workers] = step.next_rows
         if len(step.turning):
             self._hand_off(step, on_rollout)
+
+    def starting(self, step: StoreStep) -> np.ndarray:
+        """The positions in ``step.workers`` of the workers whose next rollout starts at this step
+        (obs t is its row 0, or row T of the page that turns): :meth:`complete` copies their state."""
+        T = self.spec.unroll_length
+        return np.flatnonzero((step.rows == 0) | (step.rows == T))
 
     def record(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
                state_in: dict[str, Tensor], agent: dict[str, Tensor], version: int,

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from rollout_replay import CUE, T, assert_replay_matches, collect
 
 from fwrl.agents.inference import InferenceLoop
@@ -134,9 +135,24 @@ class _Watched(torch.Tensor):
             return func(*args, **(kwargs or {}))
 
 
+class _ClonesOf(TorchFunctionMode):
+    """Counts ``clone`` calls on tensors that share a storage with ``tensors`` (their views too)."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.storages = {t.untyped_storage().data_ptr() for t in tensors}
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "clone" and args[0].untyped_storage().data_ptr() in self.storages:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_inference_steps_that_start_no_rollout_leave_core_state_in_place():
-    """The core state is read and written by slot index on its device; it is never copied off it,
-    cloned, or copied into the store except when a rollout starts."""
+    """The core state is read and written on its device, by slot index or, for a run of consecutive
+    slots, as rows in place; it is never copied off it, cloned, or copied into the store except
+    when a rollout starts."""
     core, opts = "elstm", CORES["elstm"]
     torch.manual_seed(0)
     pool = LocalWorkerPool(PoolSettings(CUE, 2, 2, seed=5))
@@ -144,19 +160,23 @@ def test_inference_steps_that_start_no_rollout_leave_core_state_in_place():
     store = RolloutStore(RolloutSpec(T, 2, StepRecord.of((4,), "float32"), 3), 2, torch.device("cpu"), model.initial_state(1))
     loop = InferenceLoop(model, pool, store, torch.device("cpu"), threading.Lock(), min_batch=2, batch_wait=1.0)
     loop.state = {name: value.as_subclass(_Watched) for name, value in loop.state.items()}
-    allowed = {"index_select", "index_copy_"}
+    allowed = {"index_select", "index_copy_", "narrow"}
     rollouts = []
     starts = quiet = 0
     pool.start()
     try:
         while len(rollouts) < 6:
+            clones = _ClonesOf(loop.state.values())
             _Watched.log.clear()
             before = store.state_copies
-            loop.step(5.0, on_rollout=lambda r: (rollouts.append(r), store.release(r)))
+            with clones:
+                loop.step(5.0, on_rollout=lambda r: (rollouts.append(r), store.release(r)))
             used = set(_Watched.log)
             assert used <= allowed, f"core state was used by {sorted(used - allowed)}"
+            assert "narrow" in used  # both workers every step (min_batch 2): slots 0-3, one run
             if store.state_copies == before:
                 quiet += 1
+                assert clones.count == 0
             else:
                 starts += 1
                 assert (store.state_copies - before) % 2 == 0  # K slots of the workers that start
