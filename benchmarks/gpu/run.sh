@@ -2,7 +2,7 @@
 # Run one part of the GPU suite on a GPU box (or, with --dry-run, the same
 # code at tiny sizes on the CPU, as CI does):
 #
-#     benchmarks/gpu/run.sh [--dry-run] [--budget SECONDS] kernels|learner|pong [OUT_DIR]
+#     benchmarks/gpu/run.sh [--dry-run] [--budget SECONDS] kernels|learner|pong|procgen [OUT_DIR]
 #
 # Wheels carried in .whl/ (benchmarks/gpu/fetch_wheels.sh) are installed into
 # a private target first (where the Python is 3.12, as on the box); fwrl itself
@@ -26,5 +26,7 @@ if compgen -G "$ROOT/.whl/*.whl" > /dev/null && "$PYTHON" -c 'import sys; sys.ex
 else
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# ProcGen for the procgen part, where stage_procgen.sh unpacked it in an earlier command
+source "$ROOT/benchmarks/gpu/procgen_env.sh"
 export PYTHONUNBUFFERED=1
 exec "$PYTHON" "$ROOT/benchmarks/gpu/suite.py" "$@"

@@ -24,6 +24,14 @@ and the raw JSON, each headed by the commit, GPU, torch and triton versions:
   the preset's LSTM as the control (8 envs per worker), then the curves of the return, the policy
   entropy and the gradient norm, the init probe of each agent (``fwrl info --probe``) and
   ``fwrl evaluate``.
+- ``procgen``: the SRWM paper's multi-task ProcGen setting (Sec. 4.3: bigfish, fruitbot, maze, leaper,
+  plunder, starpilot; easy; training levels 0-199; the ``srwm-procgen-easy`` preset), the srwm agent and
+  the lstm agent side by side on half the cores each for 5 minutes, then each game's training return
+  against a random policy's on the same levels, and ``fwrl evaluate`` of both on the training levels
+  and the paper's three test splits (levels 1000-1199, 1200-1399, 1400-1599), min-max normalised with
+  ProcGen's constants (Cobbe et al. 2020). ProcGen has no cp312 wheel: ``stage_procgen.sh`` puts the
+  cp311 one (its C library is loaded by cffi, not built against CPython) and the system libraries it
+  links into ``.procgen-site/`` in a command of its own (the wheel alone is most of a call's 64 MiB).
 
 ``--dry-run`` runs the same code at tiny sizes on the CPU (CI does, so the
 suite cannot rot between GPU runs); its figures mean nothing.
@@ -40,6 +48,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,7 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("kernels", "learner", "pong")
+PARTS = ("kernels", "learner", "pong", "procgen")
 KERNEL_CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
 DTYPES = ("fp32", "bf16")
 # The issue's goal shapes (B, T, H, D) for every recurrence, beside each one's preset shapes.
@@ -997,6 +1006,181 @@ def _eval_mean(evaluation: dict[str, Any]) -> float | None:
     return None
 
 
+# ----------------------------------------------------------------------------- procgen
+
+# The SRWM paper's multi-task setting (Sec. 4.3, Table 3): six games, easy, training levels 0-199, the
+# srwm-procgen-easy preset (impala stem, B 32, T 50, lr 6e-4; 2 layers, hidden 128, 8 heads of 16).
+PROCGEN_GAMES = ("bigfish", "fruitbot", "maze", "leaper", "plunder", "starpilot")
+PROCGEN_DRY_RUN_GAMES = ("bigfish", "starpilot")  # two of the six whose episodes end soon under a constant action
+PROCGEN_LEVELS = "distribution=easy&num_levels=200&start_level=0"
+PROCGEN_AGENTS = {"srwm": ("--preset", "srwm-procgen-easy"), "lstm": ("--preset", "srwm-procgen-easy", "--core", "lstm")}
+PROCGEN_SECONDS = 300
+PROCGEN_ENVS_PER_WORKER = 16  # each worker steps 16 levels of its game in one gym3 env
+PROCGEN_EVAL_EPISODES = 10  # per game and split (the paper's 200 do not fit a command)
+PROCGEN_RANDOM_EPISODES = 10  # the random policy's episodes per game, on the training levels
+PROCGEN_DRY_RUN_STEPS = 160
+
+
+def part_procgen(part: Part, meta: dict[str, Any]) -> None:
+    from fwrl.launch.report.baselines import random_policy_return
+
+    games = PROCGEN_DRY_RUN_GAMES if part.dry else PROCGEN_GAMES
+    env = f"procgen:{'+'.join(games)}?{PROCGEN_LEVELS}"
+    # one worker per game (worker i runs game i mod n) or a multiple: as many as half the cores hold
+    workers = len(games) * (1 if part.dry else max(1, (os.cpu_count() or 2) // len(PROCGEN_AGENTS) // len(games)))
+    seconds = 150 if part.dry else PROCGEN_SECONDS
+    with tempfile.TemporaryDirectory(prefix="fwrl-procgen-") as tmp:
+        runs = {name: Path(tmp) / f"procgen-{name}" for name in PROCGEN_AGENTS}
+        train = {name: _procgen_train_args(name, env, workers, seconds, tmp, part.dry) for name in PROCGEN_AGENTS}
+        trained = _side_by_side(part, {name: fwrl(*args) for name, args in train.items()}, seconds + 120)
+        histories: dict[str, list[dict[str, str]]] = {}
+        for name, run in runs.items():  # the curves first: nothing after this can cost them
+            if (run / "metrics.csv").exists():
+                shutil.copy(run / "metrics.csv", part.out / f"metrics-{name}.csv")
+                histories[name] = list(csv.DictReader((run / "metrics.csv").open()))
+        random_returns: dict[str, float | None] = {}
+        episodes = 1 if part.dry else PROCGEN_RANDOM_EPISODES
+        for game in games:  # the random policy on the training levels, in this process (no model: seconds)
+            random_returns[game] = random_policy_return(f"procgen:{game}?{PROCGEN_LEVELS}", episodes, 0)["mean"]
+            part.log(f"random policy, {game}: {random_returns[game]} over {episodes} episodes")
+        if histories:
+            _plot_procgen(part.out / "procgen.png", histories, games, random_returns, meta)
+        eval_episodes = 1 if part.dry else PROCGEN_EVAL_EPISODES
+        evaluate = {name: fwrl("evaluate", run, "--episodes", eval_episodes, "--num-workers", workers,
+                               "--device", "cpu" if part.dry else "cuda",
+                               "--out", Path(tmp) / f"evaluation-{name}.json")
+                    for name, run in runs.items() if name in histories}
+        _side_by_side(part, evaluate, 240 if part.dry else 180)
+        agents = {name: _procgen_summary(histories.get(name, []), games, random_returns,
+                                         _read_json(Path(tmp) / f"evaluation-{name}.json"))
+                  for name in PROCGEN_AGENTS}
+        for name, ok in trained.items():
+            agents[name]["trained"] = ok
+    goals = []
+    for name, agent in agents.items():
+        above = agent["games_above_random"]
+        goals.append(goal_line(f"{name}: games whose training return (last 100 episodes) is above the random "
+                               f"policy's, after {seconds} s", above, len(games), f" of {len(games)}"))
+        goals.append(goal_line(f"{name}: test splits evaluated (normalised score of every game)",
+                               agent["test_splits_scored"], 3, " of 3"))
+    summary = {"meta": meta, "env": env, "seconds": seconds, "workers_per_agent": workers,
+               "eval_episodes": eval_episodes, "random_episodes": episodes, "random_returns": random_returns,
+               "commands": {name: "fwrl " + " ".join(map(str, args)) for name, args in train.items()},
+               "goals": goals, "agents": agents}
+    rows = [{"agent": name, "game": game, **values} for name, a in agents.items() for game, values in a["games"].items()]
+    write_csv(part.out / "procgen.csv", rows, meta)
+    (part.out / "procgen.json").write_text(json.dumps(summary, indent=2))
+    (part.out / "procgen.md").write_text(_procgen_report(summary, meta, games))
+
+
+def _procgen_train_args(name: str, env: str, workers: int, seconds: int, runs_dir: str, dry: bool) -> list[Any]:
+    args = ["train", *PROCGEN_AGENTS[name], "--env", env, "--num-workers", workers, "--max-seconds", seconds,
+            "--runs-dir", runs_dir, "--name", f"procgen-{name}", "--log-interval", 2 if dry else 10]
+    return args + (["--device", "cpu", "--envs-per-worker", 1, "--batch-size", 2, "--unroll-length", 8,
+                    "--total-steps", PROCGEN_DRY_RUN_STEPS] if dry
+                   else ["--device", "cuda", "--envs-per-worker", PROCGEN_ENVS_PER_WORKER])
+
+
+def _procgen_summary(rows: list[dict[str, str]], games: Sequence[str], random_returns: dict[str, float | None],
+                     evaluation: dict[str, Any] | None) -> dict[str, Any]:
+    """One agent in figures: each game's training return (the last logged 100-episode mean) against the
+    random policy's, the normalised training return, and each game's evaluation per split."""
+    def last(column: str) -> float | None:
+        values = [float(r[column]) for r in rows if r.get(column) not in (None, "", "nan")]
+        return values[-1] if values else None
+
+    steps = int(rows[-1]["agent_steps"]) if rows else 0
+    rates = [float(r["steps_per_second"]) for r in rows[1:] if r.get("steps_per_second") not in (None, "", "nan")]
+    evaluated = (evaluation or {}).get("aggregates") or []
+    per_game: dict[str, dict[str, Any]] = {}
+    for game in games:
+        train = last(f"return/{game}")
+        values = {"train_return": train, "random_return": random_returns.get(game),
+                  "above_random": None if train is None or random_returns.get(game) is None
+                  else train > random_returns[game]}
+        for row in evaluated:
+            if row.get("task") == game:
+                values[f"eval_{row['split']}"] = row.get("mean")
+                values[f"eval_{row['split']}_normalised"] = row.get("normalised")
+        per_game[game] = values
+    splits = {row["split"]: row.get("normalised") for row in evaluated if row.get("task") == "*"}
+    tests = [s for s in splits if s.startswith("test_") and splits[s] is not None]
+    return {"agent_steps": steps, "steps_per_second": round(statistics.mean(rates)) if rates else None,
+            "normalised_train_return": last("normalised_return"), "games": per_game,
+            "games_above_random": sum(bool(v["above_random"]) for v in per_game.values()) if rows else None,
+            "eval_normalised": splits, "test_splits_scored": len(tests) if evaluation else None}
+
+
+def _procgen_report(summary: dict[str, Any], meta: dict[str, Any], games: Sequence[str]) -> str:
+    def x100(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    md = header("GPU suite: multi-task ProcGen, srwm and lstm side by side (SRWM paper Sec. 4.3)", meta)
+    md += (f"\n`{summary['env']}`: both agents trained at once for {summary['seconds']} s, "
+           f"{summary['workers_per_agent']} workers each (worker i runs game i mod {len(games)}), then "
+           f"`fwrl evaluate` of each on the training levels and the three test splits, "
+           f"{summary['eval_episodes']} greedy episodes per game and split; the random policy played "
+           f"{summary['random_episodes']} episodes of each game on the training levels:\n\n")
+    md += "".join(f"- `{command}`\n" for command in summary["commands"].values())
+    md += "\n" + table(summary["goals"], ("goal", "target", "measured", "met"))
+    rows = []
+    for game in games:
+        row: dict[str, Any] = {"game": game, "random": summary["random_returns"].get(game)}
+        for name, a in summary["agents"].items():
+            g = a["games"][game]
+            row[f"{name} train return"] = g["train_return"]
+            for split in ("test_1000", "test_1200", "test_1400"):
+                row[f"{name} {split} norm. x100"] = x100(g.get(f"eval_{split}_normalised"))
+        rows.append(row)
+    md += "\n## Per game\n\n" + table(rows, list(rows[0]))
+    agg = []
+    for name, a in summary["agents"].items():
+        splits = a["eval_normalised"]
+        tests = [v for s, v in splits.items() if s.startswith("test_") and v is not None]
+        agg.append({"agent": name + ("" if a.get("trained") else " (run failed: procgen.log)"),
+                    "agent steps": f"{a['agent_steps']:,}", "steps/s": a["steps_per_second"],
+                    "train return, normalised x100": x100(a["normalised_train_return"]),
+                    "eval train levels, norm. x100": x100(splits.get("train")),
+                    "eval test splits (mean of 3), norm. x100": x100(sum(tests) / len(tests)) if len(tests) == 3 else "-"})
+    md += "\n## Both agents\n\n" + table(agg, list(agg[0]))
+    md += ("\nNormalised: min-max with ProcGen's easy constants (Cobbe et al. 2020), the mean over the games. "
+           "For scale only, the SRWM paper's figures after 300 M steps (Table 3, normalised x100): srwm 34.6 "
+           "train / 20.0 test, lstm 28.3 / 15.7. Curves per game: `procgen.png`; every row: "
+           "`metrics-<agent>.csv`; the runs' output: `procgen.log`.\n")
+    return md
+
+
+def _plot_procgen(path: Path, histories: dict[str, list[dict[str, str]]], games: Sequence[str],
+                  random_returns: dict[str, float | None], meta: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fwrl.launch.plot import series
+
+    columns = 3
+    fig, axes = plt.subplots((len(games) + columns - 1) // columns, columns, figsize=(15, 4 * ((len(games) + 2) // 3)),
+                             squeeze=False)
+    for ax, game in zip(axes.flat, games):
+        for name, rows in histories.items():
+            xs, ys = series(rows, f"return/{game}")
+            ax.plot(xs, ys, label=name)
+        if random_returns.get(game) is not None:
+            ax.axhline(random_returns[game], color="grey", linestyle="--", label="random policy")
+        ax.set_title(game, fontsize=10)
+        ax.set_xlabel("agent steps")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(games):]:
+        ax.set_visible(False)
+    axes.flat[0].legend()
+    fig.suptitle(f"ProcGen multi-task (easy, levels 0-199), training return (last 100 episodes), "
+                 f"{meta['gpu']} ({meta['commit'][:7]})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # ----------------------------------------------------------------------------- main
 
 def rebuild_report(part: str, folder: Path) -> int:
@@ -1019,7 +1203,7 @@ def rebuild_report(part: str, folder: Path) -> int:
 
 
 PART_FUNCTIONS: dict[str, Callable[[Part, dict[str, Any]], None]] = {
-    "kernels": part_kernels, "learner": part_learner, "pong": part_pong}
+    "kernels": part_kernels, "learner": part_learner, "pong": part_pong, "procgen": part_procgen}
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -1054,7 +1238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rebuild_report(args.part, Path(args.rebuild))
     unknown = [row for row in args.rows if row not in {label for label, *_ in LEARNER_RUNS}]
     if args.rows and (args.part != "learner" or unknown):
-        print(f"benchmarks/gpu/run.sh: --rows picks rows of the learner part; "
+        print("benchmarks/gpu/run.sh: --rows picks rows of the learner part; "
               + (f"unknown: {', '.join(map(repr, unknown))}; the rows: "
                  f"{', '.join(label for label, *_ in LEARNER_RUNS)}" if unknown else f"got part {args.part}"),
               file=sys.stderr)

@@ -52,8 +52,9 @@ def _dry_run(part: str, out: Path, check: Callable[[Path], None]) -> None:
     files = sorted(p.name for p in folder.iterdir())
     assert len(files) <= 8, files  # nothing stray
     expected = [f"{part}{suffix}" for suffix in (".md", ".png", ".json", ".log")]
-    # pong keeps each run's metrics.csv
+    # pong keeps each run's metrics.csv in place of its CSV, procgen beside it
     expected += ["metrics-rdn.csv", "metrics-lstm.csv"] if part == "pong" else [f"{part}.csv"]
+    expected += ["metrics-srwm.csv", "metrics-lstm.csv"] if part == "procgen" else []
     assert set(expected) <= set(files), files
     meta = json.loads((folder / f"{part}.json").read_text())["meta"]
     assert meta["commit"] == "test" and meta["dry_run"] is True and meta["torch"]
@@ -169,6 +170,36 @@ def _check_pong_part(folder: Path) -> None:
     assert "| rdn |" in report and "| lstm |" in report
     log = (folder / "pong.log").read_text()
     assert "[rdn] " in log and "[lstm] " in log  # each run's output, labelled
+
+
+def test_procgen_part_dry_run(tmp_path):
+    pytest.importorskip("procgen", reason="the procgen part steps ProcGen (pip install --no-deps procgen2 gym3)")
+    _dry_run("procgen", tmp_path, _check_procgen_part)
+
+
+def _check_procgen_part(folder: Path) -> None:
+    summary = json.loads((folder / "procgen.json").read_text())
+    games = ["bigfish", "starpilot"]  # the dry run's two of the six
+    assert summary["env"].startswith("procgen:bigfish+starpilot?distribution=easy&num_levels=200&start_level=0")
+    assert sorted(summary["agents"]) == ["lstm", "srwm"] and sorted(summary["random_returns"]) == sorted(games)
+    assert "fwrl train --preset srwm-procgen-easy --env" in summary["commands"]["srwm"]
+    assert "--preset srwm-procgen-easy --core lstm" in summary["commands"]["lstm"]
+    for name, agent in summary["agents"].items():
+        assert agent["trained"] and agent["agent_steps"] > 0, (name, agent)
+        assert sorted(agent["games"]) == games
+        # fwrl evaluate ran on the training levels and the paper's three test splits, normalised per game
+        assert sorted(agent["eval_normalised"]) == ["test", "test_1000", "test_1200", "test_1400", "train"]
+        assert agent["test_splits_scored"] == 3
+        for game in games:
+            assert agent["games"][game]["eval_test_1000_normalised"] is not None
+    goals = [g["goal"] for g in summary["goals"]]
+    assert goals[0].startswith("srwm: games whose training return") and goals[1].startswith("srwm: test splits")
+    rows = list(csv.DictReader(line for line in (folder / "procgen.csv").open() if not line.startswith("#")))
+    assert {(r["agent"], r["game"]) for r in rows} == {(a, g) for a in ("srwm", "lstm") for g in games}
+    report = (folder / "procgen.md").read_text()
+    assert "| bigfish |" in report and "| starpilot |" in report and "SRWM paper's figures" in report
+    log = (folder / "procgen.log").read_text()
+    assert "[srwm] " in log and "[lstm] " in log and "random policy, bigfish" in log
 
 
 def test_kernels_part_dry_run(tmp_path):
