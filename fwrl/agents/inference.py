@@ -359,7 +359,7 @@ class InferenceLoop:
                 out = self._graphed.step(key, tensors)
         else:
             run = int(slots[0]) if slots[-1] - slots[0] == n - 1 else None
-            keep = plan is not None and len(self.store.starting(plan)) > 0
+            keep = plan is not None and len(plan.starting) > 0
             out, version = self._act(tensors, timer, run=run, keep_state_in=keep)
         with timer.stage("inference_forward", device_work=True):
             actions = self._actions_to_host(out["action"])

@@ -185,7 +185,9 @@ class StoreStep:
     per worker, the row of obs t (``rows``) and of the agent output (``next_rows``: the next row,
     row 1 of the new page where obs t is row T); per slot, the store columns of the agent output
     (``cols``: the new page's where one turns) and the flat entries (``row * width + column``) of
-    obs t and of the agent output; the workers whose page turns, and their old pages."""
+    obs t and of the agent output; the workers whose page turns, and their old pages; the positions
+    in ``workers`` of those whose next rollout starts at this step (``starting``: obs t is its row 0,
+    or row T of the page that turns), whose state :meth:`RolloutStore.complete` copies."""
 
     workers: np.ndarray
     rows: np.ndarray
@@ -195,6 +197,7 @@ class StoreStep:
     agent_entries: np.ndarray
     turning: np.ndarray
     old_pages: np.ndarray
+    starting: np.ndarray
 
 
 class RolloutStore:
@@ -286,7 +289,7 @@ class RolloutStore:
         next_rows = np.where(rows == T, 1, rows + 1)
         cols = self.columns_of(workers)  # the pages the agent output and a starting rollout go to
         return StoreStep(workers, rows, next_rows, cols, env_entries, np.repeat(next_rows, k) * self._width + cols,
-                         turning, old)
+                         turning, old, np.flatnonzero((rows == 0) | (rows == T)))
 
     def write(self, env_entries: Tensor, agent_entries: Tensor, env: dict[str, Tensor],
               agent: dict[str, Tensor]) -> None:
@@ -311,20 +314,13 @@ class RolloutStore:
         the ``version`` of the weights that acted, and hand every finished rollout to ``on_rollout``."""
         if len(step.turning):
             self._turn_pages(step)
-        starting = self.starting(step)
-        if len(starting):
-            self._copy_state(starting, step.cols, state_in)
+        if len(step.starting):
+            self._copy_state(step.starting, step.cols, state_in)
         for page, row in zip(self._page[step.workers].tolist(), step.next_rows.tolist()):
             self._versions[page][row] = version
         self._cursor[step.workers] = step.next_rows
         if len(step.turning):
             self._hand_off(step, on_rollout)
-
-    def starting(self, step: StoreStep) -> np.ndarray:
-        """The positions in ``step.workers`` of the workers whose next rollout starts at this step
-        (obs t is its row 0, or row T of the page that turns): :meth:`complete` copies their state."""
-        T = self.spec.unroll_length
-        return np.flatnonzero((step.rows == 0) | (step.rows == T))
 
     def record(self, workers: Sequence[int], lives: Sequence[int], env: dict[str, Tensor],
                state_in: dict[str, Tensor], agent: dict[str, Tensor], version: int,
