@@ -853,11 +853,7 @@ def part_pong(part: Part, meta: dict[str, Any]) -> None:
         # keep each run's figures before anything else can fail; then, in what time the part has left, the
         # init probes (CPU, bounded) and last the greedy games, whose length nothing bounds but Pong's score
         # (the first H100 run's evaluation took the 90 s that were left and so cost the curves and the probe)
-        histories: dict[str, list[dict[str, str]]] = {}
-        for name, run in runs.items():
-            if (run / "metrics.csv").exists():
-                shutil.copy(run / "metrics.csv", part.out / f"metrics-{name}.csv")
-                histories[name] = list(csv.DictReader((run / "metrics.csv").open()))
+        histories = _keep_metrics(part, runs)
         if histories:
             _plot_pong(part.out / "pong.png", histories, meta)
         probe_args = {name: ["info", *agent, "--probe", "--probe-updates", 2 if part.dry else 3]
@@ -907,6 +903,17 @@ def _side_by_side(part: Part, commands: dict[str, list[str]], timeout: float) ->
     for thread in threads:
         thread.join()
     return {name: done.get(name, False) for name in commands}
+
+
+def _keep_metrics(part: Part, runs: dict[str, Path]) -> dict[str, list[dict[str, str]]]:
+    """Each run's metrics.csv copied into the part's folder as ``metrics-<name>.csv``; its rows by name
+    (a run that wrote none is left out)."""
+    histories: dict[str, list[dict[str, str]]] = {}
+    for name, run in runs.items():
+        if (run / "metrics.csv").exists():
+            shutil.copy(run / "metrics.csv", part.out / f"metrics-{name}.csv")
+            histories[name] = list(csv.DictReader((run / "metrics.csv").open()))
+    return histories
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -1033,11 +1040,7 @@ def part_procgen(part: Part, meta: dict[str, Any]) -> None:
         runs = {name: Path(tmp) / f"procgen-{name}" for name in PROCGEN_AGENTS}
         train = {name: _procgen_train_args(name, env, workers, seconds, tmp, part.dry) for name in PROCGEN_AGENTS}
         trained = _side_by_side(part, {name: fwrl(*args) for name, args in train.items()}, seconds + 120)
-        histories: dict[str, list[dict[str, str]]] = {}
-        for name, run in runs.items():  # the curves first: nothing after this can cost them
-            if (run / "metrics.csv").exists():
-                shutil.copy(run / "metrics.csv", part.out / f"metrics-{name}.csv")
-                histories[name] = list(csv.DictReader((run / "metrics.csv").open()))
+        histories = _keep_metrics(part, runs)  # the curves first: nothing after this can cost them
         random_returns: dict[str, float | None] = {}
         episodes = 1 if part.dry else PROCGEN_RANDOM_EPISODES
         for game in games:  # the random policy on the training levels, in this process (no model: seconds)
@@ -1136,12 +1139,12 @@ def _procgen_report(summary: dict[str, Any], meta: dict[str, Any], games: Sequen
     agg = []
     for name, a in summary["agents"].items():
         splits = a["eval_normalised"]
-        tests = [v for s, v in splits.items() if s.startswith("test_") and v is not None]
         agg.append({"agent": name + ("" if a.get("trained") else " (run failed: procgen.log)"),
                     "agent steps": f"{a['agent_steps']:,}", "steps/s": a["steps_per_second"],
                     "train return, normalised x100": x100(a["normalised_train_return"]),
                     "eval train levels, norm. x100": x100(splits.get("train")),
-                    "eval test splits (mean of 3), norm. x100": x100(sum(tests) / len(tests)) if len(tests) == 3 else "-"})
+                    # fwrl evaluate's "test" split: the mean of the test splits (None where one lacks a score)
+                    "eval test splits (mean of 3), norm. x100": x100(splits.get("test"))})
     md += "\n## Both agents\n\n" + table(agg, list(agg[0]))
     md += ("\nNormalised: min-max with ProcGen's easy constants (Cobbe et al. 2020), the mean over the games. "
            "For scale only, the SRWM paper's figures after 300 M steps (Table 3, normalised x100): srwm 34.6 "
