@@ -139,6 +139,13 @@ TWO_THREADS = ("--acting-threads", "2")
 # pinned staging; on the CPU proxy of the graphed path (acting_staging_proxy.md) shared staging cut the
 # acting thread's host time per call of Pong frames from 1,475 to 974 us.
 SHARED = ("--acting-staging", "shared")
+# The learner's update in a process of its own (--learner-process on, "update process"; on a GPU since
+# this row was added, never timed): the process trains the model's device memory through CUDA IPC, so
+# the learner's Python (its launches, the optimiser's) no longer takes turns with the acting thread's at
+# one GIL, while its kernels still share the GPU. Against the plain row and the acting-only row (1.19x the
+# plain row at 35e8e0f: all the learner's company costs) it tells the GIL's part from the GPU's. Its
+# peak_memory_mb is the run's process alone (the update process allocates its own activations).
+UPDATE_PROCESS = ("--learner-process", "on")
 # Order: what the next box most needs to know first (the part stops at its budget). At 35e8e0f (H200) the
 # acting-only row reached 0.66 of the env ceiling and the prio, nowait and two-thread A/Bs did not pay
 # (0.93-1.02x): the acting call's host work is the limit, so the rows never timed that change it come next:
@@ -146,6 +153,7 @@ SHARED = ("--acting-staging", "shared")
 # fewer workers than cores, 16 envs per worker; then the A/Bs already timed.
 LEARNER_RUNS = (("lstm x8 graph", "lstm", WIDE_ENVS_PER_WORKER, GRAPH),
                 ("rdn x8 graph", "rdn", WIDE_ENVS_PER_WORKER, GRAPH),
+                ("rdn x8 graph update process", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *UPDATE_PROCESS)),
                 ("rdn x8 graph shared", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *SHARED)),
                 ("rdn x8 graph 2 learners", "rdn", WIDE_ENVS_PER_WORKER, (*TWO_LEARNERS, *GRAPH)),
                 ("rdn x8 graph w14", "rdn", WIDE_ENVS_PER_WORKER, (*GRAPH, *FEWER_WORKERS)),
@@ -179,7 +187,7 @@ DRY_RUN_SKIPS = ("delta_net", "srwm", "lstm", "rdn x8 2 threads", "rdn x8 split2
 # the plain graphed rows that the other layouts of their core and width are compared with
 VARIANT_BASES = ("lstm x8 graph", "rdn x8 graph", "rdn x16 graph")
 # the rows of rdn at 8 envs per worker, one per acting layout: the rate goal takes the best
-WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph shared", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
+WIDE_RDN_ROWS = ("rdn x8 graph", "rdn x8 graph update process", "rdn x8 graph shared", "rdn x8 graph prio", "rdn x8 graph nowait", "rdn x8 graph prio nowait",
                  "rdn x8 graph 2 threads",
                  "rdn x8 graph w14", "rdn x8 graph split2", "rdn x8 graph 2 learners", "rdn x8", "rdn x8 2 learners",
                  "rdn x8 2 threads", "rdn x8 split2")
@@ -721,7 +729,7 @@ def part_learner(part: Part, meta: dict[str, Any]) -> None:
     if variants:
         md += ("\nEach layout over its plain graphed row, agent steps/s in one run (prio: `--acting-priority high`; "
                "nowait: `--acting-batch-wait 0`; w14: 14 workers; split2: `--worker-splits 2`; acting-only: no updates, "
-               "`--acting-only`; 2 threads: `--acting-threads 2`; shared: `--acting-staging shared`; 2 learners: `--learners 2`, each rank acting in its own process): "
+               "`--acting-only`; 2 threads: `--acting-threads 2`; shared: `--acting-staging shared`; update process: `--learner-process on`, the update in its own process; 2 learners: `--learners 2`, each rank acting in its own process): "
                + "; ".join(f"{label} / {base} **{ratio:.2f}x**" for label, base, ratio in variants) + ".\n")
     first_profile = PROFILE_FILE.format(core=rows[0]["core"].split()[0]) if rows else None
     if first_profile and (part.out / first_profile).exists():

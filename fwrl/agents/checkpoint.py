@@ -63,20 +63,21 @@ def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates
         "config": config,
         "env_info": env_info,
         "progress": dict(progress or {}),
-        "model": _cpu_copy(model.state_dict()),
-        "optimizer": _cpu_copy(optimizer.state_dict()),
+        "model": host_copy(model.state_dict()),
+        "optimizer": host_copy(optimizer.state_dict()),
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
     }
 
 
-def _cpu_copy(value: Any) -> Any:
+def host_copy(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists and tuples) copied to the host."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
+        return {k: host_copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
+        return type(value)(host_copy(v) for v in value)
     return value
 
 

@@ -1,21 +1,28 @@
 """The learner's update in a process of its own (``--learner-process``; ARCHITECTURE.md, Processes and machines).
 
-On the CPU the acting thread and the learner thread of one process take turns at one GIL: a
+The acting thread and the learner thread of one process take turns at one GIL. On the CPU a
 fast-weight core's learner runs a Python loop over the unroll, many small torch calls a step, and
-the acting thread waits for the GIL between them (and the learner for the acting thread's).
-Here the update's maths (:func:`fwrl.agents.update_step.optimise`: forward, loss, backward, clip,
+the acting thread waits for the GIL between them (and the learner for the acting thread's); on a
+GPU every thread's Python is the launch of its kernels, and the acting step's launches queue behind
+the learner's. Here the update's maths (:func:`fwrl.agents.update_step.optimise`: forward, loss, backward, clip,
 optimiser and schedule steps) run in a spawned process with its own interpreter, while the
 learner thread keeps everything else: the rollout queue, the gather, the policy lag, the publish
 and the counters. It waits for the process with the GIL released.
 
 - **Weights**: the model goes to the process once, at :meth:`UpdateProcess.start`; handing it over
-  moves its parameters into shared memory, so the process trains the parent's own tensors in place.
+  moves a CPU model's parameters into shared memory, and shares a CUDA model's device memory
+  (CUDA IPC: ``torch.multiprocessing``), so the process trains the parent's own tensors in place.
   The learner thread publishes them to the acting copy after each update (the process is idle
   then), and a checkpoint copies them.
 - **Optimiser and schedule**: trained in the process; :meth:`UpdateProcess.training_state` brings
-  their state back (the learner loads it into its own copies before a checkpoint and when it stops).
-- **Batches**: one buffer per batch layout in shared memory, handed over once; each gathered batch
-  is copied into it and an update asks for a few bytes.
+  their state back, on the host (the learner loads it into its own copies before a checkpoint and
+  when it stops).
+- **Batches**: one buffer per batch layout (in shared memory, or on the model's GPU), handed over
+  once; each gathered batch is copied into it and an update asks for a few bytes.
+- **Order on a GPU**: two processes' streams know nothing of each other, so each side finishes its
+  device work before it hands over: the learner thread its copies into the buffers (and the publish
+  before them, which reads the weights the process is about to change) before it asks for an
+  update, the process its update before it answers.
 
 The process dies with its parent, ignores Ctrl-C (the run stops it), and answers an error with
 its traceback, which the learner thread raises.
@@ -30,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fwrl.agents.checkpoint import host_copy
 from fwrl.agents.stage_timer import StageTimer
 from fwrl.agents.update_step import optimise
 from fwrl.errors import FwrlError
@@ -43,7 +51,8 @@ def _layout(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
 
 
 class UpdateProcess:
-    """The update's maths in a spawned process (module docstring), for one learner rank on the CPU.
+    """The update's maths in a spawned process (module docstring), for one learner rank, on the CPU or
+    a CUDA device (the model's).
 
     ``start()`` spawns it with ``model``, ``optimizer`` and ``scheduler`` (their state as it is then,
     a resumed run's included); per update ``load(tensors, initial_state)`` copies a gathered batch
@@ -54,8 +63,9 @@ class UpdateProcess:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, settings: Any,
                  action_dims: Any, threads: int):
-        if next(model.parameters()).device.type != "cpu":
-            raise FwrlError(f"the update process trains CPU models; this one is on {next(model.parameters()).device}")
+        self.device = next(model.parameters()).device
+        if self.device.type not in ("cpu", "cuda"):
+            raise FwrlError(f"the update process trains CPU or CUDA models; this one is on {self.device}")
         self._parts = (model, optimizer, scheduler, settings, action_dims, threads)
         self._process = None
         self._conn = None
@@ -98,12 +108,13 @@ class UpdateProcess:
         return True
 
     def load(self, tensors: dict[str, torch.Tensor], initial_state: dict[str, torch.Tensor]) -> None:
-        """Copy a gathered batch into the shared buffers (made, and handed over, for a new layout)."""
+        """Copy a gathered batch into the shared buffers (made, and handed over, for a new layout); on a
+        GPU, wait until this thread's stream has done the copies and all it was given before them."""
         layouts = (_layout(tensors), _layout(initial_state))
         if layouts != self._layouts:
             try:
-                self._buffers = tuple({name: torch.empty(shape, dtype=dtype).share_memory_()
-                                       for name, (shape, dtype) in layout.items()} for layout in layouts)
+                self._buffers = tuple({name: self._buffer(shape, dtype) for name, (shape, dtype) in layout.items()}
+                                      for layout in layouts)
             except (RuntimeError, OSError) as exc:
                 if not _out_of_shared_memory(exc):
                     raise
@@ -113,13 +124,22 @@ class UpdateProcess:
         for source, target in zip((tensors, initial_state), self._buffers):
             for name, value in source.items():
                 target[name].copy_(value)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _buffer(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """One batch buffer: in shared memory on the CPU; on a GPU, device memory the process opens once."""
+        if self.device.type == "cuda":
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        return torch.empty(shape, dtype=dtype).share_memory_()
 
     def update(self) -> tuple[dict[str, float], dict[str, float]]:
         """One update on the loaded batch: (the loss's statistics, seconds per learner stage)."""
         return self._call(("update",))
 
     def training_state(self) -> tuple[dict, dict]:
-        """(the optimiser's state_dict, the schedule's), as the process has them now."""
+        """(the optimiser's state_dict, the schedule's), as the process has them now; the optimiser's
+        tensors on the host (a GPU model's are copies: nothing here holds the process's device memory)."""
         return self._call(("state",))
 
     def close(self) -> None:
@@ -194,7 +214,10 @@ def _serve(conn, parent_pid: int, model: nn.Module, optimizer, scheduler, settin
     torch.set_num_threads(threads)
     keep_freed_memory()
     params = [p for p in model.parameters() if p.requires_grad]
-    timer = StageTimer("cpu")
+    device = params[0].device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timer = StageTimer(device)  # on a GPU its stages are timed by events, read once the update is done
     conn.send(("ready",))
     tensors = initial_state = None
     while True:
@@ -210,10 +233,15 @@ def _serve(conn, parent_pid: int, model: nn.Module, optimizer, scheduler, settin
                 timer.collect()  # the stages of this update only
                 stats = optimise(model, optimizer, scheduler, params, settings, action_dims, tensors,
                                  initial_state, timer)
+                if device.type == "cuda":  # the weights are the parent's to read once it has the answer
+                    torch.cuda.current_stream(device).synchronize()
                 seconds, _ = timer.collect()
                 conn.send(("ok", stats, seconds))
             elif kind == "state":
-                conn.send(("ok", optimizer.state_dict(), scheduler.state_dict()))
+                optimizer_state = optimizer.state_dict()
+                if device.type == "cuda":
+                    optimizer_state = host_copy(optimizer_state)
+                conn.send(("ok", optimizer_state, scheduler.state_dict()))
             elif kind == "close":
                 return
             else:

@@ -171,8 +171,9 @@ UPDATE_PROCESS_MIN_SECONDS = 60.0
 def update_process(requested: str, device: torch.device, world_size: int, steps_left: int,
                    max_seconds: float = 0.0, python_recurrence: bool = True) -> bool:
     """Whether the learner's update runs in a process of its own (``learner_process``;
-    :mod:`fwrl.agents.learner_process`): "on" (refused off the CPU or with several learner ranks,
-    whose all-reduce runs inside the update), "off", or auto: on for one rank on the CPU with at
+    :mod:`fwrl.agents.learner_process`): "on" (one rank on the CPU or a CUDA device; refused on
+    others and with several learner ranks, whose all-reduce runs inside the update), "off", or
+    auto: on for one rank on the CPU with at
     least :data:`UPDATE_PROCESS_MIN_STEPS` agent steps left and no time limit (``max_seconds`` 0)
     shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`, for a core that steps through the unroll in
     Python (``python_recurrence``, ``Core.python_recurrence``: every core but feedforward, lstm and
@@ -181,13 +182,15 @@ def update_process(requested: str, device: torch.device, world_size: int, steps_
     Why: on the CPU the acting thread and the learner thread share one GIL, and a fast-weight core's
     learner is a Python loop of small calls; in its own process the update's Python no longer takes
     turns with the acting step's. The side by side, on against off, per core and stem:
-    ``benchmarks/results/cpu_cores/learner_process.md``."""
+    ``benchmarks/results/cpu_cores/learner_process.md``. On a GPU the acting thread's kernel
+    launches take turns with the learner's; auto stays off there until the GPU suite's learner part
+    has timed it (its row ``rdn x8 graph update process``)."""
     if requested not in ("auto", "on", "off"):
         raise unknown_choice("learner_process", requested, ("auto", "on", "off"))
     if requested == "on":
-        if device.type != "cpu":
-            raise FwrlError(f"learner_process=on runs the learner's update in a CPU process; this run's device is "
-                            f"{device}: use learner_process=auto (off there) or off.")
+        if device.type not in ("cpu", "cuda"):
+            raise FwrlError(f"learner_process=on runs the learner's update on the CPU or a CUDA device; this run's "
+                            f"device is {device}: use learner_process=auto (off there) or off.")
         if world_size > 1:
             raise FwrlError(f"learner_process=on serves one learner rank; this run has {world_size} (their all-reduce "
                             "runs inside the update): use learner_process=auto (off there) or off.")

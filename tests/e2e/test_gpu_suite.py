@@ -137,6 +137,8 @@ def test_every_learner_row_is_a_command_fwrl_takes():
             assert config["core"] == core and config["envs_per_worker"] == envs, (label, dry)
             if "--learners" in extra:  # B per rank
                 assert config["batch_size"] == batch // int(extra[extra.index("--learners") + 1]), label
+            default = "off" if dry else "auto"  # the dry run keeps the box's path (auto is off on CUDA)
+            assert config["learner_process"] == ("on" if "--learner-process" in extra else default), label
 
 
 def _suite():

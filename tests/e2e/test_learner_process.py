@@ -4,7 +4,6 @@ checkpoints the optimiser's state it trained and resumes from it."""
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 
@@ -25,14 +24,14 @@ from tests.cli_runs import train_cli
 T, B = 5, 3
 
 
-def _learner(core: str, process: bool) -> tuple[Learner, object]:
+def _learner(core: str, process: bool, device: str = "cpu") -> tuple[Learner, object]:
     config = TrainConfig(env="memory:cue_delay", core=core, unroll_length=T, batch_size=B,
                          core_options={"hidden_size": 16, "num_heads": 2, "head_dim": 8, "ff_dim": 32, "num_layers": 1}
                          if core != "lstm" else {"hidden_size": 16})
     info = describe_env(config.env)
     config = resolve_core_options(config, info)
     torch.manual_seed(0)
-    model = build_model(config, info)
+    model = build_model(config, info).to(device)
     optimizer = make_optimizer(model.parameters(), lr=1e-3, bias_correction=True)
     scheduler = linear_decay_scheduler(optimizer, total_steps=10_000, steps_per_update=T * B)
     settings = LearnerSettings()
@@ -54,6 +53,7 @@ def _batch(info, seed: int, learner: Learner) -> Batch:
                "baseline": torch.randn(T + 1, B, generator=g)}
     state = {name: torch.randn(value.shape, generator=g)
              for name, value in learner.model.initial_state(B).items()}
+    tensors, state = ({name: value.to(learner.device) for name, value in part.items()} for part in (tensors, state))
     return Batch(tensors, state, versions=[[0] * (T + 1)], widths=[B])
 
 
@@ -124,10 +124,13 @@ def test_refused_where_it_cannot_serve():
     assert update_process("auto", cpu, 1, 100_000) and not update_process("auto", cpu, 1, 99_999)
     assert not update_process("auto", cuda, 1, 10**9) and not update_process("auto", cpu, 2, 10**9)
     assert update_process("on", cpu, 1, 10) and not update_process("off", cpu, 1, 10**9)
+    assert update_process("on", cuda, 1, 10)  # asked for: the GPU suite times it (tests/unit/test_gpu_data_path.py)
     assert not update_process("auto", cpu, 1, 10**9, max_seconds=59) and update_process("auto", cpu, 1, 10**9, 60)
     assert not update_process("auto", cpu, 1, 10**9, python_recurrence=False)  # lstm, gru, feedforward
-    with pytest.raises(FwrlError, match="device is cuda: use learner_process=auto"):
-        update_process("on", cuda, 1, 10)
+    with pytest.raises(FwrlError, match="device is mps: use learner_process=auto"):
+        update_process("on", torch.device("mps"), 1, 10)
+    with pytest.raises(FwrlError, match="trains CPU or CUDA models; this one is on meta"):
+        UpdateProcess(torch.nn.Linear(2, 2, device="meta"), None, None, None, None, 1)
     with pytest.raises(FwrlError, match="this run has 2"):
         update_process("on", cpu, 2, 10)
     with pytest.raises(FwrlError, match="valid choices: auto, off, on"):

@@ -586,6 +586,61 @@ def test_train_on_cuda_logs_where_the_time_goes(tmp_path, acting_threads):
 
 
 @needs_cuda
+@pytest.mark.parametrize("core", ["rdn", "lstm"])
+def test_the_update_process_on_cuda_trains_like_the_learner_thread(core):
+    """``--learner-process on`` on a GPU: the process trains the parent's device tensors through CUDA
+    IPC, in order with the parent's stream (the same updates as the learner thread's, to float
+    tolerance: two processes' kernels need not sum alike), and its optimiser's state comes back."""
+    from tests.e2e.test_learner_process import _batch, _learner
+
+    here, info = _learner(core, process=False, device="cuda")
+    there, _ = _learner(core, process=True, device="cuda")
+    assert there.start()
+    try:
+        for seed in range(3):  # the optimiser's state and the schedule carry across updates
+            expected = here.update_batch(_batch(info, seed, here))
+            got = there.update_batch(_batch(info, seed, there))
+            assert got == pytest.approx(expected, rel=1e-4, abs=1e-6)
+            for (name, a), b in zip(here.model.state_dict().items(), there.model.state_dict().values()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+            for a, b in zip(here.weights.model.parameters(), there.weights.model.parameters()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)  # published to the acting copy
+        assert there.timer.collect()[0]["learner_forward"] > 0  # the process's stage times came back
+        there.sync()
+        mine, theirs = here.optimizer.state_dict()["state"], there.optimizer.state_dict()["state"]
+        assert mine.keys() == theirs.keys()
+        for index, state in mine.items():
+            for key, value in state.items():
+                torch.testing.assert_close(torch.as_tensor(theirs[index][key]).cpu(), torch.as_tensor(value).cpu(),
+                                           rtol=1e-4, atol=1e-5, msg=f"{index} {key}")
+                if torch.is_tensor(value) and value.dim() > 0:
+                    assert theirs[index][key].device == value.device  # back beside the weights it steps
+    finally:
+        there.close()
+    assert not there.process.running
+
+
+@needs_cuda
+def test_a_cuda_run_with_the_update_process_checkpoints_what_it_trained(tmp_path):
+    import csv
+
+    from fwrl.runner.train import train
+    from fwrl.settings.config import TrainConfig
+
+    config = TrainConfig(env="memory:cue_delay?delay=3", core="rdn", core_options=CORES["rdn"], num_workers=2,
+                         envs_per_worker=4, batch_size=8, unroll_length=10, total_steps=4000, device="cuda",
+                         log_interval=1.0, num_threads=1, learner_process="on")
+    result = train(config, tmp_path / "run")
+    assert result.stopped_by == "budget"
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert saved["updates"] == 50
+    steps = {int(s["step"]) for s in saved["optimizer"]["state"].values()}
+    assert steps == {50}, steps  # the optimiser's state as the process left it
+    last = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))[-1]
+    assert float(last["share/learner_forward"]) > 0
+
+
+@needs_cuda
 def test_high_acting_priority_puts_the_acting_streams_above_the_learners():
     from fwrl.agents.policy_weights import DeviceStreams
 
