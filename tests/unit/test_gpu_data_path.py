@@ -636,8 +636,8 @@ def test_a_cuda_run_with_the_update_process_checkpoints_what_it_trained(tmp_path
     assert saved["updates"] == 50
     steps = {int(s["step"]) for s in saved["optimizer"]["state"].values()}
     assert steps == {50}, steps  # the optimiser's state as the process left it
-    last = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))[-1]
-    assert float(last["share/learner_forward"]) > 0
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert max(float(row.get("share/learner_forward") or 0) for row in rows) > 0  # the process's times came back
 
 
 @needs_cuda
