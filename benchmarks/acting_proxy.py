@@ -524,11 +524,14 @@ def main() -> int:
     if args.threads:
         return _threads_report(args)
     with tempfile.TemporaryDirectory(prefix="fwrl-proxy-") as tmp:
-        staged = len(args.staging) > 1 or args.staging != ["pack"]
-        checkouts = {f"this ({_commit()}{f', {staging} staging' if staged else ''})": (ROOT, staging)
-                     for staging in args.staging}
-        if args.baseline:
-            checkouts = {f"baseline ({args.baseline})": (_checkout(args.baseline, Path(tmp)), "pack"), **checkouts}
+        # each staging of --staging in both checkouts (a baseline before 426cea7 has only "pack"), baseline
+        # and this side by side
+        base = _checkout(args.baseline, Path(tmp)) if args.baseline else None
+        checkouts = {}
+        for staging in args.staging:
+            if base is not None:
+                checkouts[_label("baseline", args.baseline, staging, args)] = (base, staging)
+            checkouts[_label("this", _commit(), staging, args)] = (ROOT, staging)
         results: dict[tuple[str, str], list[dict]] = {}
         for setting in args.settings:
             for _ in range(args.repeats):
@@ -559,6 +562,13 @@ def main() -> int:
     return 0
 
 
+def _label(checkout: str, rev: str, staging: str, args) -> str:
+    """A checkout's row label: "this (rev)" or "baseline (rev)", with the staging where --staging asks
+    for any but "pack"."""
+    staged = args.staging != ["pack"]
+    return f"{checkout} ({rev}{f', {staging} staging' if staged else ''})"
+
+
 def _graph_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
     """The graphed path's table: operators per call outside the graph (and the uploads), replays per call."""
     lines = ["| setting | checkout | slots per call | ops per call outside the graph | replays per call | "
@@ -570,11 +580,14 @@ def _graph_report(args, results: dict[tuple[str, str], list[dict]]) -> int:
     if args.baseline:
         lines += ["", "| setting | ops outside the graph per call, this / baseline | host us outside it, this / "
                   "baseline |", "|---|---|---|"]
+        commit = _commit()
         for setting in args.settings:
-            base = next(m for (n, s), m in medians.items() if s == setting and n.startswith("baseline"))
-            this = next(m for (n, s), m in medians.items() if s == setting and n.startswith("this"))
-            lines.append(f"| {setting} | {this['outside_ops'] / base['outside_ops']:.2f} | "
-                         f"{this['host_us'] / base['host_us']:.2f} |")
+            for staging in args.staging:
+                base = medians[(_label("baseline", args.baseline, staging, args), setting)]
+                this = medians[(_label("this", commit, staging, args), setting)]
+                named = setting if args.staging == ["pack"] else f"{setting}, {staging} staging"
+                lines.append(f"| {named} | {this['outside_ops'] / base['outside_ops']:.2f} | "
+                             f"{this['host_us'] / base['host_us']:.2f} |")
     _publish(args, f"The graphed acting path's calls outside its graph, on the CPU ({time.strftime('%Y-%m-%d')})",
              "acting calls each, one torch thread, the CUDA graph replaced by plain calls", lines)
     return 0

@@ -68,6 +68,7 @@ class SharedRows:
         self.names = tuple(g.name for g in groups if g.name in (OBS, OBS_EXTRA) and g.name in arrays)
         self.host: dict[str, torch.Tensor] = {}
         self.buffers: dict[str, torch.Tensor] = {}  # [slots, ...] on the device: what the step gathers from
+        self._where: dict[str, tuple[int, int]] = {}  # per group: (its shared array's address, bytes per worker)
         for g in groups:
             if g.name not in self.names:
                 continue
@@ -77,6 +78,7 @@ class SharedRows:
                                  f"record's column {g.dtype}{list(g.shape)} per slot")
             host = torch.from_numpy(array)
             self.host[g.name] = host
+            self._where[g.name] = (host.data_ptr(), k * array[0].nbytes)
             if self.device.type == "cuda":
                 _register(host)
                 weakref.finalize(self, _unregister, host.data_ptr())
@@ -97,11 +99,10 @@ class SharedRows:
         return self.buffers
 
     def _check_views(self, results: list[StepResult]) -> None:
-        for name, host in self.host.items():
-            row_bytes = host[0].nbytes
+        for name, (start, worker_bytes) in self._where.items():
             for r in results:
                 rows = r.arrays[name]
-                if rows.ctypes.data != host.data_ptr() + r.worker * self.k * row_bytes or len(rows) != self.k:
+                if rows.ctypes.data != start + r.worker * worker_bytes or len(rows) != self.k:
                     raise ValueError(f"worker {r.worker}'s {name!r} rows are not the pool's shared rows: "
                                      f"shared staging needs a pool whose results are views of its shared arrays")
 

@@ -17,11 +17,9 @@ cover, and starts a new interval.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import defaultdict
-from typing import Iterator
 
 import torch
 
@@ -40,37 +38,11 @@ class StageTimer:
         self._open: dict[int, list] = {}  # stages under way: id -> [name, counted from]
         self._since = time.perf_counter()
 
-    @contextlib.contextmanager
-    def stage(self, name: str, device_work: bool = False) -> Iterator[None]:
+    def stage(self, name: str, device_work: bool = False) -> "_Stage":
         """Count the block's time to ``name``; under ``torch.profiler`` it is the range ``fwrl/<name>``
-        (``fwrl bench throughput --profile-path``)."""
-        # a range costs a dispatcher call: only when a profiler runs
-        ranged = (torch.profiler.record_function(f"fwrl/{name}") if torch.autograd._profiler_enabled()
-                  else contextlib.nullcontext())
-        with ranged, self._stage(name, device_work):
-            yield
-
-    @contextlib.contextmanager
-    def _stage(self, name: str, device_work: bool) -> Iterator[None]:
-        if device_work and self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            with self._lock:
-                self._pending.append((name, start, end))
-            return
-        running = [name, time.perf_counter()]
-        with self._lock:
-            self._open[id(running)] = running
-        try:
-            yield
-        finally:
-            now = time.perf_counter()
-            with self._lock:
-                del self._open[id(running)]
-                self._seconds[name] += now - running[1]
+        (``fwrl bench throughput --profile-path``). A plain object, not a generator context: an acting
+        call opens about a dozen stages, and a generator's context costs several times as much."""
+        return _Stage(self, name, device_work)
 
     def add(self, seconds: dict[str, float]) -> None:
         """Count stages timed elsewhere (the update process's, for the learner thread that waited on
@@ -94,6 +66,52 @@ class StageTimer:
             end.synchronize()
             device[name] += start.elapsed_time(end) / 1000.0
         return _fit(dict(seconds), dict(device), wall), wall
+
+
+class _Stage:
+    """One stage of a :class:`StageTimer` under way (its ``with`` block): on CUDA with ``device_work``
+    a pair of events on the current stream, else the host clock (open in the timer's ``_open``, so
+    that ``collect`` counts the part of it that lies in each interval)."""
+
+    __slots__ = ("timer", "name", "device", "ranged", "begun")
+
+    def __init__(self, timer: StageTimer, name: str, device_work: bool):
+        self.timer, self.name = timer, name
+        self.device = device_work and timer.cuda
+        self.ranged = None
+        self.begun = None
+
+    def __enter__(self) -> None:
+        if torch.autograd._profiler_enabled():  # a range costs a dispatcher call: only when a profiler runs
+            self.ranged = torch.profiler.record_function(f"fwrl/{self.name}")
+            self.ranged.__enter__()
+        timer = self.timer
+        if self.device:
+            self.begun = torch.cuda.Event(enable_timing=True)
+            self.begun.record()
+            return
+        self.begun = [self.name, time.perf_counter()]
+        with timer._lock:
+            timer._open[id(self.begun)] = self.begun
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        timer = self.timer
+        try:
+            if self.device:
+                if kind is None:  # a block that raised counts nothing
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    with timer._lock:
+                        timer._pending.append((self.name, self.begun, end))
+            else:
+                now = time.perf_counter()
+                with timer._lock:
+                    del timer._open[id(self.begun)]
+                    timer._seconds[self.name] += now - self.begun[1]
+        finally:
+            if self.ranged is not None:
+                self.ranged.__exit__(kind, value, traceback)
+        return False
 
 
 def _fit(host: dict[str, float], device: dict[str, float], wall: float) -> dict[str, float]:

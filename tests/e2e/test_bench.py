@@ -41,6 +41,22 @@ def test_stage_split_at_interval_ends():
     assert 0.03 < second["learner_idle"] < 0.1, second
 
 
+def test_a_stage_whose_block_raises_counts_its_time_and_closes():
+    from fwrl.agents.stage_timer import StageTimer
+
+    timer = StageTimer()
+    with pytest.raises(KeyError):
+        with timer.stage("env_wait"):
+            time.sleep(0.02)
+            raise KeyError("the block's own error goes on")
+    assert not timer._open  # nothing left under way to count into later intervals
+    seconds, _ = timer.collect()
+    assert seconds["env_wait"] >= 0.02
+    with torch.profiler.profile() as prof, timer.stage("inference_forward"):
+        torch.ones(2).sum()
+    assert "fwrl/inference_forward" in {event.name for event in prof.events()}  # its range under a profiler
+
+
 def test_bench_throughput_shares_sum_to_100_percent_per_thread(tmp_path):
     out = tmp_path / "bench.json"
     code, stdout, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay?delay=3", *TINY[:-2],
