@@ -621,7 +621,7 @@ def test_the_update_process_on_cuda_trains_like_the_learner_thread(core):
 
 
 @needs_cuda
-def test_a_cuda_run_with_the_update_process_checkpoints_what_it_trained(tmp_path):
+def test_a_cuda_run_with_the_update_process_checkpoints_what_it_trained_and_resumes(tmp_path):
     import csv
 
     from fwrl.runner.train import train
@@ -638,6 +638,12 @@ def test_a_cuda_run_with_the_update_process_checkpoints_what_it_trained(tmp_path
     assert steps == {50}, steps  # the optimiser's state as the process left it
     rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
     assert max(float(row.get("share/learner_forward") or 0) for row in rows) > 0  # the process's times came back
+    # resumed: the optimiser's state goes from the checkpoint to the device, and from there to a new process
+    result = train(config.model_copy(update={"total_steps": 8000}), tmp_path / "run", resume=True)
+    assert result.stopped_by == "budget"
+    again = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert again["updates"] == 100 and {int(s["step"]) for s in again["optimizer"]["state"].values()} == {100}
+    assert any(not torch.equal(saved["model"][k], again["model"][k]) for k in saved["model"])
 
 
 @needs_cuda
