@@ -527,11 +527,12 @@ def main() -> int:
         # each staging of --staging in both checkouts (a baseline before 426cea7 has only "pack"), baseline
         # and this side by side
         base = _checkout(args.baseline, Path(tmp)) if args.baseline else None
+        commit = _commit()
         checkouts = {}
         for staging in args.staging:
             if base is not None:
                 checkouts[_label("baseline", args.baseline, staging, args)] = (base, staging)
-            checkouts[_label("this", _commit(), staging, args)] = (ROOT, staging)
+            checkouts[_label("this", commit, staging, args)] = (ROOT, staging)
         results: dict[tuple[str, str], list[dict]] = {}
         for setting in args.settings:
             for _ in range(args.repeats):
