@@ -590,7 +590,14 @@ def test_train_on_cuda_logs_where_the_time_goes(tmp_path, acting_threads):
 def test_the_update_process_on_cuda_trains_like_the_learner_thread(core):
     """``--learner-process on`` on a GPU: the process trains the parent's device tensors through CUDA
     IPC, in order with the parent's stream (the same updates as the learner thread's, to float
-    tolerance: two processes' kernels need not sum alike), and its optimiser's state comes back."""
+    tolerance: two processes' kernels need not sum alike), and its optimiser's state comes back.
+
+    The tolerances: fp32 sums in another order differ by about 1e-6 relative, the statistics'
+    ``rel=1e-4`` leaves 100x that. A weight's step is lr * g / (sqrt(v / c) + eps) (the bias-corrected
+    RMSProp of ``fwrl.agents.optim``; here lr 1e-3, eps 0.01), whose change with g is at most
+    lr / eps = 0.1, so a gradient that differs by 1e-6 moves it by at most 1e-7 a step: ``atol=1e-5``
+    over three steps leaves 30x that. A race between the two streams (the bug this test is for) moves
+    weights by up to a whole step, lr = 1e-3."""
     from tests.e2e.test_learner_process import _batch, _learner
 
     here, info = _learner(core, process=False, device="cuda")
