@@ -5,9 +5,11 @@ The baseline a memory comparison starts from: on POPGym's partially observable t
 2023, "POPGym: Benchmarking Partially Observable Reinforcement Learning", ICLR) the GRU had the best
 mean score of the 13 memory models, linear transformers and a fast weight programmer among them.
 
-As the LSTM core: one ``nn.GRU`` over whole segments between episode starts
-(``base.run_in_segments``), the rows that start an episode from h = 0, the state ``h``
-[B, layers, H], an optional LayerNorm on the input (``input_norm``).
+The weights are one ``nn.GRU``'s, the state ``h`` [B, layers, H], the rows that start an episode
+from h = 0, an optional LayerNorm on the input (``input_norm``). On CPU tensors each layer runs
+``fwrl.kernels.gru.gru_cpu`` (resets as a multiply at the steps that have one, a hand-derived
+backward with the weight gradients batched over the sequence); elsewhere, as the LSTM core, one
+``nn.GRU`` call (cuDNN) over each segment between episode starts (``base.run_in_segments``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from fwrl.kernels.gru import gru_cpu
 from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, run_in_segments
+
+
+WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # one layer's, as nn.GRU names them (+ _l<i>)
 
 
 class GRUConfig(CoreConfig):
@@ -45,7 +51,14 @@ class GRUCore(Core):
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         if self.input_norm is not None:
             x = self.input_norm(x)
-        return run_in_segments(self.gru, x, state, done, ("h",))
+        if x.device.type != "cpu":
+            return run_in_segments(self.gru, x, state, done, ("h",))
+        finals = []
+        for layer in range(self.num_layers):
+            weights = (getattr(self.gru, f"{name}_l{layer}") for name in WEIGHTS)
+            x, h = gru_cpu(x, state["h"][:, layer], done, *weights)
+            finals.append(h)
+        return x, {"h": torch.stack(finals, dim=1)}
 
 
 @register_core("gru", GRUConfig, "nn.GRU (Cho et al. 2014), BPTT across the rollout")
