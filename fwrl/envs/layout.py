@@ -127,6 +127,13 @@ class FlatEntry:
 
     def write(self, value: Any, out: np.ndarray) -> None:
         """Write this entry's flattened value into ``out[offset: offset + size]``."""
+        if self.kind == "discrete" and isinstance(value, (int, np.integer)):  # a step's most common entry
+            i = int(value) - self.start[0]  # plain ints: numpy's per-call costs are the most of this entry's time
+            if not 0 <= i < self.size:
+                raise ValueError(f"observation entry {path_text(self.path)!r}: value {i} outside 0..{self.size - 1}")
+            out[self.offset: self.offset + self.size] = 0.0
+            out[self.offset + i] = 1.0
+            return
         part = out[self.offset: self.offset + self.size]
         if self.kind in ("box", "multi_binary"):
             part[:] = np.asarray(value, dtype=np.float32).reshape(-1)

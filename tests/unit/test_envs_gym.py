@@ -112,6 +112,23 @@ def test_discrete_observation_is_one_hot():
     assert obs.sum() == 1.0 and obs[0] == 1.0  # FrozenLake starts in state 0
 
 
+@pytest.mark.parametrize("value", [2, np.int64(2), np.int32(2), np.array(2), np.array([2])])
+def test_a_discrete_entry_is_one_hot_whatever_form_its_value_takes(value):
+    """The entry's fast path (a Python or numpy integer) and the general one (arrays) write the same
+    row, shifted by the space's start, and clear what the row held before; a value outside the space
+    is refused either way."""
+    from fwrl.envs.layout import build_obs_layout
+
+    layout = build_obs_layout(gym.spaces.Tuple((gym.spaces.Discrete(4, start=1), gym.spaces.Discrete(3))))
+    out = np.full(7, 9.0, np.float32)
+    layout.flat[0].write(value, out)
+    layout.flat[1].write(value, out)
+    assert out.tolist() == [0, 1, 0, 0, 0, 0, 1]
+    for bad in (0, 5, np.int64(5)):
+        with pytest.raises(ValueError, match="outside 0..3"):
+            layout.flat[0].write(bad, out)
+
+
 def test_image_env_is_chw_uint8():
     env = make_env("gym:FwrlTest/Image-v0", seed=1)
     assert env.observation_space.shape == (3, 12, 10)
