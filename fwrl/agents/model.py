@@ -10,6 +10,10 @@ PAPERS.md §1:
 - ``minatar`` stem for small frames such as MinAtar's 10x10 (Young & Tian 2019,
   their network): Conv 16 3x3/1 (no padding), ReLU, flatten, Linear -> 128, ReLU.
 - ``mlp`` stem for flat vector observations: Linear -> 256, ReLU, twice.
+- ``popgym`` stem for flat vector observations, POPGym's baselines' (Morad et al. 2023;
+  ``popgym/baselines/ray_models/base_model.py`` and ``ppo.py``, PAPERS.md §5): Linear -> 128,
+  LayerNorm without affine parameters, Linear -> 128, LeakyReLU. Half the mlp stem's width, so a
+  core behind it reads 129 inputs instead of 257 (the GRU's products shrink by a quarter).
 - Core input = concat(stem features, obs_extra, clamp(reward, -1, 1)), where
   ``obs_extra`` is the flat float vector an env with a Dict / Tuple observation
   hands beside its image (``EnvInfo.extra_size`` entries; none for most envs);
@@ -136,11 +140,30 @@ class MLPStem(nn.Module):
         return self.net(x)
 
 
+class PopGymStem(nn.Module):
+    """POPGym's baselines' observation encoder (module docstring): Linear, LayerNorm (no affine),
+    Linear, LeakyReLU, all 128 wide."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_size: int = 128):
+        super().__init__()
+        (d,) = obs_shape
+        self.net = nn.Sequential(nn.Linear(d, out_size), nn.LayerNorm(out_size, elementwise_affine=False),
+                                 nn.Linear(out_size, out_size), nn.LeakyReLU())
+        self.out_size = out_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+STEM_CLASSES = {"impala": ImpalaStem, "nature": NatureStem, "minatar": MinAtarStem, "mlp": MLPStem,
+                "popgym": PopGymStem}
+
+
 def make_stem(name: str, obs_shape: tuple[int, ...]) -> nn.Module:
     if name not in STEMS:
         raise unknown_choice("vision stem", name, STEMS)
     check_stem(name, obs_shape)  # a stem that does not fit: one FwrlError naming those that do
-    return {"impala": ImpalaStem, "nature": NatureStem, "minatar": MinAtarStem, "mlp": MLPStem}[name](obs_shape)
+    return STEM_CLASSES[name](obs_shape)
 
 
 def _orthogonal(layer: nn.Module, gain: float) -> None:

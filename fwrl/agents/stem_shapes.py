@@ -8,14 +8,15 @@ line, naming the stems that fit), instead of a convolution's RuntimeError.
 - ``impala``: frames (C, H, W) of any size (3x3 convolutions with padding);
 - ``nature``: frames of at least 36x36 (convolutions 8x8/4, 4x4/2, 3x3/1, no padding);
 - ``minatar``: frames of at least 3x3 (one 3x3 convolution, no padding);
-- ``mlp``: flat vectors.
+- ``mlp`` and ``popgym``: flat vectors.
 """
 
 from __future__ import annotations
 
 from fwrl.errors import FwrlError
 
-STEMS = ("impala", "nature", "minatar", "mlp")
+STEMS = ("impala", "nature", "minatar", "mlp", "popgym")
+VECTOR_STEMS = ("mlp", "popgym")
 # frames whose height or width is below this get the minatar stem under stem auto
 SMALL_FRAME = 32
 # (kernel, stride) of each unpadded convolution of a stem, in order
@@ -43,7 +44,7 @@ def smallest_frame(stem: str) -> int:
 def misfit(stem: str, obs_shape: tuple[int, ...]) -> str | None:
     """Why ``stem`` cannot read observations of ``obs_shape`` (None where it can)."""
     is_image = len(obs_shape) == 3
-    if stem == "mlp":
+    if stem in VECTOR_STEMS:
         return "it needs flat vector observations" if is_image else None
     if not is_image:
         return "it needs image observations (C, H, W)"

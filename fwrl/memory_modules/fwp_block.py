@@ -39,6 +39,7 @@ STEM_DEFAULTS: dict[str, dict[str, float | str | bool]] = {
     "minatar": SCALED_START,
     "mlp": {"output_scale": 1.0, "head_init": "agent", "input_map": "identity", "pre_norm": True},
 }
+STEM_DEFAULTS["popgym"] = STEM_DEFAULTS["mlp"]  # vectors too (POPGym's baselines' encoder)
 
 
 def stem_defaults(stem: str, small_heads_on_atari: bool = True) -> dict[str, float | str | bool]:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from fwrl.agents.update_step import LearnerSettings
     from fwrl.envs.worker_pool import PoolSettings
 
-STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "auto")
+STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "popgym", "auto")
 INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
 # Upper bounds of the integer budgets: beyond them a run is a typo (1e100 agent steps trained with a
 # learning rate that never moved); IMPALA's largest runs were 10^10 frames.
@@ -69,7 +69,7 @@ class TrainConfig(Settings):
     env: str = Field("atari:Pong", min_length=1, description="env spec, e.g. atari:Pong or memory:cue_delay?delay=10")
     core: str = Field("lstm", min_length=1, description="memory core, one of those fwrl info --cores lists")
     core_options: dict[str, Any] = Field(default_factory=dict, description="options of the core, given as --core-opt KEY=VALUE")
-    stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, minatar for frames under 32x32, mlp for vectors")
+    stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, minatar for frames under 32x32, mlp for vectors (popgym: POPGym's baselines' 128-wide encoder for vectors)")
     env_wrappers: list[str] = Field(default_factory=list, description="module:callable wrapping every env in every worker, applied in order")
     sticky_actions: bool = Field(False, description="Atari: sticky actions, repeat_action_probability 0.25; the env option sticky=true")
     full_action_space: bool = Field(False, description="Atari: all 18 actions; the env option full_action_space=true")

@@ -331,3 +331,28 @@ def test_a_multi_task_run_logs_each_games_returns(tmp_path):
         assert -1 <= float(last[f"return/{game}"]) <= 1 and float(last[f"normalised/{game}"]) == float(
             last[f"return/{game}"])
     assert int(last["episodes"]) >= 8  # 4 envs acted at least 200 steps each: 3 episodes of 51 steps apiece
+
+
+# ----------------------------------------------------------------------------- the popgym stem
+
+def test_the_popgym_stem_is_popgyms_encoder_and_reads_vectors_only():
+    """POPGym's baselines' encoder (Linear 128, LayerNorm without affine parameters, Linear 128,
+    LeakyReLU): its parameters, its LayerNorm's output, a core behind it reading 128 features plus the
+    reward, and frames refused in one line naming the stems that fit."""
+    import torch
+
+    from fwrl.agents.model import AgentNet, PopGymStem, make_stem
+
+    stem = make_stem("popgym", (10,))
+    assert isinstance(stem, PopGymStem) and stem.out_size == 128
+    assert sum(p.numel() for p in stem.parameters()) == (10 * 128 + 128) + (128 * 128 + 128)
+    torch.manual_seed(0)
+    x = torch.randn(5, 10) * 100 + 7
+    normed = stem.net[1](stem.net[0](x))
+    torch.testing.assert_close(normed.mean(-1), torch.zeros(5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normed.std(-1, unbiased=False), torch.ones(5), atol=1e-3, rtol=0)
+    assert stem(x).shape == (5, 128)
+    agent = AgentNet((10,), 4, core="gru", core_options={"hidden_size": 8}, stem="popgym")
+    assert agent.core.gru.input_size == 128 + 1  # stem features and the reward
+    with pytest.raises(FwrlError, match="stem 'popgym' does not fit.*Stems that fit: impala"):
+        make_stem("popgym", (3, 64, 64))
