@@ -23,7 +23,8 @@ A run that fails (a window without updates) is recorded with its error and left 
 the tables and the JSON are written after every run, so a long benchmark keeps what it measured.
 
 Settings (``SETTINGS``): ``minatar`` (Breakout, 2 workers x 8 envs, B 8, T 20: the MinAtar family
-defaults), ``quickstart`` (``--preset quickstart``: memory:cue_delay, B 8, T 40), ``pong`` (Atari Pong,
+defaults), ``quickstart`` (``--preset quickstart``: memory:cue_delay, B 8, T 40), ``popgym`` (``--preset
+popgym``: POPGym's RepeatFirst with the preset's workers, batch and unroll), ``pong`` (Atari Pong,
 impala stem, 2 workers x 8 envs, B 8, T 50).
 """
 
@@ -45,6 +46,7 @@ SETTINGS: dict[str, list[str]] = {
     "minatar": ["--env", "minatar:breakout", "--num-workers", "2", "--envs-per-worker", "8",
                 "--batch-size", "8", "--unroll-length", "20"],
     "quickstart": ["--preset", "quickstart"],
+    "popgym": ["--preset", "popgym"],
     "pong": ["--env", "atari:Pong", "--stem", "impala", "--num-workers", "2", "--envs-per-worker", "8",
              "--batch-size", "8", "--unroll-length", "50"],
 }
