@@ -153,7 +153,7 @@ def test_triton_path_is_logged_and_does_not_warn(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("core_name", ["delta_net", "rdn", "delta_rnn", "delta_lstm", "srwm",
-                                       "sr_delta_net"])
+                                       "sr_delta_net", "gated_delta_net"])
 def test_cores_name_their_layers(core_name, caplog):
     """Each fast-weight layer of a core is its own key: two layers, two INFO lines."""
     options = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=4, ff_dim=8)

@@ -119,7 +119,7 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tens
     Dv, F = S0.shape[-2:]
     N = B * H
     pair = adjacent_pair(q, k)
-    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).view(N, 2, Dk))
+    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).reshape(N, 2, Dk))
     decay = torch.exp(g).view(B, H, 1, 1)
     if bool(reset.any()):
         decay = decay.masked_fill(reset.view(B, 1, 1, 1), 0)
