@@ -131,8 +131,8 @@ class GatedDeltaLayer(FastWeightLayer):
             y, W = gated_delta_rule(q, k, v, beta, g, state["W"], done, **options)
         else:
             y, W = self._product(qkv, beta, g, state["W"], done, options)
-        if self.norm_weight is not None:
-            y = F.rms_norm(y, (d,), self.norm_weight, NORM_EPS)
+        if self.norm_weight is not None:  # RMSNorm by hand: torch's CPU rms_norm costs ~4x these calls here
+            y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + NORM_EPS) * self.norm_weight
         if gate:
             y = y * F.silu(gate[0].view(T, B, H, d))
         return y.reshape(T, B, self.out_size), {"W": W}
