@@ -185,7 +185,7 @@ def _kernel_and_args(core):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("core", ["delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"])
+@pytest.mark.parametrize("core", ["delta_rule", "gated_delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"])
 def test_cuda_call_has_no_host_sync_and_is_graph_capturable(core):
     """Forward and backward of a whole call, with resets inside: no device-to-host copy
     (sync debug mode "error"), and the same gradients when captured in a CUDA graph."""
