@@ -53,8 +53,8 @@ SETTINGS: dict[str, list[str]] = {
 # (warm-up, measured) seconds per setting where the default window holds too few updates: Pong's impala
 # stem on two cores makes an update of B 8 x T 50 every few seconds, and a slow core's first one later
 WINDOWS = {"pong": (30.0, 30.0)}
-CORES = ("feedforward", "lstm", "gru", "linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm",
-         "srwm", "fake_sr", "sr_delta_net", "elstm", "elstm:grad=rtrl")
+CORES = ("feedforward", "lstm", "gru", "linear_transformer", "delta_net", "gated_delta_net", "rdn", "delta_rnn",
+         "delta_lstm", "srwm", "fake_sr", "sr_delta_net", "elstm", "elstm:grad=rtrl")
 BASELINE = "lstm"
 
 

@@ -38,3 +38,14 @@ def rows_times(x: Tensor, M: Tensor) -> Tensor:
 def rank_one_update(W: Tensor, u: Tensor, k: Tensor) -> Tensor:
     """``W + u k^T`` for each of N matrices: W [N, a, b], u [N, a], k [N, b] (one fused call)."""
     return torch.addcmul(W, u.unsqueeze(-1), k.unsqueeze(-2))
+
+
+def matvec(W: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
+    """``W x`` for each matrix: W [..., a, b], x [..., b] -> [..., a], as the row vector x^T times W^T
+    (the batched GEMM of :func:`rows_times`; ``out`` [..., a] receives it where given)."""
+    return torch.matmul(x.unsqueeze(-2), W.mT, out=None if out is None else out.unsqueeze(-2)).squeeze(-2)
+
+
+def vecmat(x: Tensor, W: Tensor, out: Tensor | None = None) -> Tensor:
+    """``W^T x`` for each matrix: x [..., a], W [..., a, b] -> [..., b] (the row vector x^T times W)."""
+    return torch.matmul(x.unsqueeze(-2), W, out=None if out is None else out.unsqueeze(-2)).squeeze(-2)

@@ -6,6 +6,8 @@
 - ``dpfp-N``: deterministic parameter-free projection with nu = N
   (paper 001 Eq. 37): r = relu([x, -x]), phi_{i*2d+j} = r_j * r_{(j+i) mod 2d}
   for i = 1..nu; output size 2 * nu * d; followed by sum normalisation.
+- ``l2norm``: phi(x) = x / sqrt(sum x^2 + 1e-6), unit length (Gated DeltaNet, Yang et al. 2025,
+  Sec. 3.4, PAPERS.md §7: the keys of the gated delta rule; 1e-6 as flash-linear-attention's l2norm).
 - ``identity``: no map (for tests).
 
 And f of paper 000 Eq. 12 (``recurrent_softmax``), the softmax with 1e-6 added to its
@@ -23,11 +25,17 @@ from fwrl.errors import unknown_choice
 
 SUM_NORM_EPS = 1e-5
 RECURRENT_SOFTMAX_EPS = 1e-6
-FEATURE_MAPS = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3", "identity")
+L2_NORM_EPS = 1e-6
+FEATURE_MAPS = ("elu1_sumnorm", "softmax", "dpfp-1", "dpfp-2", "dpfp-3", "l2norm", "identity")
 
 
 def sum_normalise(x: Tensor) -> Tensor:
     return x / (x.sum(dim=-1, keepdim=True) + SUM_NORM_EPS)
+
+
+def l2_normalise(x: Tensor) -> Tensor:
+    """x / sqrt(sum x^2 + L2_NORM_EPS) over the last axis."""
+    return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True) + L2_NORM_EPS)
 
 
 def dpfp(x: Tensor, nu: int) -> Tensor:
@@ -58,6 +66,8 @@ def apply_feature_map(name: str, x: Tensor) -> Tensor:
         return torch.softmax(x, dim=-1)
     if name.startswith("dpfp-"):
         return sum_normalise(dpfp(x, int(name.split("-")[1])))
+    if name == "l2norm":
+        return l2_normalise(x)
     return x
 
 

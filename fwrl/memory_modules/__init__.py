@@ -18,6 +18,7 @@ from fwrl.memory_modules import (  # noqa: F401  (registration)
     delta_rnn,
     elstm,
     feedforward,
+    gated_delta_net,
     gru,
     linear_transformer,
     lstm,

@@ -49,7 +49,7 @@ def test_dry_run_times_every_core_on_cpu(tmp_path):
     assert report["device"] == "cpu (dry run)"
     rows = report["results"]
     expected = {(core, dtype, impl) for core in benchmark.CORES for dtype in ("fp32", "bf16")
-                for impl in (["reference", "triton[split=2]"] if core == "delta_rule"
+                for impl in (["reference", "triton[split=2]"] if core in ("delta_rule", "gated_delta_rule")
                              else ["reference", "triton"])}
     assert {(r["core"], r["dtype"], r["impl"]) for r in rows} == expected
     for r in rows:

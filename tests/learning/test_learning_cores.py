@@ -42,6 +42,7 @@ CUE_DELAY = {
     "rdn": (FWP_SMALL, 60_000),
     "delta_rnn": (FWP_SMALL, 60_000),
     "delta_lstm": (FWP_SMALL, 60_000),
+    "gated_delta_net": (FWP_SMALL, 60_000),
     "srwm": (SR_SMALL, 100_000),
     "sr_delta_net": (SR_SMALL, 100_000),
     # forget_bias 3 keeps the element-wise memory open at the start (f ~ 0.95); with the default 0

@@ -1,10 +1,13 @@
-"""Fast-weight cores: Linear Transformer, Delta Net, RDN, Delta RNN, Delta LSTM.
+"""Fast-weight cores: Linear Transformer, Delta Net, RDN, Delta RNN, Delta LSTM, Gated DeltaNet
+(and, with ``writes=2``, Gated DeltaProduct).
 
 Checks, for every core: sequence call == step-by-step calls (values and
 gradients) with resets inside the sequence; each update rule against a naive
 implementation written here from the papers' equations; float64 gradcheck;
-the RDN / Delta RNN identities with the Delta Net; long-run stability; the
-``step`` gradient truncation; the Atari parameter counts of PAPERS.md §2.
+the RDN / Delta RNN identities with the Delta Net, and the Gated DeltaNet's
+with the Delta Net (no decay, no norm, gate or SiLU); long-run stability; the
+``step`` gradient truncation; the Atari parameter counts of PAPERS.md §2 and the
+Gated DeltaNet's by formula (PAPERS.md §7).
 """
 
 from __future__ import annotations
@@ -31,14 +34,28 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-CORES = ("linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm")
+# a name with ":key=value" is that core with those options (Gated DeltaProduct: two writes per step)
+CORES = ("linear_transformer", "delta_net", "rdn", "delta_rnn", "delta_lstm", "gated_delta_net",
+         "gated_delta_net:writes=2")
 TINY = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=3, ff_dim=8)
 D_IN = 5
 
 
+def core_and_options(name: str) -> tuple[str, dict]:
+    """``"core:key=value:..."`` -> ("core", {key: value, ...})."""
+    core, *options = name.split(":")
+    return core, dict(option.split("=", 1) for option in options)
+
+
+def build(name: str, input_size: int, options: dict):
+    """``build_core`` for a name of :data:`CORES` (options given win over the name's)."""
+    core, named = core_and_options(name)
+    return build_core(core, input_size, {**named, **options})
+
+
 def make_core(name: str, seed: int = 0, **options):
     torch.manual_seed(seed)
-    core = build_core(name, D_IN, {**TINY, **options})
+    core = build(name, D_IN, {**TINY, **options})
     return core.double()
 
 
@@ -132,6 +149,8 @@ def naive_phi(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "softmax":
         e = torch.exp(x - x.max())
         return e / e.sum()
+    if name == "l2norm":  # Gated DeltaNet Sec. 3.4, with flash-linear-attention's 1e-6
+        return x / torch.sqrt((x * x).sum() + 1e-6)
     if name.startswith("dpfp-"):
         nu = int(name.split("-")[1])
         r = torch.cat([x, -x]).clamp(min=0)
@@ -250,6 +269,105 @@ def test_update_rule_matches_paper_equations(name, feature_map):
         torch.testing.assert_close(final[k], final_ref[k], rtol=1e-9, atol=1e-11)
 
 
+def naive_gated_layer(layer, x, state, done, feature_map):
+    """Gated DeltaNet (Yang et al. 2025, Eq. 10 in its product form; Sec. 3.4: SiLU, L2-normalised q and
+    k, RMSNorm and SiLU gate of the read) and Gated DeltaProduct (Siems et al. 2025: n writes after one
+    decay) with explicit loops over rows, heads, steps and writes, reading the slow net's output in the
+    layout the layer documents; returns y [T, B, H*d] and the final state."""
+    T, B, _ = x.shape
+    H, d, n = layer.num_heads, layer.head_dim, layer.writes
+    P = layer.per_head
+    silu = (lambda z: z * torch.sigmoid(z)) if layer.qkv_silu else (lambda z: z)  # noqa: E731
+    eye = torch.eye(layer.key_dim, dtype=x.dtype)
+    y = torch.zeros(T, B, H * d, dtype=x.dtype)
+    final = state["W"].clone()
+    for b in range(B):
+        for h in range(H):
+            S = state["W"][b, h].clone()
+            for t in range(T):
+                if done[t, b]:
+                    S = torch.zeros_like(S)
+                p = layer.slow_net.weight @ x[t, b]
+                qkv = silu(p[h * P:(h + 1) * P])
+                a = p[H * P + H * n + h]
+                alpha = torch.exp(-torch.exp(layer.A_log[h]) * torch.log1p(torch.exp(a + layer.dt_bias[h])))
+                S = alpha * S
+                for j in range(n):
+                    k = naive_phi(feature_map, qkv[d + 2 * j * d:2 * d + 2 * j * d])
+                    v = qkv[2 * d + 2 * j * d:3 * d + 2 * j * d]
+                    beta = torch.sigmoid(p[H * P + h * n + j])
+                    S = S @ (eye - beta * torch.outer(k, k)) + beta * torch.outer(v, k)
+                o = S @ naive_phi(feature_map, qkv[:d])
+                if layer.norm_weight is not None:
+                    o = o / torch.sqrt((o * o).mean() + 1e-5) * layer.norm_weight
+                if len(layer.sizes) == 4:  # the output gate
+                    gate = p[H * P + H * n + H + h * d:H * P + H * n + H + (h + 1) * d]
+                    o = o * gate * torch.sigmoid(gate)
+                y[t, b, h * d:(h + 1) * d] = o
+            final[b, h] = S
+    return y, {"W": final}
+
+
+GATED_CASES = [
+    {"feature_map": "l2norm"},
+    {"feature_map": "elu1_sumnorm", "writes": 2},
+    {"feature_map": "l2norm", "writes": 3, "qkv_silu": False, "output_norm": False, "output_gate": False},
+    {"feature_map": "l2norm", "output_norm": False},
+    {"feature_map": "l2norm", "output_gate": False, "grad_mode": "step"},
+]
+
+
+@pytest.mark.parametrize("options", GATED_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gated_delta_net_matches_the_papers_equations(options):
+    T, B = 5, 2
+    core = make_core("gated_delta_net", **options)
+    layer = core.blocks[0].fwp
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(T, B, TINY["hidden_size"], generator=g, dtype=torch.float64)
+    done = random_done(T, B, seed=5)
+    state = {"W": 0.3 * torch.randn(B, 2, 3, 3, generator=g, dtype=torch.float64)}
+    with torch.no_grad():
+        layer.A_log.copy_(torch.tensor([-0.5, 1.5]))  # decays from ~0.5 to ~0.99 over the steps
+        layer.dt_bias.copy_(torch.tensor([0.3, -2.0]))
+        if layer.norm_weight is not None:
+            layer.norm_weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
+        y, final = layer(x, state, done)
+        y_ref, final_ref = naive_gated_layer(layer, x, state, done, options["feature_map"])
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(final["W"], final_ref["W"], rtol=1e-10, atol=1e-12)
+
+
+def test_gated_delta_net_without_decay_norm_gate_and_silu_is_delta_net():
+    """Yang et al. 2025 Eq. 10 with alpha = 1 is the delta rule: with A_log -> -inf (g = 0), no SiLU,
+    RMSNorm or gate, and the Delta Net's slow weights laid out as the gated layer reads them, the two
+    cores give the same outputs and states."""
+    T, B = 6, 2
+    H, d, hid = TINY["num_heads"], TINY["head_dim"], TINY["hidden_size"]
+    options = dict(feature_map="elu1_sumnorm", qkv_silu=False, output_norm=False, output_gate=False)
+    dn = make_core("delta_net", seed=0)
+    gated = make_core("gated_delta_net", seed=1, **options)
+    sd = {}
+    for key, value in gated.state_dict().items():
+        if key.endswith("fwp.slow_net.weight"):
+            w = dn.state_dict()[key].view(H, 3 * d + 1, hid)
+            sd[key] = torch.cat([w[:, :3 * d].reshape(H * 3 * d, hid), w[:, 3 * d], torch.zeros(H, hid, dtype=w.dtype)])
+        elif key.endswith("A_log"):
+            sd[key] = torch.full_like(value, -1e4)  # exp(-1e4) = 0: alpha = exp(-0 * softplus) = 1
+        elif key.endswith("dt_bias"):
+            sd[key] = value
+        else:
+            sd[key] = dn.state_dict()[key]
+    gated.load_state_dict(sd)
+    x = torch.randn(T, B, D_IN, dtype=torch.float64)
+    done = random_done(T, B, seed=7)
+    with torch.no_grad():
+        y1, s1 = dn(x, warm_state(dn, B), done)
+        y2, s2 = gated(x, warm_state(dn, B), done)
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    for i in range(TINY["num_layers"]):
+        torch.testing.assert_close(s1[f"l{i}.W"], s2[f"l{i}.W"], rtol=1e-12, atol=1e-12)
+
+
 def dpfp_paper_order(feature_map: str, d: int) -> torch.Tensor:
     """Index into fwrl's DPFP features giving the paper's order (Eq. 37).
 
@@ -269,7 +387,7 @@ GC = dict(num_layers=1, hidden_size=4, num_heads=2, head_dim=2, ff_dim=4)
 def test_gradcheck_full(name):
     """float64 gradcheck through inputs, initial state and the layer's parameters."""
     torch.manual_seed(0)
-    core = build_core(name, 3, {**GC, "grad_mode": "full"}).double()
+    core = build(name, 3, {**GC, "grad_mode": "full"}).double()
     T, B = 3, 2
     done = torch.tensor([[False, False], [True, False], [False, False]])
     x = torch.randn(T, B, 3, dtype=torch.float64, requires_grad=True)
@@ -293,7 +411,7 @@ def test_gradcheck_full(name):
 def test_gradcheck_step(name):
     """In step mode the carried state is a constant of each step: check one step."""
     torch.manual_seed(0)
-    core = build_core(name, 3, {**GC, "grad_mode": "step"}).double()
+    core = build(name, 3, {**GC, "grad_mode": "step"}).double()
     B = 2
     s0 = warm_state_small(core, B)
     x = torch.randn(1, B, 3, dtype=torch.float64, requires_grad=True)
@@ -418,7 +536,7 @@ def test_long_run_states_stay_finite_and_bounded(name):
     (k sum-normalised, |LN(x)_j| <= sqrt(hidden) with LN's initial affine).
     """
     torch.manual_seed(0)
-    core = build_core(name, D_IN, {**TINY, "num_layers": 1})
+    core = build(name, D_IN, {**TINY, "num_layers": 1})
     B, chunk = 2, 500
     state = core.initial_state(B)
     no_done = torch.zeros(chunk, B, dtype=torch.bool)
@@ -530,6 +648,32 @@ def test_atari_agent_parameter_count(name, options, published):
     assert round(total / 1e6, 1) == published
     tolerance = 0.035 if (name, options) == ("rdn", {}) else 0.03
     assert abs(total / (published * 1e6) - 1) < tolerance
+
+
+@pytest.mark.parametrize("options", [{}, {"writes": "2"}, {"output_gate": "false", "output_norm": "false"}],
+                         ids=["defaults", "writes=2", "no-norm-no-gate"])
+def test_gated_delta_net_atari_parameter_count_by_formula(options):
+    """The Gated DeltaNet agent on Atari (PAPERS.md §7): the impala stem, the block of PAPERS.md §2 whose
+    layer's slow net emits per head q, n keys and values, n rates, the decay input and (with the gate) d
+    gate inputs, plus per head A_log and dt_bias, and (with the norm) the RMSNorm's d scales; the heads.
+    At the defaults 1.56 M (the Delta Net: 1.52 M, PAPERS.md §2)."""
+    H, d, hidden, L, ff, A = 4, 32, 128, 2, 512, 18
+    n = int(options.get("writes", 1))
+    gate, norm = options.get("output_gate") != "false", options.get("output_norm") != "false"
+    layer = hidden * (H * (d + 2 * n * d) + H * n + H + (H * d if gate else 0)) + 2 * H + (d if norm else 0)
+    block = layer + H * d * hidden + 2 * hidden + 2 * hidden + hidden * ff + ff + ff * hidden + hidden
+    core = 257 * hidden + hidden + L * block
+    total = count_parameters(AgentNet((4, 84, 84), A, core="gated_delta_net", core_options=options, stem="impala"))
+    assert total == impala_stem_params() + core + hidden * A + A + hidden + 1
+    if not options:
+        assert round(total / 1e6, 2) == 1.56
+
+
+def test_gated_delta_net_options_are_checked():
+    for options, words in (({"feature_map": "softmax"}, "l2norm"), ({"writes": 0}, "writes"),
+                           ({"writes": 9}, "writes"), ({"output_gate": "maybe"}, "output_gate")):
+        with pytest.raises(FwrlError, match=words):
+            build_core("gated_delta_net", 257, options)
 
 
 def test_agent_stem_and_baselines_match_formula():

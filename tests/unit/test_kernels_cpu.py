@@ -12,7 +12,9 @@ One table of rules; each is checked the same way:
 - the dispatch: CPU tensors take the CPU path by default and the reference under
   ``FWRL_KERNELS=reference``.
 
-Beyond the table, the RDN's hand-derived backward: the feature maps the table leaves out, a loss on
+Beyond the table, the gated delta rule's hand-derived backward (which the public function takes in
+grad mode step and on one step; full over several steps learns in chunked form) over whole sequences
+in both grad modes, gradcheck and gates that decay to nothing; the RDN's hand-derived backward: the feature maps the table leaves out, a loss on
 some outputs with the gradient of some inputs, and gradcheck; the SRWM's likewise: both input maps at
 SR-DeltaNet's shape, a loss on some outputs with the gradient of some inputs, and gradcheck.
 """
@@ -36,6 +38,9 @@ from fwrl.kernels.delta_rule import delta_rule
 from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
 from fwrl.kernels.feature_maps import feature_dim
+from fwrl.kernels.gated_delta_rule import gated_delta_rule
+from fwrl.kernels.gated_delta_rule.cpu import _GatedDeltaRule, gated_delta_rule_cpu
+from fwrl.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fwrl.kernels.rdn import rdn
 from fwrl.kernels.rdn.cpu import rdn_cpu
 from fwrl.kernels.rdn.naive import rdn_reference
@@ -84,6 +89,13 @@ def _delta_rule_inputs(T, B, g, H=2, D=4, F=None, beta=True):
     return (n(T, B, H, D), n(T, B, H, D), n(T, B, H, D), n(T, B, H) if beta else None, n(B, H, D, F, scale=0.5))
 
 
+def _gated_delta_rule_inputs(T, B, g, H=2, D=4):
+    """q, k, v, beta, the log-decays g = -softplus(N(0, 2^2)) (alpha from ~0 to ~1) and S0."""
+    n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return (n(T, B, H, D), n(T, B, H, D), n(T, B, H, D), n(T, B, H), -torch.nn.functional.softplus(n(T, B, H, scale=2.0)),
+            n(B, H, D, D, scale=0.5))
+
+
 def _rdn_inputs(T, B, g, H=2, d=4, F=None):
     F = d if F is None else F
     n = lambda *shape, scale=1.0: scale * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
@@ -116,6 +128,8 @@ RULES = [
     Rule("delta_rule", delta_rule_reference, delta_rule_cpu, delta_rule, _delta_rule_inputs, state=(4,),
          options=tuple({"rule": r, "feature_map": f} for r in ("delta", "sum")
                        for f in ("elu1_sumnorm", "softmax", "dpfp-1"))),
+    Rule("gated_delta_rule", gated_delta_rule_reference, gated_delta_rule_cpu, gated_delta_rule,
+         _gated_delta_rule_inputs, state=(5,), options=tuple({"feature_map": f} for f in ("l2norm", "elu1_sumnorm"))),
     Rule("rdn", rdn_reference, rdn_cpu, rdn, _rdn_inputs, state=(8, 9),
          options=tuple({"feature_map": f} for f in ("softmax", "elu1_sumnorm", "dpfp-1"))),
     Rule("srwm", srwm_reference, srwm_cpu, srwm, _srwm_inputs, state=(5,),
@@ -277,6 +291,60 @@ def test_acting_step_maps_adjacent_query_and_key_slices_in_one_call():
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
 
 
+def _gated_hand_backward(q, k, v, beta, g, S0, reset, *, feature_map="l2norm", grad_mode="full"):
+    """The gated delta rule through its hand-derived backward (``_GatedDeltaRule``) at any T, with the
+    maps and sigmoid the CPU path applies before it."""
+    from fwrl.kernels.feature_maps import apply_feature_map
+
+    T, B, H, D = q.shape
+    N = B * H
+    if grad_mode == "step":
+        S0 = S0.detach()
+    keep = (~reset).to(S0.dtype).view(T, B, 1).expand(T, B, H).reshape(T, N)
+    y, ST = _GatedDeltaRule.apply(apply_feature_map(feature_map, q).reshape(T, N, D),
+                                  apply_feature_map(feature_map, k).reshape(T, N, D), v.reshape(T, N, -1),
+                                  torch.sigmoid(beta).reshape(T, N, 1), g.reshape(T, N), S0.reshape(N, *S0.shape[2:]),
+                                  keep, grad_mode == "full")
+    return y.view(*v.shape), ST.view(S0.shape)
+
+
+@pytest.mark.parametrize("feature_map", ("l2norm", "elu1_sumnorm"))
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_gated_delta_rule_hand_backward_over_whole_sequences(feature_map, grad_mode):
+    """The gated delta rule's hand-derived backward over T > 1 (the public function learns there in
+    chunked form in grad mode full) against the reference in float64 to 1e-10, resets at step 0 and
+    mid-way."""
+    inputs = _gated_delta_rule_inputs(7, 3, torch.Generator().manual_seed(14))
+    _check_starts_at_step_0_and_mid_way(gated_delta_rule_reference, _gated_hand_backward, inputs,
+                                        {"feature_map": feature_map, "grad_mode": grad_mode}, "gated_delta_rule",
+                                        tolerance=1e-10)
+
+
+@pytest.mark.parametrize("path", ("chunked", "hand"))
+def test_gated_delta_rule_cpu_backward_passes_gradcheck(path):
+    """Finite differences of the gated delta rule's CPU path (chunked form: grad mode full over several
+    steps; hand-derived: every T) agree with its backward, resets at step 0 and on consecutive steps."""
+    leaves = [x.requires_grad_() for x in _gated_delta_rule_inputs(4, 2, torch.Generator().manual_seed(15), H=1, D=3)]
+    reset = torch.tensor([[True, False], [False, True], [False, True], [True, False]])
+    fn = gated_delta_rule_cpu if path == "chunked" else _gated_hand_backward
+    assert torch.autograd.gradcheck(lambda *xs: fn(*xs, reset), leaves)
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_gated_delta_rule_with_gates_that_decay_to_nothing(grad_mode):
+    """Log-decays of -800 (alpha underflows to 0: the state is forgotten) and of 0 (alpha = 1: the delta
+    rule) on alternate steps: finite, and the reference's values and gradients, on the public function
+    (chunked form in full) and the hand-derived backward."""
+    T, B = 70, 2
+    q, k, v, beta, g, S0 = _gated_delta_rule_inputs(T, B, torch.Generator().manual_seed(16))
+    g = torch.where(torch.arange(T).view(T, 1, 1) % 2 == 0, torch.full_like(g, -800.0), torch.zeros_like(g))
+    inputs, reset = (q, k, v, beta, g, S0), resets(T, B, "mid")
+    weights = [torch.randn(x.shape, generator=torch.Generator().manual_seed(17), dtype=torch.float64) for x in (v, S0)]
+    ref = _run(gated_delta_rule_reference, inputs, reset, weights, grad_mode=grad_mode)
+    for fn in (gated_delta_rule_cpu, _gated_hand_backward):
+        _assert_same(ref, _run(fn, inputs, reset, weights, grad_mode=grad_mode), 1e-10, 1e-10, f"{fn.__name__} {grad_mode}")
+
+
 @pytest.mark.parametrize("feature_map", ("dpfp-2", "dpfp-3", "identity"))
 @pytest.mark.parametrize("grad_mode", GRAD_MODES)
 def test_rdn_cpu_path_with_the_feature_maps_the_table_leaves_out(feature_map, grad_mode):
@@ -288,9 +356,10 @@ def test_rdn_cpu_path_with_the_feature_maps_the_table_leaves_out(feature_map, gr
     _check_starts_at_step_0_and_mid_way(rdn_reference, rdn_cpu, inputs, options, "rdn")
 
 
-def _check_starts_at_step_0_and_mid_way(reference, cpu, inputs, options: dict, name: str) -> None:
+def _check_starts_at_step_0_and_mid_way(reference, cpu, inputs, options: dict, name: str,
+                                        tolerance: float = 1e-9) -> None:
     """``cpu`` against ``reference`` in float64, forward and every gradient (each output weighted by
-    its own random tensor), with episodes starting at step 0 and mid-way."""
+    its own random tensor), with episodes starting at step 0 and mid-way, to ``tolerance``."""
     T, B = inputs[0].shape[:2]
     with torch.no_grad():
         outs = _outputs(reference(*inputs, resets(T, B, "none"), **options))
@@ -300,7 +369,7 @@ def _check_starts_at_step_0_and_mid_way(reference, cpu, inputs, options: dict, n
         reset = resets(T, B, pattern)
         ref = _run(reference, inputs, reset, weights, **options)
         got = _run(cpu, inputs, reset, weights, **options)
-        _assert_same(ref, got, 1e-9, 1e-9, f"{name} {options} resets {pattern}")
+        _assert_same(ref, got, tolerance, tolerance, f"{name} {options} resets {pattern}")
 
 
 def test_rdn_cpu_gradient_of_some_outputs_and_some_inputs():

@@ -153,7 +153,7 @@ def test_triton_path_is_logged_and_does_not_warn(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("core_name", ["delta_net", "rdn", "delta_rnn", "delta_lstm", "srwm",
-                                       "sr_delta_net"])
+                                       "sr_delta_net", "gated_delta_net"])
 def test_cores_name_their_layers(core_name, caplog):
     """Each fast-weight layer of a core is its own key: two layers, two INFO lines."""
     options = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=4, ff_dim=8)
@@ -185,7 +185,7 @@ def _kernel_and_args(core):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("core", ["delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"])
+@pytest.mark.parametrize("core", ["delta_rule", "gated_delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm"])
 def test_cuda_call_has_no_host_sync_and_is_graph_capturable(core):
     """Forward and backward of a whole call, with resets inside: no device-to-host copy
     (sync debug mode "error"), and the same gradients when captured in a CUDA graph."""

@@ -22,7 +22,8 @@ D_IN, B = 5, 6
 FWP = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=4, ff_dim=8)
 CORES = {
     "linear_transformer": FWP, "delta_net": FWP, "rdn": FWP, "delta_rnn": FWP, "delta_lstm": FWP,
-    "srwm": FWP, "fake_sr": FWP, "sr_delta_net": FWP,
+    "srwm": FWP, "fake_sr": FWP, "sr_delta_net": FWP, "gated_delta_net": FWP,
+    "gated_delta_net:writes=2": {**FWP, "writes": 2},
     "elstm": {"hidden_size": 8}, "elstm:rtrl": {"hidden_size": 8, "grad": "rtrl"},
 }
 

@@ -144,6 +144,25 @@ def _phi_backward(x, dphi, mask, FMAP: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
+def _l2norm(x, mask, EPS: tl.constexpr):
+    """x / sqrt(sum x^2 + EPS) of one row over the lanes in ``mask`` (0 elsewhere): the ``l2norm``
+    feature map (the gated delta rule's keys and queries)."""
+    xm = tl.where(mask, x, 0.0)
+    return xm / tl.sqrt(_sum(xm * xm, 0) + EPS)
+
+
+@triton.jit
+def _l2norm_backward(x, dphi, mask, EPS: tl.constexpr):
+    """Gradient w.r.t. x of one row given the gradient w.r.t. phi = x / sqrt(s + EPS), s = sum x^2:
+    (dphi - phi (phi . dphi)) / sqrt(s + EPS)."""
+    xm = tl.where(mask, x, 0.0)
+    r = 1.0 / tl.sqrt(_sum(xm * xm, 0) + EPS)
+    phi = xm * r
+    dm = tl.where(mask, dphi, 0.0)
+    return tl.where(mask, (dm - phi * _sum(phi * dm, 0)) * r, 0.0)
+
+
+@triton.jit
 def _recurrent_softmax(h, mask, EPS: tl.constexpr):
     """f of paper 000 Eq. 12: softmax with EPS added to the denominator."""
     hm = tl.where(mask, h, -float("inf"))

@@ -1,8 +1,8 @@
 """Kernel benchmark: fast-weight recurrences over a rollout, reference vs fused Triton.
 
 ``--core`` picks the recurrences (repeatable, or ``all``): ``delta_rule``
-(sum / delta rule, paper 001), ``srwm`` (paper 002), ``rdn``, ``delta_rnn`` and
-``delta_lstm`` (paper 000). For each core, shape (B, T, H, D; default: the
+(sum / delta rule, paper 001), ``gated_delta_rule`` (Gated DeltaNet, Yang et al.
+2025), ``srwm`` (paper 002), ``rdn``, ``delta_rnn`` and ``delta_lstm`` (paper 000). For each core, shape (B, T, H, D; default: the
 core's preset shapes, ``CORE_SHAPES``) and input dtype (``--dtype fp32 bf16``)
 it times:
 
@@ -12,7 +12,7 @@ it times:
   separately, as the first call, not in the timings);
 - ``triton``: the fused kernel (``fwrl.kernels.<core>.fused_recurrent``), called
   directly (never through dispatch, so it cannot fall back unnoticed); for
-  the delta rule once per ``--split`` (programs per (batch, head): 1, 2, 4, 8
+  the delta rule and the gated delta rule once per ``--split`` (programs per (batch, head): 1, 2, 4, 8
   or auto); with ``--maxnreg N [N ...]``, once per register cap too (every
   launch of the row, forward and backward, at most N registers per thread:
   ``fwrl.kernels.triton.common.register_cap``; 255: the default), labelled
@@ -65,10 +65,11 @@ from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
 from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
 from fwrl.kernels.feature_maps import apply_feature_map
+from fwrl.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fwrl.kernels.rdn.naive import rdn_reference
 from fwrl.kernels.srwm.naive import srwm_reference
 
-CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
+CORES = ("delta_rule", "gated_delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
 # The rule of each core where it is not the core's own name: SR-DeltaNet's
 # self-referential matrix is the SRWM recurrence with Dy = 3d + 1 output rows (its
 # Delta Net layer's q, k, v, beta), which above d = 32 takes the split path.
@@ -77,9 +78,11 @@ RULES = {"sr_delta_net": "srwm"}
 # batch B. Delta rule: Linear Transformer / Delta Net (Atari 4 x 32, ProcGen
 # 8 x 16, and a large 8 x 64); SRWM: ProcGen, 8 heads of 16; RDN / Delta RNN:
 # Atari 4 x 32 and the larger 8 x 32; Delta LSTM: 4 x 32 (FWPConfig defaults);
-# SR-DeltaNet: ProcGen, 8 heads of 16 (the SRWM family's defaults).
+# SR-DeltaNet: ProcGen, 8 heads of 16 (the SRWM family's defaults). The gated delta rule: the delta
+# rule's shapes (its goal is a time against the delta rule's at the same shape).
 CORE_SHAPES = {
     "delta_rule": ((32, 51, 4, 32), (32, 51, 8, 16), (256, 101, 8, 64)),
+    "gated_delta_rule": ((32, 51, 4, 32), (32, 51, 8, 16), (256, 101, 8, 64)),
     "srwm": ((32, 51, 8, 16), (256, 101, 8, 16)),
     "rdn": ((32, 51, 4, 32), (256, 101, 8, 32)),
     "delta_rnn": ((32, 51, 4, 32), (256, 101, 8, 32)),
@@ -140,16 +143,17 @@ def _parser() -> argparse.ArgumentParser:
                    "; ".join(f"{c}: " + " ".join(",".join(map(str, s)) for s in shapes)
                              for c, shapes in CORE_SHAPES.items()))
     p.add_argument("--rule", choices=("delta", "sum"), default="delta", help="delta_rule only")
-    p.add_argument("--feature-map", choices=("elu1_sumnorm", "softmax"), default=None,
-                   help="phi of q, k (default: elu1_sumnorm for delta_rule, softmax for "
-                   "rdn and delta_rnn; SRWM and Delta LSTM always use softmax)")
+    p.add_argument("--feature-map", choices=("elu1_sumnorm", "softmax", "l2norm"), default=None,
+                   help="phi of q, k (default: elu1_sumnorm for delta_rule, l2norm for "
+                   "gated_delta_rule, softmax for rdn and delta_rnn; SRWM and Delta LSTM always use "
+                   "softmax; l2norm: gated_delta_rule only)")
     p.add_argument("--grad-mode", choices=("full", "step"), default="full")
     p.add_argument("--dtype", choices=tuple(DTYPES), nargs="+", default=["fp32", "bf16"],
                    help="dtypes of the per-step inputs (the state is always fp32); "
                    "default: fp32 bf16")
     p.add_argument("--split", choices=SPLITS, nargs="+", default=["auto"],
-                   help="delta_rule's Triton kernel: programs per (batch, head), each "
-                   "owning a block of W's rows; one timed row per value (default: auto)")
+                   help="delta_rule's and gated_delta_rule's Triton kernels: programs per (batch, "
+                   "head), each owning a block of W's rows; one timed row per value (default: auto)")
     p.add_argument("--maxnreg", type=_parse_maxnreg, nargs="+", metavar="N",
                    help=f"Triton rows: time the fused kernel once per register cap N (an int in "
                    f"[{MAXNREG_RANGE[0]}, {MAXNREG_RANGE[1]}]: every launch at most N registers "
@@ -189,6 +193,10 @@ def _inputs(core: str, shape, dtype: torch.dtype, device, seed: int = 0) -> tupl
         tensors = (randn(T, B, H, D, dt=dtype), randn(T, B, H, D, dt=dtype),
                    randn(T, B, H, D, dt=dtype), randn(T, B, H, dt=dtype),
                    randn(B, H, D, D, scale=0.1))
+    elif core == "gated_delta_rule":  # q, k, v, beta, g (log-decays -softplus(N(0, 1))), S0
+        tensors = (randn(T, B, H, D, dt=dtype), randn(T, B, H, D, dt=dtype),
+                   randn(T, B, H, D, dt=dtype), randn(T, B, H, dt=dtype),
+                   (-torch.nn.functional.softplus(randn(T, B, H))).to(dtype), randn(B, H, D, D, scale=0.1))
     elif core in ("srwm", "sr_delta_net"):  # x, W_y, W_q, W_k, w_b (std 1/sqrt(D)), zero offsets
         dy = D if core == "srwm" else 3 * D + 1
         slow = tuple(randn(H, rows, D, scale=D**-0.5) for rows in (dy, D, D, 4))
@@ -222,7 +230,8 @@ def _flat_srwm(fn: Callable) -> Runner:
 
 
 REFERENCES: dict[str, Callable] = {
-    "delta_rule": delta_rule_reference, "srwm": _flat_srwm(srwm_reference),
+    "delta_rule": delta_rule_reference, "gated_delta_rule": gated_delta_rule_reference,
+    "srwm": _flat_srwm(srwm_reference),
     "rdn": rdn_reference, "delta_rnn": delta_rnn_reference, "delta_lstm": delta_lstm_reference,
     "sr_delta_net": _flat_srwm(srwm_reference),
 }
@@ -231,6 +240,8 @@ REFERENCES: dict[str, Callable] = {
 def _core_kwargs(core: str, args) -> dict:
     if core == "delta_rule":
         return dict(rule=args.rule, feature_map=_feature_map(core, args), grad_mode=args.grad_mode)
+    if core == "gated_delta_rule":
+        return dict(feature_map=_feature_map(core, args), grad_mode=args.grad_mode)
     if core in ("srwm", "sr_delta_net"):
         return dict(input_map="softmax", grad_mode=args.grad_mode)
     if core == "delta_lstm":
@@ -240,8 +251,10 @@ def _core_kwargs(core: str, args) -> dict:
 
 def _feature_map(core: str, args) -> str:
     if args.feature_map is not None:
+        if args.feature_map == "l2norm" and core != "gated_delta_rule":
+            raise FwrlError(f"--feature-map l2norm is gated_delta_rule's only; {core} takes elu1_sumnorm or softmax")
         return args.feature_map
-    return "elu1_sumnorm" if core == "delta_rule" else "softmax"
+    return {"delta_rule": "elu1_sumnorm", "gated_delta_rule": "l2norm"}.get(core, "softmax")
 
 
 def _in_input_dtype(fn: Callable, kwargs: dict) -> Runner:
@@ -288,6 +301,10 @@ def _fused(kernel: str) -> tuple[ModuleType, Runner]:
         import fwrl.kernels.delta_rule.fused_recurrent as fused
 
         return fused, fused.delta_rule_triton
+    if kernel == "gated_delta_rule":
+        import fwrl.kernels.gated_delta_rule.fused_recurrent as fused
+
+        return fused, fused.gated_delta_rule_triton
     if kernel == "srwm":
         import fwrl.kernels.srwm.fused_recurrent as fused
 
@@ -317,6 +334,7 @@ def _uncapped_triton_runners(core: str, args,
     *tensors, _ = inputs
     supports_args = {
         "delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
+        "gated_delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
         "srwm": lambda: tuple(tensors[:5]),
         "rdn": lambda: (*tensors[:5], tensors[8]),
         "delta_rnn": lambda: (*tensors[:3], tensors[4], tensors[5]),
@@ -325,7 +343,7 @@ def _uncapped_triton_runners(core: str, args,
     reason = module.supports(*supports_args, **kwargs)
     if reason is not None:
         return {"triton": (None, f"the kernel cannot run here: {reason}", {})}
-    if core != "delta_rule":
+    if core not in ("delta_rule", "gated_delta_rule"):
         return {"triton": (lambda *a: tuple(fn(*a, **kwargs)), "", {})}
     runners = {}
     for split in args.split:
