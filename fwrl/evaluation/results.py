@@ -91,7 +91,7 @@ def attach_published(rows: list[dict[str, Any]], spec: EnvSpec, core: str, core_
                      unroll_length: int | None) -> None:
     for row in rows:
         found = scores.published_for(spec.family, row["task"], row["split"], core, core_options,
-                                     unroll_length, games=tuple(spec.names))
+                                     unroll_length, games=tuple(spec.names), env_options=spec.options)
         row["published"] = [{"source": p.source, "metric": p.metric, "value": p.value, "note": p.note}
                             for p in found]
 

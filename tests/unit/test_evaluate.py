@@ -149,6 +149,12 @@ def test_published_figures_match_their_setting():
     assert tbptt.value == 15.8
     assert [p.value for p in scores.published_for("atari", "Pong", "test", "rdn")] == [21.0]
     assert scores.published_for("atari", "Pong", "test", "srwm") == []
+    (gru,) = scores.published_for("popgym", "CountRecall", "test", "gru")  # Easy, the difficulty by default
+    assert gru.value == 0.177 and gru.metric == "return"
+    assert [p.value for p in scores.published_for("popgym", "Autoencode", "test", "gru",
+                                                  env_options={"difficulty": "easy"})] == [-0.283]
+    assert scores.published_for("popgym", "CountRecall", "test", "gru", env_options={"difficulty": "hard"}) == []
+    assert scores.published_for("popgym", "CountRecall", "test", "srwm") == []
 
 
 # ----------------------------------------------------------------------------- protocols

@@ -170,7 +170,8 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
         for label, cell in per.items():
             config = group_by_label[label].config
             cell.published = scores.published_for(spec.family, spec.names[0], "test", config["core"],
-                                                  config.get("core_options"), config.get("unroll_length"))
+                                                  config.get("core_options"), config.get("unroll_length"),
+                                                  env_options=spec.options)
 
     # aggregates over games, on normalised scores
     normalised: dict[str, dict[str, dict[int, float]]] = {g.label: {} for g in groups}
