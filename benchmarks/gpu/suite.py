@@ -59,7 +59,7 @@ from typing import Any, Callable, Collection, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("kernels", "learner", "pong", "procgen")
-KERNEL_CORES = ("delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
+KERNEL_CORES = ("delta_rule", "gated_delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net")
 DTYPES = ("fp32", "bf16")
 # The issue's goal shapes (B, T, H, D) for every recurrence, beside each one's preset shapes.
 GOAL_SHAPES = ((32, 51, 4, 32), (256, 101, 8, 64))
@@ -68,6 +68,7 @@ GOALS = {
     "speedup_large": 15.0,  # ... at (256, 101, 8, 64)
     "memory_large": 20.0,  # eager reference peak memory / fused peak memory at (256, 101, 8, 64)
     "vs_fla": 1.3,  # delta rule fused vs FLA fused_recurrent_delta_rule, RL shapes
+    "gated_vs_delta": 1.2,  # gated delta rule fused fwd+bwd at most 1.2x the delta rule's, same shape (issue 70)
     "lstm_of_ceiling": 0.70,  # lstm agent steps/s / env ceiling
     "rdn_of_lstm": 0.80,  # rdn agent steps/s / lstm's
     "rdn_steps": 18_800.0,  # rdn x8 agent steps/s on the whole box: 2x c7ffd00's 9,397 (issue 36)
@@ -371,9 +372,11 @@ def write_csv(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> N
         writer.writerows(rows)
 
 
-def goal_line(name: str, value: float | None, goal: float, unit: str = "x") -> dict[str, Any]:
-    met = None if value is None else value >= goal
-    return {"goal": name, "target": f">= {goal:g}{unit}", "measured": None if value is None else round(value, 3),
+def goal_line(name: str, value: float | None, goal: float, unit: str = "x", at_most: bool = False) -> dict[str, Any]:
+    """A goal's row: met where ``value`` >= ``goal`` (``at_most``: <=); "not measured" where it is None."""
+    met = None if value is None else (value <= goal if at_most else value >= goal)
+    return {"goal": name, "target": f"{'<=' if at_most else '>='} {goal:g}{unit}",
+            "measured": None if value is None else round(value, 3),
             "met": {True: "yes", False: "NO", None: "not measured"}[met]}
 
 
@@ -578,6 +581,12 @@ def _kernel_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memory = (ref["fwd_bwd_peak_mib"] / large["fwd_bwd_peak_mib"]
                   if large and ref and large.get("fwd_bwd_peak_mib") else None)
         goals.append(goal_line(f"{core}: eager / fused peak memory at 256x101x8x64", memory, GOALS["memory_large"]))
+    # the gated delta rule against the delta rule, both fused, at the two goal shapes (issue 70: <= 1.2x)
+    for shape in ("x".join(map(str, g)) for g in GOAL_SHAPES):
+        gated, plain = pick("gated_delta_rule", shape, "triton"), pick("delta_rule", shape, "triton")
+        ratio = gated["fwd_bwd_ms"] / plain["fwd_bwd_ms"] if gated and plain else None
+        goals.append(goal_line(f"gated delta rule / delta rule, fused fwd+bwd at {shape}", ratio,
+                               GOALS["gated_vs_delta"], at_most=True))
     # against FLA: the RL goal shape always (a line that says "not measured" where FLA's pass did
     # not run), then every other shape at which both kernels were timed
     rl_shape = "x".join(map(str, GOAL_SHAPES[0]))

@@ -212,8 +212,10 @@ def _check_kernels_part(folder: Path) -> None:
     data = json.loads((folder / "kernels.json").read_text())
     assert "passed" in data["tests"]
     cores = {row["core"] for row in data["rows"] if row.get("fwd_bwd_ms")}
-    assert cores == {"delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
+    assert cores == {"delta_rule", "gated_delta_rule", "srwm", "rdn", "delta_rnn", "delta_lstm", "sr_delta_net"}
     assert any(g["goal"].startswith("delta_rule") for g in data["goals"])
+    gated = [g for g in data["goals"] if g["goal"].startswith("gated delta rule / delta rule")]
+    assert len(gated) == 2 and all(g["target"] == "<= 1.2x" for g in gated)
     assert {row["core"] for row in data["rows"] if row.get("dtype") == "bf16"} == {"delta_rule"}  # one bf16 pass
     capped = {(row["core"], row["impl"]) for row in data["rows"] if "maxnreg=" in row["impl"] and row.get("fwd_bwd_ms")}
     assert {core for core, _ in capped} == {"delta_rule", "rdn", "srwm"}  # the register-cap A/B ran
@@ -238,6 +240,8 @@ def test_kernel_goals_from_the_h100_rows(tmp_path):
     assert len(fla) == 1 and abs(fla[0]["measured"] - 1.886 / 0.929) < 0.01, fla
     assert "Register cap A/B" not in (folder / "kernels.md").read_text()  # that run had no capped rows
     assert goals["delta_lstm: fused fwd+bwd vs eager at 256x101x8x64"]["met"] == "NO"
+    gated = goals["gated delta rule / delta rule, fused fwd+bwd at 32x51x4x32"]  # not timed on that box
+    assert (gated["target"], gated["met"]) == ("<= 1.2x", "not measured")
     assert "| delta_rule: fused fwd+bwd vs eager at 32x51x4x32 | >= 50x | 67.5 | yes |" in (
         folder / "kernels.md").read_text()
 
@@ -273,10 +277,12 @@ def test_resume_skips_the_passes_an_earlier_run_timed():
                if not suite._pass_timed(rows, core, impls, dtypes, shapes, caps)]
     passes = suite._kernel_passes()
     assert len(pending) == len(passes) - 10
-    # the register-cap A/B passes (large shape, then small) came after that run: pending, in goal order,
-    # before delta_rnn's bf16
-    assert pending[:6] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")] * 2
-    assert pending[6] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
+    # the gated delta rule (issue 70) and the register-cap A/B passes (large shape, then small) came after
+    # that run: pending, in goal order, before delta_rnn's bf16
+    assert pending[0] == ("gated_delta_rule", ("reference", "triton"), ("fp32",), ())
+    assert pending[1:7] == [(core, ("triton",), ("fp32",), (255, 128)) for core in ("delta_rule", "rdn", "srwm")] * 2
+    assert pending[7] == ("gated_delta_rule", ("reference", "triton"), ("bf16",), ())
+    assert pending[8] == ("delta_rnn", ("reference", "triton"), ("bf16",), ())
     # --retime delta_lstm drops that core's rows: its fp32 goal pass is pending again
     retimed: dict = {}
     kept = suite._resumed_rows(ROOT / "benchmarks/results/gpu/kernels-h100/kernels.json", retimed, {"delta_lstm"})
