@@ -36,7 +36,7 @@ def traced_by_default(core: nn.Module, device: torch.device) -> bool:
     """Whether ``core`` acts from traces unless told otherwise (``--acting-trace auto``, and
     ``fwrl evaluate``): on the CPU, for a core that steps through the unroll in Python
     (``Core.python_recurrence``: a fast-weight core's step is 100-250 small calls, whose Python the
-    trace leaves out; torch's LSTM and GRU are one call already)."""
+    trace leaves out; torch's LSTM is one call already; the GRU's CPU step is seven)."""
     return device.type == "cpu" and bool(getattr(core, "python_recurrence", False))
 
 

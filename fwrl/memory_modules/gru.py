@@ -34,7 +34,11 @@ class GRUConfig(CoreConfig):
 
 class GRUCore(Core):
     config_class = GRUConfig
-    python_recurrence = False  # one fused call (or none): the update process gains nothing (fwrl train)
+    # on the CPU it steps through the unroll in Python (kernels/gru/cpu.py: seven calls a step, each way),
+    # so the learner's update runs in its own process and the acting step from traces, as the fast-weight
+    # cores' do: at the popgym preset 1.3x agent steps/s, and 2.0x at B 8, where the learner thread's
+    # calls held the acting thread's GIL (benchmarks/results/popgym_speed.md)
+    python_recurrence = True
 
     def __init__(self, input_size: int, config: GRUConfig | None = None):
         super().__init__()

@@ -176,8 +176,8 @@ def update_process(requested: str, device: torch.device, world_size: int, steps_
     auto: on for one rank on the CPU with at
     least :data:`UPDATE_PROCESS_MIN_STEPS` agent steps left and no time limit (``max_seconds`` 0)
     shorter than :data:`UPDATE_PROCESS_MIN_SECONDS`, for a core that steps through the unroll in
-    Python (``python_recurrence``, ``Core.python_recurrence``: every core but feedforward, lstm and
-    gru, whose recurrence runs in C++ with the GIL released).
+    Python (``python_recurrence``, ``Core.python_recurrence``: every core but feedforward and lstm,
+    whose recurrence runs in C++ with the GIL released; the gru steps in Python on the CPU).
 
     Why: on the CPU the acting thread and the learner thread share one GIL, and a fast-weight core's
     learner is a Python loop of small calls; in its own process the update's Python no longer takes

@@ -126,7 +126,7 @@ def test_refused_where_it_cannot_serve():
     assert update_process("on", cpu, 1, 10) and not update_process("off", cpu, 1, 10**9)
     assert update_process("on", cuda, 1, 10)  # asked for: the GPU suite times it (tests/unit/test_gpu_data_path.py)
     assert not update_process("auto", cpu, 1, 10**9, max_seconds=59) and update_process("auto", cpu, 1, 10**9, 60)
-    assert not update_process("auto", cpu, 1, 10**9, python_recurrence=False)  # lstm, gru, feedforward
+    assert not update_process("auto", cpu, 1, 10**9, python_recurrence=False)  # lstm, feedforward
     with pytest.raises(FwrlError, match="device is mps: use learner_process=auto"):
         update_process("on", torch.device("mps"), 1, 10)
     with pytest.raises(FwrlError, match="trains CPU or CUDA models; this one is on meta"):

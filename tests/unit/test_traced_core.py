@@ -25,6 +25,7 @@ CORES = {
     "srwm": FWP, "fake_sr": FWP, "sr_delta_net": FWP, "gated_delta_net": FWP,
     "gated_delta_net:writes=2": {**FWP, "writes": 2},
     "elstm": {"hidden_size": 8}, "elstm:rtrl": {"hidden_size": 8, "grad": "rtrl"},
+    "gru": {"hidden_size": 8}, "gru:layers=2": {"hidden_size": 8, "num_layers": 2},
 }
 
 
@@ -124,7 +125,9 @@ def test_sequences_and_autograd_call_the_core_itself():
 def test_the_setting_is_on_for_python_stepped_cores_on_the_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     rdn, lstm = build_core("rdn", D_IN, dict(FWP)), build_core("lstm", D_IN, {"hidden_size": 8})
-    assert traced_acting("auto", cpu, rdn) and not traced_acting("auto", cpu, lstm)  # lstm, gru, feedforward
+    gru = build_core("gru", D_IN, {"hidden_size": 8})  # on the CPU its step is kernels/gru/cpu.py's calls
+    assert traced_acting("auto", cpu, rdn) and not traced_acting("auto", cpu, lstm)  # lstm, feedforward
+    assert traced_acting("auto", cpu, gru) and not traced_acting("auto", cuda, gru)
     assert not traced_acting("auto", cuda, rdn) and not traced_acting("off", cpu, rdn)
     assert traced_acting("on", cpu, lstm)
     with pytest.raises(FwrlError, match="acting_trace=on traces the acting step on the CPU.*inference_graph"):
