@@ -580,6 +580,45 @@ def test_lstm_forget_bias_shifts_only_the_forget_gate_bias():
         assert torch.allclose(delta, expected), name
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_lstm_core_is_an_lstm_cell_stepped_with_resets_and_carried_state(layers):
+    """The LSTM core (segments between episode starts through one nn.LSTM call each, oneDNN on the CPU)
+    against LSTMCells stepped one at a time (Hochreiter & Schmidhuber 1997, in the form torch computes),
+    with episode starts inside the unroll, a carried (h, c) and its gradient: what the agent learns with is
+    the textbook LSTM (issue 69 asked whether its gap to the GRU on RepeatFirst is a defect of fwrl's)."""
+    torch.manual_seed(0)
+    core = build_core("lstm", 7, {"hidden_size": 5, "num_layers": layers, "forget_bias": 0.5}).double()
+    cells = []
+    for layer in range(layers):
+        cell = torch.nn.LSTMCell(7 if layer == 0 else 5, 5).double()
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).data.copy_(getattr(core.lstm, f"{name}_l{layer}"))
+        cells.append(cell)
+    x = torch.randn(9, 3, 7, dtype=torch.float64, requires_grad=True)
+    done = torch.zeros(9, 3, dtype=torch.bool)
+    done[0, 2] = done[4, 0] = done[4, 1] = done[6, 1] = True
+    h0, c0 = torch.randn(3, layers, 5, dtype=torch.float64), torch.randn(3, layers, 5, dtype=torch.float64)
+    y, state = core(x, {"h": h0, "c": c0}, done)
+    h, c, ys = h0, c0, []
+    for t in range(9):
+        keep = (~done[t]).to(h.dtype).view(-1, 1, 1)
+        h, c = h * keep, c * keep
+        inp, hs, cs = x[t], [], []
+        for layer, cell in enumerate(cells):
+            h_l, c_l = cell(inp, (h[:, layer], c[:, layer]))
+            hs.append(h_l)
+            cs.append(c_l)
+            inp = h_l
+        h, c = torch.stack(hs, 1), torch.stack(cs, 1)
+        ys.append(inp)
+    torch.testing.assert_close(y, torch.stack(ys), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(state["h"], h, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(state["c"], c, rtol=1e-10, atol=1e-12)
+    (grad,) = torch.autograd.grad(y[-1].sum() + state["c"].sum(), x)
+    (grad_ref,) = torch.autograd.grad(ys[-1].sum() + c.sum(), x)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-10, atol=1e-12)
+
+
 def test_lstm_input_norm_reads_the_input_through_a_layer_norm():
     """input_norm: the LSTM sees LayerNorm(x), so shifting and scaling each step's input changes
     nothing (the stem's common offset cannot drive the gates); without it the output moves."""
