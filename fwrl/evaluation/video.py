@@ -11,9 +11,9 @@ the episode's last:
   colour of its highest channel in seaborn's cubehelix palette of the game's channels, black where
   none is set), 16 pixels a cell; 10 frames/s;
 - ``popgym``, ``memory``, ``gym`` (vector observations): no frames of their own, so a strip
-  (:class:`StripRenderer`): the last 48 steps as columns, each the observation's entries (blue
-  negative, red positive), then the action taken there, then the reward; the newest step on the
-  right; 4 frames/s;
+  (:class:`StripRenderer`): the last 64 steps as columns, each the observation's entries (blue
+  negative, red positive), then the action taken there, then the reward (a reward of any size at
+  least half-coloured, POPGym's are tiny); the newest step on the right; 4 frames/s;
 - an env whose observation is an RGB or grey frame (``dmlab``, a gym env of images): that frame;
 - ``chaos`` (fault injection, a testing aid): refused, it has nothing to show.
 
@@ -45,7 +45,7 @@ from fwrl.errors import FwrlError, missing_dependency
 from fwrl.utils.files import check_writable_folder
 
 MACRO_BLOCK = 16  # H.264 frames' sides: multiples of this (imageio-ffmpeg's default block), padded black
-STRIP_STEPS = 48  # steps a strip shows
+STRIP_STEPS = 64  # steps a strip shows (a RepeatFirst episode, 52 observations, whole)
 NO_FRAMES = {"chaos": "chaos envs (fault injection, a testing aid) have no frames to record"}
 
 
@@ -128,7 +128,8 @@ def _diverging(values: np.ndarray) -> np.ndarray:
 class StripRenderer(Renderer):
     """Vector observations as a strip of the last :data:`STRIP_STEPS` steps (columns, newest on the
     right): rows of the observation's entries (and ``obs_extra``'s), a grey line, the action taken
-    (one row per action of each action dimension, black where taken), a grey line, the reward."""
+    (one row per action of each action dimension, black where taken), a grey line, the reward (its
+    sign, at least half-coloured)."""
 
     fps = 4
 
@@ -151,7 +152,8 @@ class StripRenderer(Renderer):
             picks = np.atleast_1d(np.asarray(action)).astype(np.int64)
             for offset, pick in zip(np.cumsum((0,) + self.action_dims[:-1]), picks):
                 taken[offset + int(pick)] = 0
-        return np.concatenate([_diverging(values), grey, taken, grey, _diverging(np.array([reward]))])
+        shown = np.sign(reward) * max(abs(reward), 0.5) if reward else 0.0  # POPGym's rewards are ~1/50: seen
+        return np.concatenate([_diverging(values), grey, taken, grey, _diverging(np.array([shown]))])
 
     def frame(self, env, obs, action, reward):
         self.columns = (self.columns + [self._column(obs, action, reward)])[-self.steps:]

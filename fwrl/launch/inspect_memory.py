@@ -198,7 +198,7 @@ def plot_episode(arrays: dict[str, Any], kind: str, title: str):
     columns = [c for c in columns if c] or [_state_panels(arrays)]
     rows = max(len(c) for c in columns)
     ncols = len(columns)
-    fig = plt.figure(figsize=(6.5 * ncols, 1.8 + 2.4 * (rows + 1)), layout="constrained")
+    fig = plt.figure(figsize=(max(10.0, 6.5 * ncols), 1.8 + 2.4 * (rows + 1)), layout="constrained")
     grid = fig.add_gridspec(rows + 1, ncols, height_ratios=[1.3] + [1] * rows)
     _context(fig.add_subplot(grid[0, :]), arrays)
     for c, panels in enumerate(columns):
