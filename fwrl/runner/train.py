@@ -128,6 +128,11 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             acting.join()
             if learning.peers.stopped and stop.reason == "budget":
                 stop.reason = "another learner rank"
+            if video is not None and stop.reason == "budget" and not stop.errors:  # the last video, whole
+                video.close(wait=True)
+                for at_steps, videos in video.poll():
+                    if tracker is not None:
+                        tracker.log_videos(videos, at_steps)
             final = None
             if sink is not None and not stop.errors:  # the final row, over the whole session, before the
                 session = run.clock.session()           # final checkpoint (which counts it)

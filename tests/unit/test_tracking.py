@@ -1,11 +1,12 @@
 """Experiment tracking in Weights & Biases (``fwrl train --wandb``, ``fwrl sweep --wandb``): an
-offline run's local files hold the config and every metrics row; a missing package or login is
+offline run's local files hold the config, every metrics row and the ``--video-every`` videos; a missing package or login is
 refused in one line before the run starts; a sweep's cells are grouped by the sweep."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ def test_offline_quickstart_run_logs_the_config_and_every_metrics_row(tmp_path, 
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_DIR", raising=False)
-    code, _, err = run_cli(["train", "--preset", "quickstart", "--wandb", *TINY, "--runs-dir", tmp_path, "--name", "q"])
+    code, _, err = run_cli(["train", "--preset", "quickstart", "--wandb", *TINY, "--runs-dir", tmp_path, "--name", "q",
+                            "--video-every", "3"])
     assert code == 0, err
     run = tmp_path / "q"
     config, history = run_records(finished_run_file(run))
@@ -45,6 +47,10 @@ def test_offline_quickstart_run_logs_the_config_and_every_metrics_row(tmp_path, 
         for key, value in numbers.items():
             assert sent[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     assert (run / "wandb" / "run-id").read_text().strip() in finished_run_file(run).name
+    videos = sorted(p.name for p in (run / "videos").iterdir())  # --video-every 3: once 3 (and 6) updates are done
+    assert videos and all(re.fullmatch(r"update[3-6]-cue_delay-test-episode0-return[01]\.mp4", v) for v in videos)
+    sent = [h for h in history if "video/cue_delay/test/_type" in h]  # a video's fields, flattened
+    assert len(sent) == len(videos) and sent[0]["video/cue_delay/test/_type"] == "video-file"
     assert (run / "tensorboard").is_dir()  # unchanged beside it
 
 
