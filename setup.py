@@ -15,8 +15,12 @@ EXTRAS = {
     "kernels": ["triton>=3.2"],
     # fwrl report: rliable's statistics; rliable 1.2 pins arch < 8, whose releases do not import under pandas 3
     "report": ["rliable>=1.2", "pandas<3"],
+    # episode videos (fwrl evaluate --video, fwrl train --video-every): ffmpeg through imageio-ffmpeg's binary
+    "video": ["imageio", "imageio-ffmpeg"],
+    # experiment tracking in Weights & Biases (fwrl train --wandb)
+    "wandb": ["wandb>=0.19"],
     "test": ["pytest>=8", "pytest-xdist>=3.5", "pytest-timeout>=2.3", "hypothesis>=6", "ale-py>=0.12,<0.13", "triton>=3.2", "ray[default]>=2.9", "minatar>=1.0.15",
-             "popgym>=1.0", "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl", "rliable>=1.2", "pandas<3"],
+             "popgym>=1.0", "gym", "cffi", "filelock", "glfw", "imageio", "imageio-ffmpeg", "moderngl", "rliable>=1.2", "pandas<3", "wandb>=0.19"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
 

@@ -1,4 +1,4 @@
-"""The ``fwrl`` command line: train, evaluate, plot, info, bench.
+"""The ``fwrl`` command line: train, evaluate, inspect, plot, info, bench, sweep, report.
 
 Flags are generated from the settings models of ``fwrl.settings.config``
 (``fwrl.launch.flags``), so each setting has one type, default, range and
@@ -19,7 +19,7 @@ from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
 from fwrl.launch.exits import EXIT_OS_ERROR, interrupted
-from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
+from fwrl.settings.config import BenchConfig, EvaluateConfig, InspectConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
@@ -103,6 +103,14 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
+    if config.wandb:  # the package and, online, a login: said before torch is imported
+        from fwrl.runner.tracking import check_wandb
+
+        check_wandb()
+    if config.video_every > 0:  # the encoder and the env's frames
+        from fwrl.evaluation.video import check_video
+
+        check_video(config.env, None, config.env_wrappers)
 
     from fwrl.agents.distributed import ranks_from_env
     from fwrl.runner.preflight import check_runnable
@@ -124,7 +132,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
     created = not run_dir.exists()
-    lock = None
+    lock = tracker = None
+    failed = True
     try:
         if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
             try:
@@ -139,17 +148,28 @@ def run_train(args: argparse.Namespace) -> int:
         from fwrl.runner.slow_start import SlowStartHint
         from fwrl.runner.train import train
 
+        if config.wandb and ranks.is_main:  # its W&B run, started (or continued) before the run starts
+            from fwrl.runner.tracking import WandbTracker
+
+            tracker = WandbTracker(run_dir, config.to_dict(), project=config.wandb_project, group=config.wandb_group,
+                                   resume=args.resume)
         # the run's progress display; a slow first update says what to change
         progress = SlowStartHint(Progress(config, run_dir), config) if ranks.is_main else None
         result = train(config, run_dir, resume=args.resume, progress=progress, started=args.started,
-                       accept_config_edits=args.accept_config_edits)
+                       accept_config_edits=args.accept_config_edits, tracker=tracker)
+        failed = result.stopped_by == "error"
     except BaseException:  # refused or interrupted before the run had a checkpoint: leave no empty folder
+        if tracker is not None:  # W&B's files closed before the folder may go
+            tracker.close(failed=True)
+            tracker = None
         if created and lock is not None and not (run_dir / "checkpoint.pt").exists():  # only the folder's writer
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
+        if tracker is not None:
+            tracker.close(failed=failed)
         if lock is not None:
             lock.release()
     if ranks.is_main:
@@ -501,9 +521,10 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
 
 @command
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="play test episodes; JSON + table of scores",
+    p = sub.add_parser("evaluate", help="play test episodes; JSON + table of scores (and MP4s with --video)",
                        description="Evaluate a run (its checkpoint.pt) or a checkpoint file with the "
-                                   "protocol of its env family (PAPERS.md §5).")
+                                   "protocol of its env family (PAPERS.md §5); with --video DIR, also an MP4 of "
+                                   "the first --video-episodes episodes of every task and split.")
     p.add_argument("source", help="run folder or checkpoint file")
     add_setting_flags(p, EvaluateConfig)
     p.set_defaults(run=run_evaluate)
@@ -517,8 +538,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
     opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
     source = Path(args.source)
     check_checkpoint_file(checkpoint_of(source))  # a folder without a run, a file that is no checkpoint: before torch
+    if opts.video_episodes is not None and not opts.video:
+        raise FwrlError(f"--video-episodes {opts.video_episodes} sets how many episodes --video records; pass "
+                        "--video DIR too.")
     if opts.env:  # a bad spec or a missing library is said before torch loads the checkpoint
         check_workers_runnable(opts.env, opts.backend)
+    if opts.video:  # the encoder, the folder, and (with --env) the family's frames: before torch too
+        from fwrl.evaluation.video import check_video, check_video_folder
+
+        check_video(opts.env, opts.video) if opts.env else check_video_folder(opts.video)
+    tracked = _wandb_of(source if source.is_dir() else source.parent)
 
     from fwrl.evaluation import evaluate as ev
     from fwrl.evaluation.protocols import default_num_workers, default_protocol, select_splits
@@ -551,6 +580,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
         out = source / "evaluation.json" if source.is_dir() else path.with_suffix(".eval.json")
     check_writable(out, "evaluation JSON", "Pass --out PATH to write it elsewhere.")
     check_writable(out.with_suffix(".md"), "evaluation table", "Pass --out PATH to write it elsewhere.")
+    if opts.video:  # the run's env has frames to record (refused here, before any episode)
+        from fwrl.evaluation.video import check_video
+
+        check_video(env, opts.video, wrappers)
     num_workers = opts.num_workers or default_num_workers(env)
     import torch
 
@@ -572,8 +605,90 @@ def run_evaluate(args: argparse.Namespace) -> int:
         )
     result = {"checkpoint": str(path), "agent_steps": int(payload.get("agent_steps", 0)), **result}
     print_table(result)
+    if opts.video:
+        from fwrl.evaluation.video import record_videos
+
+        episodes = opts.video_episodes or 1
+        print(f"recording {episodes} episode(s) per task and split into {opts.video}", file=sys.stderr)
+        videos = record_videos(model, env, Path(opts.video), episodes=episodes,
+                               splits=select_splits(default_protocol(env).splits, splits), seed=opts.seed,
+                               greedy=opts.policy == "greedy", device=device, env_wrappers=wrappers,
+                               progress=lambda line: print(line, file=sys.stderr))
+        result["videos"] = [v.describe() for v in videos]
     md = write_result(result, out)
     print(f"wrote {out} and {md}")
+    if tracked is not None:  # the run's W&B run gets the table and the videos
+        from fwrl.runner.tracking import WandbTracker
+
+        tracker = WandbTracker(tracked, {}, project=config.get("wandb_project") or "fwrl",
+                               group=config.get("wandb_group") or "", resume=True, job_type="evaluate")
+        try:
+            tracker.log_evaluation(result)
+        finally:
+            tracker.close()
+        print(f"logged the evaluation to the run's W&B run ({tracked / 'wandb'})", file=sys.stderr)
+    return 0
+
+
+def _wandb_of(run_dir: Path) -> Path | None:
+    """``run_dir`` where its run is tracked in W&B and W&B can log here (else None, said in one line
+    where it cannot: the evaluation goes on without it)."""
+    from fwrl.runner.tracking import check_wandb, tracked_run
+
+    if not tracked_run(run_dir):
+        return None
+    try:
+        check_wandb()
+    except FwrlError as exc:
+        print(f"fwrl evaluate: not logged to the run's W&B run: {exc}", file=sys.stderr)
+        return None
+    return run_dir
+
+
+# ----------------------------------------------------------------------------- inspect
+
+@command
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="plot what the agent's memory does in an episode (PNG + NPZ)",
+                       description="Play episodes with a run's agent (its checkpoint.pt) or a checkpoint file, "
+                                   "in this process, and plot per step what its core does: the delta rule's "
+                                   "write strength, fast-weight change and read match; the SRWM's learning "
+                                   "rates and self-modification; the LSTM's and GRU's gates and state norms. "
+                                   "One PNG per episode, its arrays beside it (NPZ).")
+    p.add_argument("source", help="run folder or checkpoint file")
+    add_setting_flags(p, InspectConfig)
+    p.set_defaults(run=run_inspect)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from fwrl.runner.preflight import check_workers_runnable
+    from fwrl.utils.checkpoint_files import check_checkpoint_file, checkpoint_of
+    from fwrl.utils.files import check_writable_folder
+
+    opts = InspectConfig.parse(given_settings(args, InspectConfig))
+    source = Path(args.source)
+    check_checkpoint_file(checkpoint_of(source))  # before torch
+    if opts.env:
+        check_workers_runnable(opts.env, "local")
+    out = Path(opts.out) if opts.out else (source / "inspect" if source.is_dir() else source.with_suffix(".inspect"))
+    if out.exists() and not out.is_dir():
+        raise FwrlError(f"inspect folder {out} is a file; pass --out DIR, a folder for the PNGs and NPZs.")
+    check_writable_folder(out, "inspect folder", "Pass --out DIR to write elsewhere.")
+
+    from fwrl.evaluation.evaluate import check_env_fits
+    from fwrl.launch.inspect_memory import inspect_agent
+    from fwrl.runner.agent import load_agent, pick_device
+
+    device = pick_device(opts.device)
+    model, payload, path = load_agent(source, device)
+    config = dict(payload["config"], agent_steps=int(payload.get("agent_steps", 0)))
+    env = opts.env or config["env"]
+    wrappers = tuple(config.get("env_wrappers", ()))
+    check_workers_runnable(env, "local", wrappers)
+    if opts.env:
+        check_env_fits(env, model, wrappers)
+    inspect_agent(model, env, config, out, episodes=opts.episodes, seed=opts.seed, greedy=opts.policy == "greedy",
+                  device=device, env_wrappers=wrappers, say=lambda line: print(line, file=sys.stderr))
     return 0
 
 

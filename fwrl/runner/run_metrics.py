@@ -154,9 +154,10 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class MetricsSink:
-    """Writes each row to ``metrics.csv``, TensorBoard (where installed) and the live panel."""
+    """Writes each row to ``metrics.csv``, TensorBoard (where installed), the live panel and, with
+    ``--wandb``, the run's W&B tracker (:class:`fwrl.runner.tracking.WandbTracker`)."""
 
-    def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None):
+    def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None, tracker=None):
         """``resumed``: a resumed run's checkpoint counters (``agent_steps``, and ``metrics_rows``, the
         rows written when it was taken; -1 in checkpoints that predate it): the rows a killed run wrote
         after it are dropped (they are acted again), and said so. A new run in a folder that holds the
@@ -179,6 +180,7 @@ class MetricsSink:
                     "steps (the steps after it are acted again)")
             purge_step = steps + 1  # TensorBoard hides the killed run's events after the checkpoint
         self.progress = progress
+        self.tracker = tracker
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -196,6 +198,8 @@ class MetricsSink:
     def write(self, row: dict[str, Any], show: bool = True) -> None:
         self.csv.write(row)
         self._write_tensorboard(row)
+        if self.tracker is not None:
+            self.tracker.log_row(row)
         if show and self.progress is not None:
             self.progress.update(row)
 

@@ -9,7 +9,9 @@ runs when its trigger says it is due:
 - ``milestone``: a kept ``checkpoint-<steps>.pt`` every ``milestone_interval`` agent steps
   (:class:`EverySteps`);
 - ``evaluation``: a look at the periodic evaluation (``--eval-every``, which keeps its own
-  step marks) at every step (:class:`Always`).
+  step marks) at every step (:class:`Always`);
+- ``video``: a look at the periodic video (``--video-every``, which keeps its own update marks)
+  at every step (:class:`Always`).
 
 :func:`periodic_jobs` makes rank 0's schedule from the intervals and the jobs' collaborators (a
 maker of metrics rows, where rows and checkpoints go, whether the first update is done), not the run.
@@ -114,14 +116,18 @@ class MetricsJob:
 def periodic_jobs(now: float, steps: int, *, log_interval: float, checkpoint_interval: float,
                   milestone_interval: int, row: Callable[[float], dict[str, Any]],
                   write: Callable[[dict[str, Any]], None], checkpoint: Callable[[str], None],
-                  updated: Callable[[], bool], evaluation: Callable[[float, int], None] | None = None) -> Schedule:
+                  updated: Callable[[], bool], evaluation: Callable[[float, int], None] | None = None,
+                  video: Callable[[float, int], None] | None = None) -> Schedule:
     """Rank 0's schedule from ``now`` (monotonic seconds) and ``steps`` (the agent steps so far): a
     metrics row every ``log_interval`` seconds, the periodic ``evaluation`` (where given) at every
-    step, ``checkpoint("checkpoint.pt")`` once ``updated()`` then every ``checkpoint_interval``
+    step, the periodic ``video`` (where given) at every step, ``checkpoint("checkpoint.pt")`` once
+    ``updated()`` then every ``checkpoint_interval``
     seconds, and ``checkpoint("checkpoint-<steps>.pt")`` every ``milestone_interval`` agent steps."""
     jobs = [Job("metrics", EverySeconds(log_interval, now), MetricsJob(row, write, now, steps))]
     if evaluation is not None:
         jobs.append(Job("evaluation", Always(), evaluation))
+    if video is not None:
+        jobs.append(Job("video", Always(), video))
     jobs += [
         Job("checkpoint", AfterFirstUpdate(checkpoint_interval, now, updated),
             lambda now, steps: checkpoint("checkpoint.pt")),

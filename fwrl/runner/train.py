@@ -42,6 +42,8 @@ from fwrl.runner.stopping import STOP_ALLOWANCE, Stop, TimeLimit, switch_interva
 from fwrl.runner.train_progress import Progress
 from fwrl.settings.config import TrainConfig
 
+VIDEOS = "videos"  # the run folder's --video-every videos
+
 # With ``after_first_update`` (fwrl bench throughput): how long past its time acting waits for the
 # first update before it stops without one (the bench then says the window held no update).
 FIRST_UPDATE_WAIT = 120.0
@@ -61,7 +63,7 @@ class TrainResult:
 
 def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Progress | None = None,
           started: float | None = None, acting_seconds: float | None = None, learn: bool = True,
-          accept_config_edits: bool = False, after_first_update: float | None = None) -> TrainResult:
+          accept_config_edits: bool = False, after_first_update: float | None = None, tracker=None) -> TrainResult:
     """Train until the step budget, a time limit, a stop signal (SIGINT, SIGTERM, SIGHUP) or an
     error; every way out writes ``checkpoint.pt``. ``resume`` continues the run in ``run_dir``
     (``accept_config_edits``: on a config.yaml edited since its checkpoint, recorded).
@@ -78,7 +80,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     acting thread saw the session's first update, which it waits for up to
     :data:`FIRST_UPDATE_WAIT` seconds more (a bench's window starts at its warm-up's end or at
     the first update, whichever is later, and lasts its seconds). ``learn`` false (``fwrl bench throughput --acting-only``): no updates, each
-    batch handed back to the store unread."""
+    batch handed back to the store unread. ``tracker``: rank 0's W&B run (:mod:`fwrl.runner.tracking`),
+    sent every metrics row and the ``--video-every`` videos."""
     started = time.monotonic() if started is None else started
     run = build_run(config, Path(run_dir), resume, accept_config_edits)
     counters, stop = run.counters, Stop()
@@ -95,8 +98,9 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     stats = RunStats(counters, run.episodes, peers, run.clock, run.actor_timers, run.learner_timer,
                      acting.queue_depth, run.device)
     progress = (progress or Progress(run.config, run.run_dir)) if run.main else None
-    sink = MetricsSink(run.run_dir, progress, resumed=run.resumed if resume else None) if run.main else None
-    evaluator = None
+    sink = (MetricsSink(run.run_dir, progress, resumed=run.resumed if resume else None, tracker=tracker)
+            if run.main else None)
+    evaluator = video = None
     try:
         with stop.on_signals(), switch_interval(0.001), DeviceStreams.use(run.streams.inference):
             if progress is not None:
@@ -113,13 +117,22 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                 from fwrl.evaluation.evaluate import PeriodicEvaluator
 
                 evaluator = PeriodicEvaluator(run.config, run.device, counters.agent_steps, time.monotonic())
-            schedule = _schedule(run, stats, sink, checkpoints, evaluator) if run.main else None
+            if config.video_every > 0 and run.main:
+                from fwrl.evaluation.video import PeriodicVideo
+
+                video = PeriodicVideo(run.config, run.run_dir / VIDEOS, run.device, counters.updates)
+            schedule = _schedule(run, stats, sink, checkpoints, evaluator, video, tracker) if run.main else None
             lost = _act(counters, acting, learning, stop, limit, schedule, acting_until, after_first_update)
             stop.set()
             learning.join()
             acting.join()
             if learning.peers.stopped and stop.reason == "budget":
                 stop.reason = "another learner rank"
+            if video is not None and stop.reason == "budget" and not stop.errors:  # the last video, whole
+                video.close(wait=True)
+                for at_steps, videos in video.poll():
+                    if tracker is not None:
+                        tracker.log_videos(videos, at_steps)
             final = None
             if sink is not None and not stop.errors:  # the final row, over the whole session, before the
                 session = run.clock.session()           # final checkpoint (which counts it)
@@ -141,6 +154,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
         acting.join()
         if evaluator is not None:
             evaluator.close()
+        if video is not None:
+            video.close()
         run.pool.close(grace=limit.close_grace())  # a hung worker does not outlast the time limit
         if progress is not None:
             progress.stop()
@@ -185,16 +200,24 @@ def _act(counters: Counters, acting: ActingLoop, learning: LearnerLoop, stop: St
     return acting.lost  # another acting thread's, if that stopped the run
 
 
-def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, evaluator) -> Schedule:
+def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: CheckpointWriter, evaluator, video=None,
+              tracker=None) -> Schedule:
     """Rank 0's periodic jobs (``fwrl.runner.schedule``), wired to this run's parts."""
     def evaluation(now: float, steps: int) -> None:
         evaluator.maybe_start(steps, run.acting_model, run.weights.lock)
         for row in evaluator.poll():
             sink.write(row, show=False)
 
+    def record(now: float, steps: int) -> None:
+        video.maybe_start(counters.updates, steps, run.acting_model, run.weights.lock)
+        for at_steps, videos in video.poll():
+            if tracker is not None:
+                tracker.log_videos(videos, at_steps)
+
     config, counters = run.config, run.counters
     return periodic_jobs(time.monotonic(), counters.agent_steps, log_interval=config.log_interval,
                          checkpoint_interval=config.checkpoint_interval, milestone_interval=config.milestone_interval,
                          row=stats.row, write=sink.write, checkpoint=lambda name: checkpoints.request(run.run_dir / name),
                          updated=lambda: counters.updated,
-                         evaluation=evaluation if evaluator is not None else None)
+                         evaluation=evaluation if evaluator is not None else None,
+                         video=record if video is not None else None)

@@ -116,6 +116,10 @@ class TrainConfig(Settings):
     log_interval: float = Field(5.0, gt=0, description="seconds between metrics rows")
     eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="agent steps between evaluations written to metrics.csv; 0: none")
     eval_episodes: int = Field(10, ge=0, le=MAX_EPISODES, description="episodes per task and split of each --eval-every evaluation")
+    video_every: int = Field(0, ge=0, le=MAX_STEPS, description="updates between episode videos: a greedy episode of the first task and split, recorded beside the run into <run>/videos (and logged to W&B with wandb); 0: none")
+    wandb: bool = Field(False, description="track the run in Weights & Biases (the wandb extra): the config, every metrics row and the videos, its files in <run>/wandb; WANDB_MODE=offline logs there with no network (wandb sync uploads it later)")
+    wandb_project: str = Field("fwrl", min_length=1, description="W&B project of the run (with wandb)")
+    wandb_group: str = Field("", description="W&B group of the run (with wandb); default: a sweep's cells are grouped by the sweep folder's name, other runs by none")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> "TrainConfig":
@@ -247,6 +251,24 @@ class EvaluateConfig(Settings):
     ray_address: str = redefault(TrainConfig, "ray_address", "auto")
     step_timeout: float = redefault(TrainConfig, "step_timeout", 60.0)
     out: str | None = Field(None, min_length=1, description="JSON path, the markdown table beside it; default: <run>/evaluation.json or <checkpoint>.eval.json")
+    video: str | None = Field(None, min_length=1, description="folder to write an MP4 of the first --video-episodes episodes of every task and split into (named by task, split, episode and return)")
+    video_episodes: int | None = Field(None, ge=1, le=MAX_EPISODES, description="with --video: episodes recorded per task and split (default 1)")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return check_device(name)
+
+
+class InspectConfig(Settings):
+    """Settings of ``fwrl inspect`` (the run's own config comes from its checkpoint)."""
+
+    env: str | None = Field(None, min_length=1, description="env spec to play; default: the run's env (its first task; ProcGen: its last test split)")
+    episodes: int = Field(1, ge=1, le=1000, description="episodes to play, each plotted (PNG) and saved (NPZ)")
+    policy: Literal["greedy", "sample"] = Field("greedy", description="argmax or sampled actions")
+    seed: int = redefault(TrainConfig, "seed", 0)
+    device: str = redefault(TrainConfig, "device", "cpu")
+    out: str | None = Field(None, min_length=1, description="folder of episode-<k>.png and episode-<k>.npz; default: <run>/inspect or <checkpoint>.inspect")
 
     @field_validator("device")
     @classmethod
@@ -314,7 +336,7 @@ def auto_core_options(config_class: type) -> list[str]:
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
     "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
-    "eval_every", "eval_episodes", "inference_graph", "acting_trace", "acting_batch_wait", "acting_priority", "acting_staging", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
+    "eval_every", "eval_episodes", "video_every", "wandb", "wandb_project", "wandb_group", "inference_graph", "acting_trace", "acting_batch_wait", "acting_priority", "acting_staging", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
 }
 
 

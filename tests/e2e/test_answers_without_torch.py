@@ -58,6 +58,7 @@ def test_a_typo_is_reported_without_importing_torch(argv, message, tmp_path):
     (["train", "--env", "memory:cue_delay", "--core", "rdn", "--core-opt", "head_dim=-1"],
      "core option head_dim=-1 of core rdn is not valid", "torch"),
     (["evaluate", "."], "holds no checkpoint.pt", "torch"),
+    (["inspect", "."], "holds no checkpoint.pt", "torch"),
     (["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "rdnn"], "unknown core 'rdnn' in sweep cell",
      "torch"),
     (["report", "."], "holds no runs", "rliable"),

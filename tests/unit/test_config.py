@@ -78,7 +78,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
               "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
               "acting_priority": "high", "learner_process": "off", "acting_trace": "off",
-              "rmsprop_bias_correction": True,
+              "rmsprop_bias_correction": True, "wandb": True, "wandb_project": "mine", "wandb_group": "sweep-1",
               "worker_splits": 1,  # the default: ray takes no splits (--worker-splits: test_cli_errors, test_worker_splits)
               "acting_staging": "pack",  # the default: ray shares no arrays (shared: test_acting_staging_reaches_the_config_with_the_local_backend)
               "env_wrappers": ["mypkg.wrappers:Scale", "mypkg.wrappers:Skip"]}

@@ -42,7 +42,8 @@ LAYERS = ("", "errors", "utils", "envs", "kernels", "memory_modules", "agents", 
 RANK = {"": 0, "errors": 0, "utils": 0, "envs": 1, "kernels": 2, "memory_modules": 3, "agents": 4, "settings": 5,
         "evaluation": 6, "runner": 7, "launch": 8, "__main__": 9}
 # fwrl.launch.<part>: the folders (and single-module commands) of the launch layer, lowest first
-LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "sweep": 1, "report": 1, "exits": 0, "cli": 2, "entry": 3}
+LAUNCH_RANK = {"": 0, "flags": 0, "bench": 1, "plot": 1, "inspect_memory": 1, "sweep": 1, "report": 1, "exits": 0,
+               "cli": 2, "entry": 3}
 
 
 # The modules of fwrl.kernels every rule may import (the package itself holds GRAD_MODES)

@@ -137,9 +137,22 @@ def check_stems(cells: list[Cell]) -> None:
 
 
 def check_cells(cells: list[Cell]) -> None:
-    """Check each distinct config (seeds apart) as ``fwrl train`` would before it starts (env, model, device)."""
+    """Check each distinct config (seeds apart) as ``fwrl train`` would before it starts (env, model, device;
+    W&B where a cell tracks its run, the encoder and the env's frames where it records videos)."""
     from fwrl.runner.preflight import check_runnable
 
+    if any(cell.config.wandb for cell in cells):
+        from fwrl.runner.tracking import check_wandb
+
+        check_wandb()
+    for cell in cells:
+        if cell.config.video_every > 0:
+            from fwrl.evaluation.video import check_video
+
+            try:
+                check_video(cell.config.env, None, cell.config.env_wrappers)
+            except FwrlError as exc:
+                raise FwrlError(f"cell {cell.name}: {exc}") from None
     seen = set()
     for cell in cells:
         key = repr(sorted((k, repr(v)) for k, v in cell.config.to_dict().items() if k != "seed"))
