@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
@@ -22,6 +23,7 @@ from fwrl.launch.exits import EXIT_OS_ERROR, interrupted
 from fwrl.settings.config import BenchConfig, EvaluateConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
+_IMPORTED = time.monotonic()  # python -m fwrl.launch.cli: fwrl's start (the fwrl script passes its own)
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
@@ -196,6 +198,9 @@ def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
     stopped = f"stopped by {result.stopped_by} after {result.wall_seconds:.1f} s"
     if config.max_seconds > 0:
         stopped += f" (limit {config.max_seconds:g} s, start-up and stop included)"
+        if result.stopped_by == "time limit" and result.updates == 0:
+            stopped += ("; the limit ended it before its first update: raise --max-seconds (fwrl's start-up, the "
+                        "env workers' and the first batch's take part of it)")
     updates = f"{result.updates:,} update{'' if result.updates == 1 else 's'}"
     return f"{steps_text(result.agent_steps, config.total_steps, steps_per_update)}, {updates}, {episodes}; {stopped}"
 
@@ -659,30 +664,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def process_started() -> float:
-    """``time.monotonic()`` when this process started (Linux: from ``/proc/self/stat``), else now:
-    where ``--max-seconds`` counts from, so the interpreter's start and the imports count too."""
-    import os
-    import time
-
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return now
-    return now - age if 0 <= age < 3600 else now
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    """The ``fwrl`` command. ``started``: ``time.monotonic()`` when fwrl began (the ``fwrl`` script's
+    import of :mod:`fwrl.launch.entry`); ``--max-seconds`` and the elapsed time count from there. Not
+    from the process's start: a process ``exec``'d by a shell that ran other commands first (``bash -c
+    "sleep 30 && fwrl train ..."``) started long before fwrl did. Default: this module's import
+    (``python -m fwrl.launch.cli``) or, for in-process calls with ``argv`` (tests), now."""
     from fwrl.envs.quiet import plain_fwrl_warnings, silence_env_noise
 
-    started = process_started() if argv is None else None  # in-process calls (tests): from here
     if started is None:
-        import time
-
-        started = time.monotonic()
+        started = _IMPORTED if argv is None else time.monotonic()
     silence_env_noise()
     plain_fwrl_warnings()
     try:
