@@ -262,8 +262,10 @@ def test_slurm_dry_run_prints_the_array_of_unfinished_cells(tmp_path):
     names = [c.name for c in load_sweep(folder).cells]
     start = lines.index("CELLS=(")
     assert [line.strip() for line in lines[start + 1:start + 1 + len(names)]] == names
-    assert lines[-1] == (f'exec {sys.executable} -m fwrl.launch.sweep.cell {root} "$CELL" --evaluate '
-                         "--eval-episodes 3 --eval-workers 2")
+    from fwrl.utils import run_module
+
+    assert lines[-1] == (f'exec {sys.executable} {run_module.__file__} fwrl.launch.sweep.cell {root} "$CELL" '
+                         "--evaluate --eval-episodes 3 --eval-workers 2")
     assert {p.name for p in (folder / "status").glob("*.json")} == {f"{names[0]}.json", f"{names[2]}.json"}
 
 
