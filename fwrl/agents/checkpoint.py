@@ -51,11 +51,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates: int, config: dict[str, Any],
-                       env_info: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, Any]:
+                       env_info: dict[str, Any], progress: dict[str, Any] | None = None,
+                       run: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything a checkpoint holds, its tensors copied to the CPU: training may go on (and change
     the weights in place) while the copy is written. ``progress``: counters a resumed run continues
-    (``elapsed_seconds``, ``episodes``)."""
-    return {
+    (``elapsed_seconds``, ``episodes``). ``run``: the identity of the run that wrote it (``id``, and
+    ``dir``, its folder then; :mod:`fwrl.runner.rundir`), which a resume and an evaluation into a run
+    folder check against the folder's own; checkpoints of fwrl versions before it have none."""
+    payload = {
         "format": FORMAT,
         "fwrl_version": __version__,
         "agent_steps": int(agent_steps),
@@ -68,6 +71,9 @@ def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
     }
+    if run is not None:
+        payload["run"] = dict(run)
+    return payload
 
 
 def host_copy(value: Any) -> Any:

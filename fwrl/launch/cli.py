@@ -543,6 +543,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             raise FwrlError(f"{path} is an agent of env {config.get('env')!r}, but its run folder's config.yaml says "
                             f"{recorded.get('env')!r}: the checkpoint was copied from another run. Evaluate it from "
                             "its own run folder, or pass --env and --out explicitly.")
+    if not opts.out:  # the evaluation goes into the checkpoint's folder: the checkpoint must be that folder's run's
+        _check_own_run(path, payload)
     env = opts.env or config["env"]
     wrappers = tuple(config.get("env_wrappers", ()))
     check_workers_runnable(env, opts.backend, wrappers)  # the run's env: its library, Ray, its wrappers
@@ -580,6 +582,30 @@ def run_evaluate(args: argparse.Namespace) -> int:
     md = write_result(result, out)
     print(f"wrote {out} and {md}")
     return 0
+
+
+def _check_own_run(path: Path, payload: dict) -> None:
+    """Refuse to file an evaluation of checkpoint ``path`` in its folder where the folder holds another
+    run: another run id (``run.json``; checkpoints carry their run's), or, where either has no id (fwrl
+    before run ids), another env or core in the folder's ``config.yaml``."""
+    from fwrl.runner.rundir import foreign_checkpoint
+
+    folder = path.parent
+    why = foreign_checkpoint(folder, path, payload)
+    config = payload.get("config") or {}
+    folder_config = folder / "config.yaml"
+    if why is None and folder_config.is_file():
+        from fwrl.utils.yaml_files import read_yaml
+
+        recorded = read_yaml(folder_config, "run config")
+        differ = [key for key in ("env", "core")
+                  if isinstance(recorded, dict) and recorded.get(key) not in (None, config.get(key))]
+        if differ:
+            why = (f"{path} is an agent of {', '.join(f'{k} {config.get(k)!r}' for k in differ)}, but its run folder's "
+                   f"config.yaml says {', '.join(f'{k} {recorded.get(k)!r}' for k in differ)}")
+    if why:
+        raise FwrlError(f"{why}: its evaluation would be filed in {folder} as that run's. Evaluate it with --out PATH "
+                        "(written elsewhere), or from its own run folder.")
 
 
 # ----------------------------------------------------------------------------- plot

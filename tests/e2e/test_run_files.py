@@ -152,6 +152,30 @@ def test_an_edited_config_is_refused_on_resume_unless_accepted_and_then_recorded
     assert code == 0, err
 
 
+def test_a_checkpoint_of_another_run_is_refused_on_resume_naming_both_runs(tmp_path):
+    """A donor run's checkpoint copied into a host run's folder: --resume refuses it in one line naming both
+    runs (not as an edited config.yaml), with --accept-config-edits too, and the host's metrics stay whole."""
+    import json
+
+    from cli_runs import assert_refused
+
+    host, donor = ["--runs-dir", tmp_path, "--name", "host"], ["--runs-dir", tmp_path, "--name", "donor"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *host])[0] == 0
+    donor_tiny = [a.replace("delay=3", "delay=4") for a in TINY]
+    assert run_cli(["train", *donor_tiny, "--total-steps", 20, *donor])[0] == 0
+    ids = {name: json.loads((tmp_path / name / "run.json").read_text())["id"] for name in ("host", "donor")}
+    assert ids["host"] != ids["donor"]
+    assert torch.load(tmp_path / "host" / "checkpoint.pt", weights_only=True)["run"]["id"] == ids["host"]
+    kept = rows(tmp_path / "host" / "metrics.csv")
+    shutil.copy(tmp_path / "donor" / "checkpoint.pt", tmp_path / "host" / "checkpoint.pt")
+    for extra in ([], ["--accept-config-edits"]):
+        code, _, err = run_cli(["train", "--resume", *host, "--total-steps", 200, *extra])
+        assert_refused(code, err, "is a checkpoint of another run", ids["donor"], ids["host"], str(tmp_path / "donor"),
+                       one_line=True)
+        assert "edited" not in err and rows(tmp_path / "host" / "metrics.csv") == kept
+    assert not (tmp_path / "host" / "config-edits.log").exists()
+
+
 def test_accept_config_edits_without_resume_is_refused(tmp_path):
     code, _, err = run_cli(["train", *TINY, "--accept-config-edits", "--runs-dir", tmp_path])
     assert code == 2 and "--accept-config-edits applies to --resume only" in err
