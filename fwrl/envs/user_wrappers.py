@@ -116,7 +116,17 @@ def apply_wrappers(env: gym.Env, specs: Sequence[WrapperSpec]) -> gym.Env:
     if isinstance(specs, str):
         specs = (specs,)
     for spec in specs:
-        wrapped = load_wrapper(spec)(env)
+        wrapper = load_wrapper(spec)
+        try:
+            wrapped = wrapper(env)
+        except FwrlError:
+            raise
+        except Exception as exc:  # e.g. os.path:join, or gymnasium.wrappers:TimeLimit without its argument
+            detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise FwrlError(f"env wrapper {spec!r} failed when called with the env ({type(exc).__name__}"
+                            f"{': ' + detail if detail else ''}); a wrapper is a callable that takes the env alone "
+                            "and returns a gymnasium.Env (a gymnasium.Wrapper subclass, or a function of your own "
+                            "that fills in any other arguments).") from None
         if not isinstance(wrapped, gym.Env):
             raise FwrlError(f"env wrapper {spec!r} returned {type(wrapped).__name__}, not a gymnasium.Env.")
         env = wrapped

@@ -26,6 +26,8 @@ from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_s
 _IMPORTED = time.monotonic()  # python -m fwrl.launch.cli: fwrl's start (the fwrl script passes its own)
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
+# fwrl info --probe: the most envs the init probe acts (in its own process, one after another)
+PROBE_MAX_BATCH = 1024
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
 BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers": 4, "envs_per_worker": 1,
                              "batch_size": 8, "unroll_length": 80}
@@ -292,6 +294,10 @@ def run_info(args: argparse.Namespace) -> int:
         check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
     if args.preset or settings or options:  # checks core, options, stem, env (over the family's defaults)
         config = build_config(args.preset, {**settings, "core_options": options})
+    if args.probe and config.batch_size > PROBE_MAX_BATCH:
+        raise FwrlError(f"--batch-size {config.batch_size} with --probe: the init probe acts that many envs in this "
+                        f"process, one after another; valid: 1..{PROBE_MAX_BATCH:,} (its figures need no larger "
+                        "batch).")
     reference = None
     if args.probe_reference:  # the same batch (B, T), the reference core with its own options
         reference = build_config(args.preset, {**settings, "core": args.probe_reference, "core_options": {},
@@ -337,8 +343,14 @@ def run_info(args: argparse.Namespace) -> int:
         from fwrl.envs.registry import describe_env
         from fwrl.runner.agent import build_model
 
+        from fwrl.runner.preflight import check_model_memory
+
         info = describe_env(config.env)
         check_stem(config.stem, info.obs_shape, config.env)
+        check_model_memory(config, info, copies=3 if args.probe else 1,  # the probe: gradients, RMSProp's average
+                           what="this model" + (" and the init probe's optimiser" if args.probe else ""))
+        if reference is not None:
+            check_model_memory(reference, info, copies=3, what=f"the reference core {reference.core}")
         model = build_model(config, info)
         table = Table("module", "parameters", title=f"{config.env} / {config.core} / {model.stem_name} stem")
         for name, n in layer_table(model):
