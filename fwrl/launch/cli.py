@@ -60,6 +60,63 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None:
+            self._refuse_repeats(list(args))
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown and args is not None:
+            self._refuse_values_of_switches(list(args), unknown)
+        return namespace, unknown
+
+    def _option_action(self, token: str):
+        """The action of option ``token`` (``--flag`` or ``--flag=value``) of this parser, or None."""
+        if not token.startswith("-") or token == "--" or self._negative_number_matcher.match(token):
+            return None
+        return self._option_string_actions.get(token.split("=", 1)[0])
+
+    def _refuse_repeats(self, args: list[str]) -> None:
+        """A flag that takes one setting given twice (``--preset a --preset b``, ``--seed 1 --seed 2``,
+        ``--sticky-actions --no-sticky-actions``) is an error: argparse would keep the last one silently."""
+        seen: dict[int, list[str]] = {}
+        for i, token in enumerate(args):
+            if token == "--":
+                break
+            action = self._option_action(token)
+            if action is None or isinstance(action, (argparse._AppendAction, argparse._HelpAction,
+                                                     argparse._CountAction, argparse._SubParsersAction)):
+                continue
+            if "=" in token:
+                given = token
+            elif action.nargs == 0:
+                given = token
+            else:
+                values = []
+                for value in args[i + 1:]:
+                    if self._option_action(value) is not None or value == "--":
+                        break
+                    values.append(value)
+                    if action.nargs in (None, "?"):
+                        break
+                given = " ".join([token, *values])
+            seen.setdefault(id(action), []).append(given)
+            if len(seen[id(action)]) == 2:
+                first, second = seen[id(action)]
+                raise UsageError(f"{action.option_strings[0]} is given twice ({first}, then {second}); argparse would "
+                                 f"keep the last silently: give it once (see {self.prog} --help)")
+
+    def _refuse_values_of_switches(self, args: list[str], unknown: list[str]) -> None:
+        """A value after a flag that takes none (``--freeze-vision yes``): say so, rather than 'unrecognized'."""
+        for i, token in enumerate(args[1:], start=1):
+            if token not in unknown:
+                continue
+            action = self._option_action(args[i - 1])
+            if action is not None and action.nargs == 0 and "=" not in args[i - 1]:
+                flag = args[i - 1]
+                off = (f", {action.option_strings[1]} turns it off" if isinstance(action, argparse.BooleanOptionalAction)
+                       and len(action.option_strings) > 1 else "")
+                raise UsageError(f"{flag} takes no value (got {token!r}): {action.option_strings[0]} alone turns it on"
+                                 f"{off} (see {self.prog} --help)")
+
 
 def command(func: Callable[[argparse._SubParsersAction], None]):
     _COMMANDS[func.__name__.removeprefix("add_")] = func
@@ -85,10 +142,12 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.settings.config import check_resume, config_yaml, read_config
-    from fwrl.launch.flags import check_elstm_grad, train_config_from_args, train_overrides
-    from fwrl.runner.rundir import check_run_dir, lock_run_dir, prepare_run_dir
+    from fwrl.launch.flags import check_elstm_grad, check_ray_address, train_config_from_args, train_overrides
+    from fwrl.runner.rundir import check_budget_left, check_run_dir, lock_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
+    if not str(args.runs_dir).strip():
+        raise FwrlError(f"--runs-dir {args.runs_dir!r} names no folder: give the folder that holds runs (default runs).")
     if args.accept_config_edits and not args.resume:
         raise FwrlError("--accept-config-edits applies to --resume only (a new run has no checkpoint to compare with).")
     if args.resume:
@@ -104,6 +163,7 @@ def run_train(args: argparse.Namespace) -> int:
         config = train_config_from_args(args, check_env=not args.print_config)
         run_dir = None
         _say_family_defaults(args)
+    check_ray_address(train_overrides(args), config.backend)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -121,6 +181,8 @@ def run_train(args: argparse.Namespace) -> int:
             run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
+    if args.resume:  # a run at its budget would train nothing: say how to give it more, write nothing
+        check_budget_left(run_dir, config.total_steps)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
         from fwrl.runner.learner_ranks import launch_learners
 
@@ -128,6 +190,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
     created = not run_dir.exists()
+    new_parents = [p for p in run_dir.parents if not p.exists()]  # removed too where a refusal leaves them empty
     lock = None
     try:
         if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
@@ -152,6 +215,11 @@ def run_train(args: argparse.Namespace) -> int:
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
+            for parent in new_parents:  # deepest first: runs/ made for this run alone goes with it
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
         raise
     finally:
         if lock is not None:
@@ -471,8 +539,11 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     from fwrl.launch.flags import train_config_from_args
     from fwrl.runner.preflight import check_runnable
 
+    from fwrl.launch.flags import check_ray_address, train_overrides
+
     window = BenchConfig.parse(given_settings(args, BenchConfig))
     config = train_config_from_args(args, base=bench_throughput_base(args), check_env=not args.print_config)
+    check_ray_address(train_overrides(args), config.backend)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -498,7 +569,10 @@ def run_bench_envs(args: argparse.Namespace) -> int:
     given = given_settings(args, BenchConfig)
     window = BenchConfig.parse({"seconds": 20.0, **given})
     config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
+    from fwrl.launch.flags import check_ray_address
     from fwrl.runner.preflight import check_workers_runnable
+
+    check_ray_address(given_settings(args, TrainConfig), config.backend)
 
     check_workers_runnable(config.env, config.backend)
     return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
@@ -531,7 +605,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     from fwrl.utils.checkpoint_files import check_checkpoint_file, checkpoint_of
 
+    from fwrl.launch.flags import check_ray_address
+
     opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
+    check_ray_address(given_settings(args, EvaluateConfig), opts.backend)
     source = Path(args.source)
     check_checkpoint_file(checkpoint_of(source))  # a folder without a run, a file that is no checkpoint: before torch
     if opts.env:  # a bad spec or a missing library is said before torch loads the checkpoint

@@ -32,6 +32,24 @@ def check_run_dir(path: Path, resume: bool) -> Path:
     return path
 
 
+def check_budget_left(path: Path, total_steps: int) -> None:
+    """Refuse to resume the run in ``path`` where its checkpoint has reached ``total_steps`` already (it would
+    train nothing, yet start a session: workers, a new TensorBoard file); say how to give it more. A checkpoint
+    that cannot be read here is left to the resume itself, which says what is wrong with it."""
+    checkpoint = Path(path) / "checkpoint.pt"
+    try:
+        import torch
+
+        payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        steps = int(payload["agent_steps"])
+    except Exception:  # noqa: BLE001 - damaged, foreign, missing: the resume's own checks word it
+        return
+    if steps >= total_steps:
+        raise FwrlError(f"run {path} has reached its budget: its checkpoint is at {steps:,} agent steps of "
+                        f"total_steps {total_steps:,}, so --resume would train nothing. Pass --total-steps above "
+                        f"{steps:,} to train on (e.g. --total-steps {2 * steps}).")
+
+
 LOCK_FILE = ".lock"  # one writer per run folder (fwrl.utils.locks)
 RUN_FILE = "run.json"  # the run's identity: its id, which every checkpoint it writes carries
 

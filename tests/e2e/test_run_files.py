@@ -176,6 +176,20 @@ def test_a_checkpoint_of_another_run_is_refused_on_resume_naming_both_runs(tmp_p
     assert not (tmp_path / "host" / "config-edits.log").exists()
 
 
+def test_resuming_a_run_at_its_budget_says_how_to_give_it_more_and_writes_nothing(tmp_path):
+    runs = ["--runs-dir", tmp_path, "--name", "f"]
+    assert run_cli(["train", *TINY, "--total-steps", 20, *runs])[0] == 0
+    steps = torch.load(tmp_path / "f" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "f").rglob("*"))
+    code, _, err = run_cli(["train", "--resume", *runs])
+    from cli_runs import assert_refused
+
+    assert_refused(code, err, "has reached its budget", f"{steps:,} agent steps of total_steps 20",
+                   f"Pass --total-steps above {steps:,}", one_line=True)
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "f").rglob("*"))
+    assert after == before  # no new TensorBoard file, no row, no checkpoint
+
+
 def test_accept_config_edits_without_resume_is_refused(tmp_path):
     code, _, err = run_cli(["train", *TINY, "--accept-config-edits", "--runs-dir", tmp_path])
     assert code == 2 and "--accept-config-edits applies to --resume only" in err
@@ -254,6 +268,21 @@ def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpo
         assert last.startswith(f"fwrl: error: {reason}") and str(run) in last, err[-3000:]
         payload = torch.load(run / "checkpoint.pt", weights_only=True)
         assert payload["model"] and payload["agent_steps"] >= 0
+
+
+def test_a_checkpoint_that_does_not_fit_a_full_disk_is_named_a_full_disk(tmp_path):
+    """torch's zip writer words a full disk "unexpected pos 832 vs 726" as often as "file write failed": a real
+    full tmpfs is said as such (ENOSPC, "No space left on device"), not "Input/output error (errno 5)"."""
+    import errno
+
+    from fwrl.agents.checkpoint import write_checkpoint
+
+    with _small_tmpfs(tmp_path / "disk", "1m") as disk:
+        with pytest.raises(OSError) as caught:
+            write_checkpoint(disk / "checkpoint.pt", {"model": {"w": torch.zeros(300_000)}})  # 1.2 MB on 1 MB
+        assert caught.value.errno == errno.ENOSPC, caught.value
+        assert "No space left on device while writing the checkpoint" in str(caught.value)
+        assert not (disk / "checkpoint.pt").exists() and not list(disk.iterdir())  # no half-written file left
 
 
 def test_the_sweeps_progress_shows_the_last_whole_row(tmp_path):

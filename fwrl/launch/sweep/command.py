@@ -37,6 +37,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     sbatch_options = parse_key_values(args.sbatch_opt, "--sbatch-opt")
     if sbatch_options and opts.executor != "slurm":
         raise FwrlError(f"--sbatch-opt applies to --executor slurm only, not --executor {opts.executor}.")
+    if "ray_address" in given and opts.executor != "ray":
+        raise FwrlError(f"--ray-address {opts.ray_address} is the cluster of --executor ray; the executor here is "
+                        f"{opts.executor!r}: add --executor ray, or drop --ray-address (the env workers' cluster of "
+                        "--backend ray is the grid file's ray_address).")
     if opts.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise missing_dependency("ray", "ray", "fwrl sweep --executor ray")
     path = Path(args.sweep_dir)
@@ -69,10 +73,11 @@ def run_sweep(args: argparse.Namespace) -> int:
         alive = alive_cells(sweep)
         todo = [c for c in todo if c not in alive]
     check_stems([sweep.cell(c) for c in todo])  # every executor: a stem that does not fit is said here
+    check_env_specs([sweep.cell(c) for c in todo])  # every executor: a bad env option, without its library
+    if opts.executor == "local" and todo:  # the dry run too: it lists only what the sweep would start
+        check_cells([sweep.cell(c) for c in todo])
     if opts.dry_run:
         return _dry_run(sweep, states, todo, opts, sbatch_options)
-    if opts.executor == "local" and todo:
-        check_cells([sweep.cell(c) for c in todo])
     if opts.executor == "slurm" and todo:
         from fwrl.launch.sweep.slurm import check_sbatch
 
@@ -159,6 +164,19 @@ def check_stems(cells: list[Cell]) -> None:
         try:
             check_stem(config.stem, info.obs_shape, config.env)
         except FwrlError as exc:
+            raise FwrlError(f"cell {cell.name}: {exc}") from None
+
+
+def check_env_specs(cells: list[Cell]) -> None:
+    """Each cell's env spec names a family, games and options that exist, with valid values (without its
+    library: a ray or slurm cell's library is checked where it runs)."""
+    from fwrl.envs.registry import resolve
+
+    for env in dict.fromkeys(cell.config.env for cell in cells):
+        try:
+            resolve(env)
+        except FwrlError as exc:
+            cell = next(c for c in cells if c.config.env == env)
             raise FwrlError(f"cell {cell.name}: {exc}") from None
 
 
