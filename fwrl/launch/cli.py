@@ -41,6 +41,10 @@ BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker":
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
+# flags whose repeat is refused (see _Parser._refuse_repeats), with every flag that takes several values
+LAYERED_FLAGS = ("preset", "config", "grid")
+
+
 class UsageError(FwrlError):
     """A command line argparse cannot read (unknown flag, missing value)."""
 
@@ -75,15 +79,16 @@ class _Parser(argparse.ArgumentParser):
         return self._option_string_actions.get(token.split("=", 1)[0])
 
     def _refuse_repeats(self, args: list[str]) -> None:
-        """A flag that takes one setting given twice (``--preset a --preset b``, ``--seed 1 --seed 2``,
-        ``--sticky-actions --no-sticky-actions``) is an error: argparse would keep the last one silently."""
+        """A flag given twice that reads as if both counted is an error, where argparse would keep the last
+        silently: ``--preset a --preset b`` and ``--config`` (which layer under the flags: one preset is
+        taken, not two) and a sweep's axis flags (``--seed 1 --seed 2``: one axis value, not two). Other
+        flags given twice keep the command line's usual rule, the last wins (``$BASE --num-workers 2``)."""
         seen: dict[int, list[str]] = {}
         for i, token in enumerate(args):
             if token == "--":
                 break
             action = self._option_action(token)
-            if action is None or isinstance(action, (argparse._AppendAction, argparse._HelpAction,
-                                                     argparse._CountAction, argparse._SubParsersAction)):
+            if action is None or not (action.dest in LAYERED_FLAGS or action.nargs == "+"):
                 continue
             if "=" in token:
                 given = token
