@@ -150,12 +150,14 @@ class MetricsCSV:
         self.columns: list[str] = []
         self.rows = 0  # whole rows in the file: a checkpoint records it, a resume keeps that many
         self.repaired = 0
+        self.damage = ""  # where the dropped rows were, in words
         if self.path.exists():
             table = read_metrics_file(self.path)
             self.columns, self.rows = table.columns, len(table.rows)
             if table.damaged_rows:
                 self._rewrite(table.rows)
                 self.repaired = table.damaged_rows
+                self.damage = damage_text(table.malformed_rows, table.torn_last_line)
 
     def keep_first(self, rows: int) -> int:
         """Keep the first ``rows`` rows, those written before the checkpoint a run resumes from (a
@@ -191,6 +193,18 @@ class MetricsCSV:
         data = format_rows(self.columns, rows, header=True)
         atomic_write(self.path, lambda f: f.write(data))
         self.rows = len(rows)
+
+
+def damage_text(malformed: int, torn: bool) -> str:
+    """Where a metrics.csv's dropped rows were: lines whose fields do not fit the header (anywhere in the
+    file: two rows glued together where an earlier session's write was cut short), a last line cut short."""
+    parts = []
+    if malformed:
+        parts.append(f"{malformed} line(s) whose fields do not fit the header (rows glued together, or a row cut "
+                     "inside, where an earlier session's write was cut short)")
+    if torn:
+        parts.append("its last line, cut short (a kill or a full disk during its write)")
+    return "; ".join(parts)
 
 
 def _steps(row: dict[str, str]) -> float:

@@ -116,6 +116,76 @@ def test_tensorboard_hides_the_events_a_killed_run_wrote_after_its_checkpoint(tm
     assert all(e.value != 123.0 for e in events.Scalars("mean_return"))
 
 
+def test_around_a_resume_no_step_repeats_and_tensorboard_keeps_no_killed_points_at_the_checkpoint(tmp_path):
+    """The resumed session writes no row at its checkpoint's step (the previous session's final row holds it; at
+    9f18864 the resumed run's first row repeated it at steps_per_second 0), and TensorBoard drops what a killed
+    session wrote at the checkpoint's step too (at 9f18864 it purged from the step after), keeping the rows
+    metrics.csv keeps there."""
+    pytest.importorskip("tensorboard", reason="TensorBoard events need the tensorboard package")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    runs = ["--runs-dir", tmp_path, "--name", "s"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *runs])[0] == 0
+    saved = torch.load(tmp_path / "s" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    killed = SummaryWriter(str(tmp_path / "s" / "tensorboard"))  # a session killed after the checkpoint
+    killed.add_scalar("mean_return", 123.0, saved)
+    killed.close()
+    time.sleep(1.1)  # event files sort by their second, then by a counter this process shares: a later second
+    assert run_cli(["train", "--resume", *runs, "--total-steps", saved + 100])[0] == 0
+    steps = [int(r["agent_steps"]) for r in rows(tmp_path / "s" / "metrics.csv")]
+    assert len(steps) == len(set(steps)) and steps.count(saved) == 1, steps
+    events = EventAccumulator(str(tmp_path / "s" / "tensorboard"))
+    events.Reload()
+    at_saved = [e.value for e in events.Scalars("mean_return") if e.step == saved]
+    kept = [float(r["mean_return"]) for r in rows(tmp_path / "s" / "metrics.csv")
+            if int(r["agent_steps"]) == saved and r["mean_return"] not in ("", "nan")]
+    assert 123.0 not in at_saved and at_saved == pytest.approx(kept), (at_saved, kept)
+
+
+def test_rows_glued_inside_the_file_are_said_as_such_not_as_the_end(tmp_path, capsys):
+    from fwrl.runner.run_metrics import MetricsSink
+
+    path = tmp_path / "metrics.csv"
+    _write(path, (100, 200, 300, 400))
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1] + lines[2].rstrip("\n") + lines[3] + lines[4])  # rows 200 and 300 glued
+    sink = MetricsSink(tmp_path, None, resumed={"agent_steps": 400, "metrics_rows": 2})
+    sink.close()
+    err = capsys.readouterr().err
+    assert "dropped 1 damaged row(s)" in err and "rows glued together" in err and "at the end" not in err, err
+    assert [r["agent_steps"] for r in rows(path)] == ["100", "400"]
+
+
+def test_a_resume_leaves_a_live_writers_temporary_file_and_removes_a_dead_ones(tmp_path):
+    """A resume cleans the run folder of temporary files killed writes left, but not the one of a write in
+    progress in another live process (fwrl evaluate writing evaluation.json: at 9f18864 its file was removed
+    and its evaluation lost)."""
+    import subprocess
+    import sys
+
+    from fwrl.runner.rundir import prepare_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env: memory:cue_delay\n")
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from fwrl.utils.files import atomic_write\n"
+        "def slow(f):\n    f.write(b'{}'); f.flush(); print('writing', flush=True); sys.stdin.readline()\n"
+        f"atomic_write(Path({str(run / 'evaluation.json')!r}), slow)\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (run / f".checkpoint.pt.{dead.stdout.strip()}.abc123.tmp").write_bytes(b"half")  # a killed write's
+    (run / ".metrics.csv.k1lled_.tmp").write_bytes(b"half")  # an older fwrl's, without its writer's pid
+    live = [p for p in run.glob(".evaluation.json.*.tmp")]
+    assert len(live) == 1
+    prepare_run_dir(run, resume=True)
+    assert sorted(p.name for p in run.glob(".*.tmp")) == [live[0].name]
+    writer.communicate("done\n", timeout=60)
+    assert writer.returncode == 0 and (run / "evaluation.json").read_text() == "{}"
+
+
 def test_a_new_run_in_the_folder_of_a_run_killed_before_its_first_checkpoint_starts_its_own_metrics(tmp_path):
     run = tmp_path / "d"
     run.mkdir()
