@@ -171,7 +171,7 @@ class MetricsSink:
         if self.csv.repaired:
             say(f"fwrl train: dropped {self.csv.repaired} damaged row(s) of {path}: {self.csv.damage}")
         purge_step = None
-        self.last_steps: int | None = None  # of the last training row: a row of no more steps is not written
+        self.resumed_steps: int | None = None  # a resumed run's checkpoint step, until a row passes it
         if resumed is not None:
             steps, rows = int(resumed["agent_steps"]), int(resumed.get("metrics_rows", -1))
             dropped = self.csv.keep_first(rows) if rows >= 0 else self.csv.drop_rows_after(steps)
@@ -181,7 +181,7 @@ class MetricsSink:
             # TensorBoard hides the killed run's events from the checkpoint's step on (events at that step a
             # killed session wrote after the checkpoint included); the kept rows of that step are written again
             purge_step = steps
-            self.last_steps = steps if self.csv.rows else None
+            self.resumed_steps = steps if self.csv.rows else None
         self.progress = progress
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -202,12 +202,12 @@ class MetricsSink:
         return self.csv.rows
 
     def write(self, row: dict[str, Any], show: bool = True) -> None:
-        if not any(str(k).startswith("eval/") for k in row):  # a training row: one per step count
-            if self.last_steps is not None and row.get("agent_steps", 0) <= self.last_steps:
-                if show and self.progress is not None:  # no update since the last row (or, resumed, since the
-                    self.progress.update(row)           # checkpoint, whose step its row holds): shown only
+        if self.resumed_steps is not None and not any(str(k).startswith("eval/") for k in row):
+            if row.get("agent_steps", 0) <= self.resumed_steps:  # a resumed session's training row before its
+                if show and self.progress is not None:           # first update: the checkpoint's row holds
+                    self.progress.update(row)                    # this step already; shown, not written
                 return
-            self.last_steps = row.get("agent_steps", 0)
+            self.resumed_steps = None
         self.csv.write(row)
         self._write_tensorboard(row)
         if show and self.progress is not None:
