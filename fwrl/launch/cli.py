@@ -34,7 +34,7 @@ BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers":
 # the stem of the bench's own env (Pong); with --env the stem is picked as fwrl train picks it (auto)
 BENCH_THROUGHPUT_STEM = "nature"
 # settings bench throughput sets itself (a measuring window, no checkpoints)
-BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "checkpoint_interval")
+BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "log_every_steps", "checkpoint_interval")
 BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker": 1}
 
 
@@ -437,11 +437,29 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_with(config: TrainConfig, model, batch, updates: int):
+class ProbeProgress:
+    """The init probe's progress on stderr: a line as each phase starts (making the envs, the warm-up, acting,
+    the updates), then one every ``every`` seconds within it, so a large probe is never silent for minutes."""
+
+    def __init__(self, every: float = 5.0, out=None):
+        self.every, self.out = every, out
+        self.phase, self.last = None, 0.0
+
+    def __call__(self, phase: str, done: int, of: int) -> None:
+        import time
+
+        now = time.monotonic()
+        if phase == self.phase and now - self.last < self.every:
+            return
+        self.phase, self.last = phase, now
+        print(f"probe: {phase} {done:,} of {of:,}", file=self.out or sys.stderr, flush=True)
+
+
+def _probe_with(config: TrainConfig, model, batch, updates: int, say=None):
     """:func:`fwrl.runner.probe.probe` of ``model`` with ``config``'s optimiser and loss settings."""
     from fwrl.runner.probe import probe
 
-    return probe(model, batch, updates=updates, learning_rate=config.learning_rate,
+    return probe(model, batch, updates=updates, say=say, learning_rate=config.learning_rate,
                  rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
                  rmsprop_momentum=config.rmsprop_momentum,
                  rmsprop_bias_correction=config.rmsprop_bias_correction, grad_norm_clip=config.grad_norm_clip,
@@ -469,13 +487,14 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
     torch.manual_seed(config.seed)
     print(f"probe: acting {config.batch_size} envs x {config.unroll_length + 1} steps with the fresh agent ...",
           file=sys.stderr, flush=True)
-    batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed)
-    result = _probe_with(config, model, batch, updates)
+    say = ProbeProgress()
+    batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed, say=say)
+    result = _probe_with(config, model, batch, updates, say)
     print(format_probe(result, _probe_title(config, updates)))
     reference_result = None
     if reference is not None:
         torch.manual_seed(reference.seed)
-        reference_result = _probe_with(reference, build_model(reference, info), batch, updates)
+        reference_result = _probe_with(reference, build_model(reference, info), batch, updates, ProbeProgress())
         print(format_probe(reference_result, "reference " + _probe_title(reference, updates)))
         print(format_reference(result, reference_result, f"{config.core} against {reference.core} on the same "
                                f"batch (the reference's figure -> {config.core}'s as a multiple of it):"))
