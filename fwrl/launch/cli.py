@@ -41,7 +41,7 @@ BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker":
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
-# flags whose repeat is refused (see _Parser._refuse_repeats), with every flag that takes several values
+# flags whose repeat is refused (see _Parser._refuse_repeats): each names one layer of settings
 LAYERED_FLAGS = ("preset", "config", "grid")
 
 
@@ -79,16 +79,16 @@ class _Parser(argparse.ArgumentParser):
         return self._option_string_actions.get(token.split("=", 1)[0])
 
     def _refuse_repeats(self, args: list[str]) -> None:
-        """A flag given twice that reads as if both counted is an error, where argparse would keep the last
-        silently: ``--preset a --preset b`` and ``--config`` (which layer under the flags: one preset is
-        taken, not two) and a sweep's axis flags (``--seed 1 --seed 2``: one axis value, not two). Other
-        flags given twice keep the command line's usual rule, the last wins (``$BASE --num-workers 2``)."""
+        """A flag naming a layer of settings given twice (``--preset a --preset b``, ``--config``, ``--grid``)
+        reads as if both layers counted, where argparse would keep the last silently: an error. Other flags
+        given twice keep the command line's usual rule, the last wins (``$BASE --num-workers 2``, a sweep's
+        ``--total-steps 200 ... --total-steps 300``)."""
         seen: dict[int, list[str]] = {}
         for i, token in enumerate(args):
             if token == "--":
                 break
             action = self._option_action(token)
-            if action is None or not (action.dest in LAYERED_FLAGS or action.nargs == "+"):
+            if action is None or action.dest not in LAYERED_FLAGS:
                 continue
             if "=" in token:
                 given = token
@@ -106,8 +106,8 @@ class _Parser(argparse.ArgumentParser):
             seen.setdefault(id(action), []).append(given)
             if len(seen[id(action)]) == 2:
                 first, second = seen[id(action)]
-                raise UsageError(f"{action.option_strings[0]} is given twice ({first}, then {second}); argparse would "
-                                 f"keep the last silently: give it once (see {self.prog} --help)")
+                raise UsageError(f"{action.option_strings[0]} is given twice ({first}, then {second}); the last would "
+                                 f"win silently: give it once (see {self.prog} --help)")
 
     def _refuse_values_of_switches(self, args: list[str], unknown: list[str]) -> None:
         """A value after a flag that takes none (``--freeze-vision yes``): say so, rather than 'unrecognized'."""
