@@ -51,11 +51,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates: int, config: dict[str, Any],
-                       env_info: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, Any]:
+                       env_info: dict[str, Any], progress: dict[str, Any] | None = None,
+                       run: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything a checkpoint holds, its tensors copied to the CPU: training may go on (and change
     the weights in place) while the copy is written. ``progress``: counters a resumed run continues
-    (``elapsed_seconds``, ``episodes``)."""
-    return {
+    (``elapsed_seconds``, ``episodes``). ``run``: the identity of the run that wrote it (``id``, and
+    ``dir``, its folder then; :mod:`fwrl.runner.rundir`), which a resume and an evaluation into a run
+    folder check against the folder's own; checkpoints of fwrl versions before it have none."""
+    payload = {
         "format": FORMAT,
         "fwrl_version": __version__,
         "agent_steps": int(agent_steps),
@@ -68,6 +71,9 @@ def checkpoint_payload(*, model, optimizer, scheduler, agent_steps: int, updates
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
     }
+    if run is not None:
+        payload["run"] = dict(run)
+    return payload
 
 
 def host_copy(value: Any) -> Any:
@@ -117,12 +123,33 @@ def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     def save(f) -> None:
         try:
             torch.save(payload, f)
-        except RuntimeError as exc:  # torch's writer reports a full disk as "file write failed"
-            error = errno.ENOSPC if "write failed" in str(exc) else errno.EIO
+        except RuntimeError as exc:  # torch's zip writer words a full disk "file write failed" or "unexpected pos"
+            full = "write failed" in str(exc) or _free_bytes(Path(path).parent) < _tensor_bytes(payload)
+            error = errno.ENOSPC if full else errno.EIO
             raise OSError(error, f"{os.strerror(error)} while writing the checkpoint "
                                  f"({str(exc).splitlines()[0][:120]})", str(path)) from None
 
     atomic_write(Path(path), save)
+
+
+def _free_bytes(folder: Path) -> float:
+    """Bytes free for this user on ``folder``'s file system (inf where it cannot be told)."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return float("inf")
+    return stat.f_bavail * stat.f_frsize
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor in ``value`` (what a checkpoint of it needs on disk, at least)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 def save_checkpoint(path: Path, **parts: Any) -> None:

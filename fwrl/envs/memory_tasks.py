@@ -250,15 +250,23 @@ class MemoryTask:
     env: Callable[..., gym.Env]
 
 
+# Upper bounds of the tasks' sizes: an episode of more steps never ends within a run's budget (a delay of
+# 10^11 steps: no episode, nothing learnt), and an observation or action set larger is a typo that would
+# allocate gigabytes per env (num_cues=10^9: a 4 GB observation).
+MAX_EPISODE_STEPS = 1_000_000
+MAX_SYMBOLS = 10_000
+
+
 def _check_cue_delay(o: dict[str, Any]) -> str | None:
-    if o["delay"] < 0 or o["num_cues"] < 2:
-        return "needs delay >= 0 and num_cues >= 2"
+    if not (0 <= o["delay"] <= MAX_EPISODE_STEPS and 2 <= o["num_cues"] <= MAX_SYMBOLS):
+        return f"needs 0 <= delay <= {MAX_EPISODE_STEPS:,} and 2 <= num_cues <= {MAX_SYMBOLS:,}"
     return None
 
 
 def _check_assoc_recall(o: dict[str, Any]) -> str | None:
-    if o["n"] < 1 or o["num_keys"] < 1 or o["num_values"] < 2:
-        return "needs n >= 1, num_keys >= 1 and num_values >= 2"
+    if not (1 <= o["n"] <= MAX_EPISODE_STEPS and 1 <= o["num_keys"] <= MAX_SYMBOLS and 2 <= o["num_values"] <= MAX_SYMBOLS):
+        return (f"needs 1 <= n <= {MAX_EPISODE_STEPS:,}, 1 <= num_keys <= {MAX_SYMBOLS:,} and "
+                f"2 <= num_values <= {MAX_SYMBOLS:,}")
     if not o["replacement"] and o["n"] > min(o["num_keys"], o["num_values"]):
         return (
             "without replacement shows distinct keys and values, so it needs "
@@ -268,12 +276,16 @@ def _check_assoc_recall(o: dict[str, Any]) -> str | None:
 
 
 def _check_time_limit(o: dict[str, Any]) -> str | None:
-    return "needs length >= 5 (the final obs must repeat an earlier phase)" if o["length"] < 5 else None
+    if not 5 <= o["length"] <= MAX_EPISODE_STEPS:
+        return f"needs 5 <= length <= {MAX_EPISODE_STEPS:,} (the final obs must repeat an earlier phase)"
+    return None
 
 
 def _check_copy(o: dict[str, Any]) -> str | None:
-    if o["length"] < 1 or o["symbols"] < 2 or o["delay"] < 0:
-        return "needs length >= 1, symbols >= 2 and delay >= 0"
+    if not (1 <= o["length"] <= MAX_SYMBOLS and 2 <= o["symbols"] <= MAX_SYMBOLS
+            and 0 <= o["delay"] <= MAX_EPISODE_STEPS):
+        return (f"needs 1 <= length <= {MAX_SYMBOLS:,}, 2 <= symbols <= {MAX_SYMBOLS:,} and "
+                f"0 <= delay <= {MAX_EPISODE_STEPS:,}")
     return None
 
 

@@ -182,10 +182,23 @@ def get_family(name: str) -> EnvFamily:
 def resolve(spec: EnvSpec | str) -> tuple[EnvSpec, EnvFamily]:
     """Parse (if needed) and validate a spec; returns it with its family."""
     if isinstance(spec, str):
+        if ":" not in spec and spec.split("?")[0] in FAMILY_MODULES:  # a family without its game: say its games
+            raise FwrlError(family_without_game(spec.split("?")[0]))
         spec = parse_env_spec(spec)
     family = get_family(spec.family)
     family.validate(spec)
     return spec, family
+
+
+def family_without_game(name: str) -> str:
+    """What an env spec that names family ``name`` alone (``memory``) lacks: a game, with the family's."""
+    try:
+        games = tuple(get_family(name).game_names or ())
+    except Exception:  # noqa: BLE001 - its library is missing: the form alone
+        games = ()
+    shown = f"; its games: {', '.join(games[:12])}{', ...' if len(games) > 12 else ''}" if games else ""
+    return (f"env spec {name!r} names the env family {name} but no game: write {name}:NAME"
+            f"{f' (e.g. {name}:{games[0]})' if games else ''}{shown}.")
 
 
 def build_env(spec: EnvSpec | str, *, worker_index: int = 0, seed: int = 0, mode: str = "train",

@@ -12,7 +12,8 @@ spaces. ``callable`` may be a dotted path inside the module
 in the learner process, so a wrapper that cannot be imported or is not
 callable is an error before any worker starts. The module must be importable
 in every worker too (local workers inherit ``sys.path`` and ``PYTHONPATH``;
-Ray actors add the learner's ``PYTHONPATH`` entries that exist on their node).
+Ray actors add the learner's ``PYTHONPATH`` entries that exist on their node); a module in the
+current folder is found there, after the installed ones (:func:`import_module_for`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,19 @@ FORM = "expected MODULE:CALLABLE, e.g. mypkg.wrappers:ScaleReward"
 
 
 def import_module_for(module: str, purpose: str):
-    """Import ``module`` or raise FwrlError saying why (not installed vs failed while importing)."""
+    """Import ``module`` or raise FwrlError saying why (not installed vs failed while importing).
+
+    A module found nowhere on ``sys.path`` is looked for in the current folder too, last (appended to
+    ``sys.path``, so it never shadows an installed package): the ``fwrl`` script does not put the
+    current folder on the path as ``python -m`` does, nor do fwrl's child processes
+    (:mod:`fwrl.utils.run_module`), and README's ``--env-wrapper mypkg.wrappers:ScaleReward`` names a
+    package in the folder a run is started from. Local env workers inherit the path."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            if _search_current_folder(exc.name):
+                return import_module_for(module, purpose)
             raise FwrlError(
                 f"cannot import module {module!r} for {purpose}: {exc}. Install the package that provides it "
                 "or put its folder on PYTHONPATH (in every env worker's environment too, e.g. on each Ray node)."
@@ -41,6 +50,25 @@ def import_module_for(module: str, purpose: str):
         raise FwrlError(f"importing module {module!r} for {purpose} failed: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # the module itself is broken: say so, with its error
         raise FwrlError(f"importing module {module!r} for {purpose} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _search_current_folder(name: str) -> bool:
+    """Append the current folder to ``sys.path`` where it holds top-level module or package ``name``'s
+    first part and is not on the path yet; whether it did."""
+    import os
+    import sys
+
+    top = name.split(".")[0]
+    try:
+        here = os.getcwd()
+    except OSError:  # the folder was removed
+        return False
+    if here in sys.path or "" in sys.path or not (os.path.isdir(os.path.join(here, top))
+                                                  or os.path.isfile(os.path.join(here, top + ".py"))):
+        return False
+    sys.path.append(here)
+    importlib.invalidate_caches()
+    return True
 
 
 def load_wrapper(spec: WrapperSpec) -> Callable[[gym.Env], gym.Env]:
@@ -88,7 +116,17 @@ def apply_wrappers(env: gym.Env, specs: Sequence[WrapperSpec]) -> gym.Env:
     if isinstance(specs, str):
         specs = (specs,)
     for spec in specs:
-        wrapped = load_wrapper(spec)(env)
+        wrapper = load_wrapper(spec)
+        try:
+            wrapped = wrapper(env)
+        except FwrlError:
+            raise
+        except Exception as exc:  # e.g. os.path:join, or gymnasium.wrappers:TimeLimit without its argument
+            detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise FwrlError(f"env wrapper {spec!r} failed when called with the env ({type(exc).__name__}"
+                            f"{': ' + detail if detail else ''}); a wrapper is a callable that takes the env alone "
+                            "and returns a gymnasium.Env (a gymnasium.Wrapper subclass, or a function of your own "
+                            "that fills in any other arguments).") from None
         if not isinstance(wrapped, gym.Env):
             raise FwrlError(f"env wrapper {spec!r} returned {type(wrapped).__name__}, not a gymnasium.Env.")
         env = wrapped

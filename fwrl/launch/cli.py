@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
@@ -22,19 +23,26 @@ from fwrl.launch.exits import EXIT_OS_ERROR, interrupted
 from fwrl.settings.config import BenchConfig, EvaluateConfig, InspectConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
+_IMPORTED = time.monotonic()  # python -m fwrl.launch.cli: fwrl's start (the fwrl script passes its own)
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {}
 
+# fwrl info --probe: the most envs the init probe acts (in its own process, one after another)
+PROBE_MAX_BATCH = 1024
 # fwrl bench throughput: its own defaults where no --preset or --config is given; flags override them
 BENCH_THROUGHPUT_DEFAULTS = {"env": "atari:Pong", "core": "lstm", "num_workers": 4, "envs_per_worker": 1,
                              "batch_size": 8, "unroll_length": 80}
 # the stem of the bench's own env (Pong); with --env the stem is picked as fwrl train picks it (auto)
 BENCH_THROUGHPUT_STEM = "nature"
 # settings bench throughput sets itself (a measuring window, no checkpoints)
-BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "checkpoint_interval")
+BENCH_THROUGHPUT_FIXED = ("total_steps", "max_seconds", "log_interval", "log_every_steps", "checkpoint_interval")
 BENCH_ENVS_DEFAULTS = {"env": "atari:Pong", "num_workers": 2, "envs_per_worker": 1}
 
 
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
+# flags whose repeat is refused (see _Parser._refuse_repeats): each names one layer of settings
+LAYERED_FLAGS = ("preset", "config", "grid")
 
 
 class UsageError(FwrlError):
@@ -55,6 +63,64 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None:
+            self._refuse_repeats(list(args))
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown and args is not None:
+            self._refuse_values_of_switches(list(args), unknown)
+        return namespace, unknown
+
+    def _option_action(self, token: str):
+        """The action of option ``token`` (``--flag`` or ``--flag=value``) of this parser, or None."""
+        if not token.startswith("-") or token == "--" or self._negative_number_matcher.match(token):
+            return None
+        return self._option_string_actions.get(token.split("=", 1)[0])
+
+    def _refuse_repeats(self, args: list[str]) -> None:
+        """A flag naming a layer of settings given twice (``--preset a --preset b``, ``--config``, ``--grid``)
+        reads as if both layers counted, where argparse would keep the last silently: an error. Other flags
+        given twice keep the command line's usual rule, the last wins (``$BASE --num-workers 2``, a sweep's
+        ``--total-steps 200 ... --total-steps 300``)."""
+        seen: dict[int, list[str]] = {}
+        for i, token in enumerate(args):
+            if token == "--":
+                break
+            action = self._option_action(token)
+            if action is None or action.dest not in LAYERED_FLAGS:
+                continue
+            if "=" in token:
+                given = token
+            elif action.nargs == 0:
+                given = token
+            else:
+                values = []
+                for value in args[i + 1:]:
+                    if self._option_action(value) is not None or value == "--":
+                        break
+                    values.append(value)
+                    if action.nargs in (None, "?"):
+                        break
+                given = " ".join([token, *values])
+            seen.setdefault(id(action), []).append(given)
+            if len(seen[id(action)]) == 2:
+                first, second = seen[id(action)]
+                raise UsageError(f"{action.option_strings[0]} is given twice ({first}, then {second}); the last would "
+                                 f"win silently: give it once (see {self.prog} --help)")
+
+    def _refuse_values_of_switches(self, args: list[str], unknown: list[str]) -> None:
+        """A value after a flag that takes none (``--freeze-vision yes``): say so, rather than 'unrecognized'."""
+        for i, token in enumerate(args[1:], start=1):
+            if token not in unknown:
+                continue
+            action = self._option_action(args[i - 1])
+            if action is not None and action.nargs == 0 and "=" not in args[i - 1]:
+                flag = args[i - 1]
+                off = (f", {action.option_strings[1]} turns it off" if isinstance(action, argparse.BooleanOptionalAction)
+                       and len(action.option_strings) > 1 else "")
+                raise UsageError(f"{flag} takes no value (got {token!r}): {action.option_strings[0]} alone turns it on"
+                                 f"{off} (see {self.prog} --help)")
 
 
 def command(func: Callable[[argparse._SubParsersAction], None]):
@@ -81,10 +147,12 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.settings.config import check_resume, config_yaml, read_config
-    from fwrl.launch.flags import check_elstm_grad, train_config_from_args, train_overrides
-    from fwrl.runner.rundir import check_run_dir, lock_run_dir, prepare_run_dir
+    from fwrl.launch.flags import check_elstm_grad, check_ray_address, train_config_from_args, train_overrides
+    from fwrl.runner.rundir import check_budget_left, check_run_dir, lock_run_dir, prepare_run_dir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
+    if not str(args.runs_dir).strip():
+        raise FwrlError(f"--runs-dir {args.runs_dir!r} names no folder: give the folder that holds runs (default runs).")
     if args.accept_config_edits and not args.resume:
         raise FwrlError("--accept-config-edits applies to --resume only (a new run has no checkpoint to compare with).")
     if args.resume:
@@ -100,6 +168,7 @@ def run_train(args: argparse.Namespace) -> int:
         config = train_config_from_args(args, check_env=not args.print_config)
         run_dir = None
         _say_family_defaults(args)
+    check_ray_address(train_overrides(args), config.backend)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -125,6 +194,8 @@ def run_train(args: argparse.Namespace) -> int:
             run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
     check_run_dir(run_dir, resume=args.resume)
     check_runnable(config, resume=args.resume)
+    if args.resume:  # a run at its budget would train nothing: say how to give it more, write nothing
+        check_budget_left(run_dir, config.total_steps)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
         from fwrl.runner.learner_ranks import launch_learners
 
@@ -132,6 +203,7 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
     created = not run_dir.exists()
+    new_parents = [p for p in run_dir.parents if not p.exists()]  # removed too where a refusal leaves them empty
     lock = tracker = None
     failed = True
     try:
@@ -166,6 +238,11 @@ def run_train(args: argparse.Namespace) -> int:
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
+            for parent in new_parents:  # deepest first: runs/ made for this run alone goes with it
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
         raise
     finally:
         if tracker is not None:
@@ -216,6 +293,9 @@ def _result_text(result, config: TrainConfig, steps_per_update: int) -> str:
     stopped = f"stopped by {result.stopped_by} after {result.wall_seconds:.1f} s"
     if config.max_seconds > 0:
         stopped += f" (limit {config.max_seconds:g} s, start-up and stop included)"
+        if result.stopped_by == "time limit" and result.updates == 0:
+            stopped += ("; the limit ended it before its first update: raise --max-seconds (fwrl's start-up, the "
+                        "env workers' and the first batch's take part of it)")
     updates = f"{result.updates:,} update{'' if result.updates == 1 else 's'}"
     return f"{steps_text(result.agent_steps, config.total_steps, steps_per_update)}, {updates}, {episodes}; {stopped}"
 
@@ -307,6 +387,10 @@ def run_info(args: argparse.Namespace) -> int:
         check_env_first(layered_settings(args.preset, {**settings, "core_options": options}), installed=False)
     if args.preset or settings or options:  # checks core, options, stem, env (over the family's defaults)
         config = build_config(args.preset, {**settings, "core_options": options})
+    if args.probe and config.batch_size > PROBE_MAX_BATCH:
+        raise FwrlError(f"--batch-size {config.batch_size} with --probe: the init probe acts that many envs in this "
+                        f"process, one after another; valid: 1..{PROBE_MAX_BATCH:,} (its figures need no larger "
+                        "batch).")
     reference = None
     if args.probe_reference:  # the same batch (B, T), the reference core with its own options
         reference = build_config(args.preset, {**settings, "core": args.probe_reference, "core_options": {},
@@ -352,8 +436,14 @@ def run_info(args: argparse.Namespace) -> int:
         from fwrl.envs.registry import describe_env
         from fwrl.runner.agent import build_model
 
+        from fwrl.runner.preflight import check_model_memory
+
         info = describe_env(config.env)
         check_stem(config.stem, info.obs_shape, config.env)
+        check_model_memory(config, info, copies=3 if args.probe else 1,  # the probe: gradients, RMSProp's average
+                           what="this model" + (" and the init probe's optimiser" if args.probe else ""))
+        if reference is not None:
+            check_model_memory(reference, info, copies=3, what=f"the reference core {reference.core}")
         model = build_model(config, info)
         table = Table("module", "parameters", title=f"{config.env} / {config.core} / {model.stem_name} stem")
         for name, n in layer_table(model):
@@ -367,11 +457,29 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_with(config: TrainConfig, model, batch, updates: int):
+class ProbeProgress:
+    """The init probe's progress on stderr: a line as each phase starts (making the envs, the warm-up, acting,
+    the updates), then one every ``every`` seconds within it, so a large probe is never silent for minutes."""
+
+    def __init__(self, every: float = 5.0, out=None):
+        self.every, self.out = every, out
+        self.phase, self.last = None, 0.0
+
+    def __call__(self, phase: str, done: int, of: int) -> None:
+        import time
+
+        now = time.monotonic()
+        if phase == self.phase and now - self.last < self.every:
+            return
+        self.phase, self.last = phase, now
+        print(f"probe: {phase} {done:,} of {of:,}", file=self.out or sys.stderr, flush=True)
+
+
+def _probe_with(config: TrainConfig, model, batch, updates: int, say=None):
     """:func:`fwrl.runner.probe.probe` of ``model`` with ``config``'s optimiser and loss settings."""
     from fwrl.runner.probe import probe
 
-    return probe(model, batch, updates=updates, learning_rate=config.learning_rate,
+    return probe(model, batch, updates=updates, say=say, learning_rate=config.learning_rate,
                  rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
                  rmsprop_momentum=config.rmsprop_momentum,
                  rmsprop_bias_correction=config.rmsprop_bias_correction, grad_norm_clip=config.grad_norm_clip,
@@ -399,13 +507,14 @@ def _run_probe(config: TrainConfig, model, updates: int, json_path: str | None =
     torch.manual_seed(config.seed)
     print(f"probe: acting {config.batch_size} envs x {config.unroll_length + 1} steps with the fresh agent ...",
           file=sys.stderr, flush=True)
-    batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed)
-    result = _probe_with(config, model, batch, updates)
+    say = ProbeProgress()
+    batch = collect_batch(config.env, model, config.batch_size, config.unroll_length, seed=config.seed, say=say)
+    result = _probe_with(config, model, batch, updates, say)
     print(format_probe(result, _probe_title(config, updates)))
     reference_result = None
     if reference is not None:
         torch.manual_seed(reference.seed)
-        reference_result = _probe_with(reference, build_model(reference, info), batch, updates)
+        reference_result = _probe_with(reference, build_model(reference, info), batch, updates, ProbeProgress())
         print(format_probe(reference_result, "reference " + _probe_title(reference, updates)))
         print(format_reference(result, reference_result, f"{config.core} against {reference.core} on the same "
                                f"batch (the reference's figure -> {config.core}'s as a multiple of it):"))
@@ -474,8 +583,11 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     from fwrl.launch.flags import train_config_from_args
     from fwrl.runner.preflight import check_runnable
 
+    from fwrl.launch.flags import check_ray_address, train_overrides
+
     window = BenchConfig.parse(given_settings(args, BenchConfig))
     config = train_config_from_args(args, base=bench_throughput_base(args), check_env=not args.print_config)
+    check_ray_address(train_overrides(args), config.backend)
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
@@ -501,7 +613,10 @@ def run_bench_envs(args: argparse.Namespace) -> int:
     given = given_settings(args, BenchConfig)
     window = BenchConfig.parse({"seconds": 20.0, **given})
     config = build_config(None, given_settings(args, TrainConfig), base=BENCH_ENVS_DEFAULTS)
+    from fwrl.launch.flags import check_ray_address
     from fwrl.runner.preflight import check_workers_runnable
+
+    check_ray_address(given_settings(args, TrainConfig), config.backend)
 
     check_workers_runnable(config.env, config.backend)
     return bench_envs(argparse.Namespace(env=config.env, num_workers=config.num_workers,
@@ -535,7 +650,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     from fwrl.utils.checkpoint_files import check_checkpoint_file, checkpoint_of
 
+    from fwrl.launch.flags import check_ray_address
+
     opts = EvaluateConfig.parse(given_settings(args, EvaluateConfig))
+    check_ray_address(given_settings(args, EvaluateConfig), opts.backend)
     source = Path(args.source)
     check_checkpoint_file(checkpoint_of(source))  # a folder without a run, a file that is no checkpoint: before torch
     if opts.video_episodes is not None and not opts.video:
@@ -567,6 +685,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             raise FwrlError(f"{path} is an agent of env {config.get('env')!r}, but its run folder's config.yaml says "
                             f"{recorded.get('env')!r}: the checkpoint was copied from another run. Evaluate it from "
                             "its own run folder, or pass --env and --out explicitly.")
+    if not opts.out:  # the evaluation goes into the checkpoint's folder: the checkpoint must be that folder's run's
+        _check_own_run(path, payload)
     env = opts.env or config["env"]
     wrappers = tuple(config.get("env_wrappers", ()))
     check_workers_runnable(env, opts.backend, wrappers)  # the run's env: its library, Ray, its wrappers
@@ -692,6 +812,30 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_own_run(path: Path, payload: dict) -> None:
+    """Refuse to file an evaluation of checkpoint ``path`` in its folder where the folder holds another
+    run: another run id (``run.json``; checkpoints carry their run's), or, where either has no id (fwrl
+    before run ids), another env or core in the folder's ``config.yaml``."""
+    from fwrl.runner.rundir import foreign_checkpoint
+
+    folder = path.parent
+    why = foreign_checkpoint(folder, path, payload)
+    config = payload.get("config") or {}
+    folder_config = folder / "config.yaml"
+    if why is None and folder_config.is_file():
+        from fwrl.utils.yaml_files import read_yaml
+
+        recorded = read_yaml(folder_config, "run config")
+        differ = [key for key in ("env", "core")
+                  if isinstance(recorded, dict) and recorded.get(key) not in (None, config.get(key))]
+        if differ:
+            why = (f"{path} is an agent of {', '.join(f'{k} {config.get(k)!r}' for k in differ)}, but its run folder's "
+                   f"config.yaml says {', '.join(f'{k} {recorded.get(k)!r}' for k in differ)}")
+    if why:
+        raise FwrlError(f"{why}: its evaluation would be filed in {folder} as that run's. Evaluate it with --out PATH "
+                        "(written elsewhere), or from its own run folder.")
+
+
 # ----------------------------------------------------------------------------- plot
 
 @command
@@ -774,30 +918,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def process_started() -> float:
-    """``time.monotonic()`` when this process started (Linux: from ``/proc/self/stat``), else now:
-    where ``--max-seconds`` counts from, so the interpreter's start and the imports count too."""
-    import os
-    import time
-
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return now
-    return now - age if 0 <= age < 3600 else now
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    """The ``fwrl`` command. ``started``: ``time.monotonic()`` when fwrl began (the ``fwrl`` script's
+    import of :mod:`fwrl.launch.entry`); ``--max-seconds`` and the elapsed time count from there. Not
+    from the process's start: a process ``exec``'d by a shell that ran other commands first (``bash -c
+    "sleep 30 && fwrl train ..."``) started long before fwrl did. Default: this module's import
+    (``python -m fwrl.launch.cli``) or, for in-process calls with ``argv`` (tests), now."""
     from fwrl.envs.quiet import plain_fwrl_warnings, silence_env_noise
 
-    started = process_started() if argv is None else None  # in-process calls (tests): from here
     if started is None:
-        import time
-
-        started = time.monotonic()
+        started = _IMPORTED if argv is None else time.monotonic()
     silence_env_noise()
     plain_fwrl_warnings()
     try:

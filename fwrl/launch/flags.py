@@ -81,8 +81,18 @@ def parse_key_values(items: Sequence[str], what: str) -> dict[str, str]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise FwrlError(f"{what} {item!r} is not KEY=VALUE.")
+        if key in out:  # the last would win silently
+            raise FwrlError(f"{what} {key} is given twice ({key}={out[key]}, then {key}={value}): give it once.")
         out[key] = value
     return out
+
+
+def check_ray_address(given: Mapping[str, Any], backend: str) -> None:
+    """``--ray-address`` names the Ray cluster of ``--backend ray``'s env workers: with another backend it would
+    be ignored silently, so it is an error."""
+    if "ray_address" in given and backend != "ray":
+        raise FwrlError(f"--ray-address {given['ray_address']} is the cluster of --backend ray's env workers; the "
+                        f"backend here is {backend!r}: add --backend ray, or drop --ray-address.")
 
 
 # ----------------------------------------------------------------------------- train config
@@ -114,6 +124,9 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides = given_settings(args, TrainConfig)
     core_options: dict[str, Any] = parse_key_values(args.core_opt, "--core-opt")
     if args.elstm_grad:
+        if core_options.get("grad", args.elstm_grad) != args.elstm_grad:
+            raise FwrlError(f"--elstm-grad {args.elstm_grad} and --core-opt grad={core_options['grad']} set the same "
+                            "option (the eLSTM's training) to different values: give one of them.")
         core_options["grad"] = args.elstm_grad
     if core_options:
         overrides["core_options"] = core_options

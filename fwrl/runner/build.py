@@ -46,6 +46,7 @@ from fwrl.runner.agent import build_model, pick_device, resolve_core_options
 from fwrl.runner.budget import Budget
 from fwrl.runner.counters import Counters
 from fwrl.runner.run_metrics import Episodes, normaliser
+from fwrl.runner.rundir import foreign_checkpoint, new_run_id, read_run_id, run_identity, write_run_id
 from fwrl.runner.stopping import Clock
 from fwrl.settings.config import TrainConfig, changed_settings, save_config, saved_settings
 from fwrl.utils.allocator import keep_freed_memory
@@ -84,6 +85,7 @@ class Run:
     clock: Clock
     counters: Counters  # the parts' counters, from the checkpoint's on a resume
     resumed: dict[str, Any] = field(default_factory=dict)  # the checkpoint's counters (PROGRESS), or the start's
+    run_id: str | None = None  # the run's identity (run.json; rank 0's checkpoints carry it)
     update_lock: threading.Lock = field(default_factory=threading.Lock)  # held by the learner for a whole update
     copy_seconds: float = 0.0  # how long the last snapshot's copy took (a time limit keeps it back)
 
@@ -111,7 +113,8 @@ class Run:
                 agent_steps=self.learner.stats.agent_steps, updates=self.learner.stats.updates,
                 config=self.config.to_dict(), env_info=self.info.to_dict(),
                 progress={"elapsed_seconds": self.clock.elapsed(), "episodes": self.episodes.count,
-                          "acted_steps": int(acted_steps), "metrics_rows": int(metrics_rows)})
+                          "acted_steps": int(acted_steps), "metrics_rows": int(metrics_rows)},
+                run=run_identity(self.run_dir, self.run_id) if self.run_id else None)
             self.copy_seconds = time.monotonic() - began
             return payload
 
@@ -259,7 +262,11 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
         group.broadcast_weights(model)
         seed_everything(config.seed + 10_007 * ranks.rank + counters["updates"])  # each rank samples its own
     acting_model = acting_copy(model)
-    if ranks.is_main:
+    run_id = None
+    if ranks.is_main:  # the run's identity: a new run's own, a resumed run's from its folder (one of an older
+        run_id = (read_run_id(run_dir) if resume else None) or new_run_id()  # fwrl version gets one now)
+        if read_run_id(run_dir) != run_id:
+            write_run_id(run_dir, run_id)
         save_config(config, run_dir / "config.yaml")
 
     streams = DeviceStreams(device, threads, config.acting_priority)
@@ -289,7 +296,7 @@ def build_run(config: TrainConfig, run_dir: Path, resume: bool = False, accept_c
                actor_timers=actor_timers, inference_graph=graph,
                acting_trace=traced_acting(config.acting_trace, device, model.core),
                learner_timer=learner_timer, episodes=episodes, pool=pool,
-               clock=Clock(counters["elapsed_seconds"]), resumed=counters,
+               clock=Clock(counters["elapsed_seconds"]), resumed=counters, run_id=run_id,
                counters=Counters(counters["agent_steps"], counters["updates"], int(counters["acted_steps"])))
 
 
@@ -299,6 +306,11 @@ def _restore(path: Path, model: AgentNet, optimizer, scheduler, config: TrainCon
     RNGs, once ``config`` (config.yaml's) is checked against the config it was trained with; returns
     its counters."""
     payload = load_checkpoint(path, map_location=device)
+    foreign = foreign_checkpoint(path.parent, path, payload)
+    if foreign:  # before the config's check: an edited config.yaml is not the cause, and no edit is accepted
+        raise FwrlError(f"cannot resume: {foreign}. A run resumes from its own checkpoints: resume that run in its "
+                        "own folder (or move its whole folder), and put this folder's own checkpoint.pt back "
+                        "(or a milestone of it, checkpoint-<steps>.pt).")
     check_config_edits(path.parent, payload.get("config"), config, accept_edits, record=record_edits)
     load_model_weights(model, payload["model"], str(path))
     optimizer.load_state_dict(payload["optimizer"])

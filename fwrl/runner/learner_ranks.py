@@ -59,12 +59,14 @@ def _kept_signal_handlers() -> Iterator[None]:
 
 
 def launch_learners(count: int, argv: Sequence[str]) -> int:
-    """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks; returns the exit status."""
+    """Run ``python -m fwrl.launch.cli <argv>`` as ``count`` learner ranks (:mod:`fwrl.utils.run_module`);
+    returns the exit status."""
+    from fwrl.utils.run_module import module_command
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        launch_ranks(count, sys.executable, "-m", "fwrl.launch.cli", *argv)
+        launch_ranks(count, *module_command("fwrl.launch.cli", *argv))  # not -m: a ./fwrl clone is no package
     except ChildFailedError as exc:
         for rank, failure in sorted(exc.failures.items()):
             print(f"fwrl train: learner rank {rank} of {count} {describe_exit(int(failure.exitcode))}",

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -78,17 +78,23 @@ class ProbeResult:
 
 @torch.no_grad()
 def collect_batch(env: str, model: nn.Module, batch_size: int, unroll_length: int, seed: int = 0,
-                  warmup: int = 100) -> dict[str, Tensor]:
+                  warmup: int = 100, say: Callable[[str, int, int], None] | None = None) -> dict[str, Tensor]:
     """One batch of ``batch_size`` rollouts of ``unroll_length`` steps acted by ``model`` from a zero
     core state, in the learner's row convention (``obs``, ``reward``, ``done``, ``action``,
     ``policy_logits`` as ``[T + 1, B, ...]``; row 0 is the first observation). ``warmup`` random
-    steps come first in every env."""
-    envs = [make_env(env, worker_index=i, seed=seed * 1000 + i) for i in range(batch_size)]
+    steps come first in every env. ``say(phase, done, of)``: progress, called as each env is made
+    ("envs made") and at each warm-up and acting step ("warm-up steps", "acting steps")."""
+    say = say or (lambda phase, done, of: None)
+    envs = []
+    for i in range(batch_size):
+        envs.append(make_env(env, worker_index=i, seed=seed * 1000 + i))
+        say("envs made", i + 1, batch_size)
     try:
         for i, e in enumerate(envs):
             e.action_space.seed(seed * 1000 + i)
         obs = [e.reset()[0] for e in envs]
-        for _ in range(warmup):
+        for step in range(warmup):
+            say("warm-up steps", step + 1, warmup)
             for i, e in enumerate(envs):
                 o, _, terminated, truncated, _ = e.step(e.action_space.sample())
                 obs[i] = e.reset()[0] if terminated or truncated else o
@@ -99,6 +105,7 @@ def collect_batch(env: str, model: nn.Module, batch_size: int, unroll_length: in
         rows: dict[str, list[Tensor]] = {OBS: [], REWARD: [], DONE: [], "action": [], "policy_logits": []}
         action = logits = None
         for t in range(unroll_length + 1):
+            say("acting steps", t + 1, unroll_length + 1)
             frame = torch.as_tensor(np.stack(_frames(obs)))
             step_in = {OBS: frame[None], REWARD: reward[None], DONE: done[None]}
             if isinstance(obs[0], dict):
@@ -164,8 +171,10 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
           rmsprop_alpha: float = 0.99, rmsprop_eps: float = 0.01, rmsprop_momentum: float = 0.0,
           rmsprop_bias_correction: bool = False, grad_norm_clip: float = 40.0, discount: float = 0.99,
           baseline_cost: float = 0.5, entropy_cost: float = 0.01, reward_clip: float | None = 1.0,
-          top: int = 6) -> ProbeResult:
-    """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place."""
+          top: int = 6, say: Callable[[str, int, int], None] | None = None) -> ProbeResult:
+    """Run the probe on ``batch`` (from :func:`collect_batch`); ``model`` is trained in place.
+    ``say(phase, done, of)``: progress, as each update begins ("updates")."""
+    say = say or (lambda phase, done, of: None)
     action_dims = getattr(model, "action_dims", None)
     B = batch[REWARD].shape[1]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -196,6 +205,7 @@ def probe(model: nn.Module, batch: dict[str, Tensor], *, updates: int = 10, lear
         hook.remove()
         result.head_input_rms = head_inputs[0].pow(2).mean().sqrt().item()
     for update in range(max(1, updates)):
+        say("updates", update + 1, max(1, updates))
         out = forward()
         loss, _ = impala_loss(out, batch, **loss_kwargs)
         optimizer.zero_grad(set_to_none=True)

@@ -27,7 +27,7 @@ from fwrl.agents.learner import LEARNER_STAGES
 from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
 from fwrl.runner.rundir import MetricsCSV
-from fwrl.utils.metrics_file import METRICS_FILE
+from fwrl.utils.metrics_file import METRICS_FILE, read_metrics_file
 
 TENSORBOARD = "tensorboard"  # the run's TensorBoard event files (where tensorboard is installed)
 
@@ -170,15 +170,19 @@ class MetricsSink:
             say(f"fwrl train: removed the metrics a run killed before its first checkpoint left in {run_dir}")
         self.csv = MetricsCSV(path)
         if self.csv.repaired:
-            say(f"fwrl train: dropped {self.csv.repaired} damaged row(s) at the end of {path} (a write cut short)")
+            say(f"fwrl train: dropped {self.csv.repaired} damaged row(s) of {path}: {self.csv.damage}")
         purge_step = None
+        self.resumed_steps: int | None = None  # a resumed run's checkpoint step, until a row passes it
         if resumed is not None:
             steps, rows = int(resumed["agent_steps"]), int(resumed.get("metrics_rows", -1))
             dropped = self.csv.keep_first(rows) if rows >= 0 else self.csv.drop_rows_after(steps)
             if dropped:
                 say(f"fwrl train: dropped {dropped} row(s) of {path} written after the checkpoint at {steps:,} agent "
                     "steps (the steps after it are acted again)")
-            purge_step = steps + 1  # TensorBoard hides the killed run's events after the checkpoint
+            # TensorBoard hides the killed run's events from the checkpoint's step on (events at that step a
+            # killed session wrote after the checkpoint included); the kept rows of that step are written again
+            purge_step = steps
+            self.resumed_steps = steps if self.csv.rows else None
         self.progress = progress
         self.tracker = tracker
         try:
@@ -189,6 +193,10 @@ class MetricsSink:
             quiet_tensorboard_writer_faults()
             self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
         self.tensorboard_dir = run_dir / TENSORBOARD
+        if purge_step is not None and self.tensorboard is not None and path.exists():
+            for row in read_metrics_file(path).rows:
+                if _number(row.get("agent_steps")) == purge_step:
+                    self._write_tensorboard({k: _number(v) for k, v in row.items()})
 
     @property
     def rows(self) -> int:
@@ -196,6 +204,12 @@ class MetricsSink:
         return self.csv.rows
 
     def write(self, row: dict[str, Any], show: bool = True) -> None:
+        if self.resumed_steps is not None and not any(str(k).startswith("eval/") for k in row):
+            if row.get("agent_steps", 0) <= self.resumed_steps:  # a resumed session's training row before its
+                if show and self.progress is not None:           # first update: the checkpoint's row holds
+                    self.progress.update(row)                    # this step already; shown, not written
+                return
+            self.resumed_steps = None
         self.csv.write(row)
         self._write_tensorboard(row)
         if self.tracker is not None:
@@ -227,6 +241,15 @@ class MetricsSink:
                 self.tensorboard.close()
             except OSError as exc:  # its writer thread's disk fault, said with the folder
                 raise OSError(exc.errno, exc.strerror, str(self.tensorboard_dir)) from None
+
+
+def _number(value: Any) -> Any:
+    """A metrics.csv field as a number where it reads as one (else as it is: skipped by TensorBoard's rows)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    return int(number) if number.is_integer() and "." not in str(value) and "e" not in str(value).lower() else number
 
 
 def quiet_tensorboard_writer_faults() -> None:

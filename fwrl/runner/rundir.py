@@ -32,7 +32,81 @@ def check_run_dir(path: Path, resume: bool) -> Path:
     return path
 
 
+def check_budget_left(path: Path, total_steps: int) -> None:
+    """Refuse to resume the run in ``path`` where its checkpoint has reached ``total_steps`` already (it would
+    train nothing, yet start a session: workers, a new TensorBoard file); say how to give it more. A checkpoint
+    that cannot be read here is left to the resume itself, which says what is wrong with it."""
+    checkpoint = Path(path) / "checkpoint.pt"
+    try:
+        import torch
+
+        payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        steps = int(payload["agent_steps"])
+    except Exception:  # noqa: BLE001 - damaged, foreign, missing: the resume's own checks word it
+        return
+    if steps >= total_steps:
+        raise FwrlError(f"run {path} has reached its budget: its checkpoint is at {steps:,} agent steps of "
+                        f"total_steps {total_steps:,}, so --resume would train nothing. Pass --total-steps above "
+                        f"{steps:,} to train on (e.g. --total-steps {2 * steps}).")
+
+
 LOCK_FILE = ".lock"  # one writer per run folder (fwrl.utils.locks)
+RUN_FILE = "run.json"  # the run's identity: its id, which every checkpoint it writes carries
+
+
+def new_run_id() -> str:
+    """A new run's id: when it started and 8 random hex digits (``20261207-113000-1a2b3c4d``)."""
+    import secrets
+    import time
+
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def read_run_id(path: Path) -> str | None:
+    """The id of the run in folder ``path`` (its ``run.json``), None where it has none (a run of an fwrl
+    version before run ids, or no run) or the file cannot be read."""
+    import json
+
+    try:
+        data = json.loads((Path(path) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = data.get("id") if isinstance(data, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def write_run_id(path: Path, run_id: str) -> None:
+    """Record ``run_id`` as the identity of the run in folder ``path`` (atomically)."""
+    import json
+
+    from fwrl.utils.files import atomic_write_text
+
+    atomic_write_text(Path(path) / RUN_FILE, json.dumps({"id": run_id, "folder": str(Path(path).resolve())}) + "\n")
+
+
+def run_identity(run_dir: Path, run_id: str) -> dict[str, str]:
+    """What a checkpoint records of the run that wrote it."""
+    return {"id": run_id, "dir": str(Path(run_dir).resolve())}
+
+
+def _checkpoint_run_text(payload: dict[str, Any]) -> str:
+    run = payload.get("run") or {}
+    config = payload.get("config") or {}
+    return (f"run {run.get('id')} of {run.get('dir', 'an unknown folder')}, {config.get('env')} / {config.get('core')}, "
+            f"at {int(payload.get('agent_steps', 0)):,} agent steps")
+
+
+def foreign_checkpoint(run_dir: Path, path: Path, payload: dict[str, Any]) -> str | None:
+    """Why checkpoint ``path`` (read: ``payload``) is not of the run in folder ``run_dir``, or None where it
+    is or cannot be told: it records another run id than the folder's ``run.json``. A checkpoint or a
+    folder of an fwrl version before run ids has none, and is taken as the folder's (the config
+    checks that follow still hold)."""
+    folder_id = read_run_id(run_dir)
+    checkpoint_id = (payload.get("run") or {}).get("id")
+    if folder_id is None or not checkpoint_id or checkpoint_id == folder_id:
+        return None
+    return (f"{path} is a checkpoint of another run ({_checkpoint_run_text(payload)}), not of the run in {run_dir} "
+            f"(run {folder_id}, {RUN_FILE})")
 
 
 def lock_run_dir(path: Path) -> FileLock:
@@ -76,12 +150,14 @@ class MetricsCSV:
         self.columns: list[str] = []
         self.rows = 0  # whole rows in the file: a checkpoint records it, a resume keeps that many
         self.repaired = 0
+        self.damage = ""  # where the dropped rows were, in words
         if self.path.exists():
             table = read_metrics_file(self.path)
             self.columns, self.rows = table.columns, len(table.rows)
             if table.damaged_rows:
                 self._rewrite(table.rows)
                 self.repaired = table.damaged_rows
+                self.damage = damage_text(table.malformed_rows, table.torn_last_line)
 
     def keep_first(self, rows: int) -> int:
         """Keep the first ``rows`` rows, those written before the checkpoint a run resumes from (a
@@ -117,6 +193,18 @@ class MetricsCSV:
         data = format_rows(self.columns, rows, header=True)
         atomic_write(self.path, lambda f: f.write(data))
         self.rows = len(rows)
+
+
+def damage_text(malformed: int, torn: bool) -> str:
+    """Where a metrics.csv's dropped rows were: lines whose fields do not fit the header (anywhere in the
+    file: two rows glued together where an earlier session's write was cut short), a last line cut short."""
+    parts = []
+    if malformed:
+        parts.append(f"{malformed} line(s) whose fields do not fit the header (rows glued together, or a row cut "
+                     "inside, where an earlier session's write was cut short)")
+    if torn:
+        parts.append("its last line, cut short (a kill or a full disk during its write)")
+    return "; ".join(parts)
 
 
 def _steps(row: dict[str, str]) -> float:

@@ -3,7 +3,8 @@
 The acting loop calls :meth:`Schedule.run_due` after every acting step (rank 0 only); each job
 runs when its trigger says it is due:
 
-- ``metrics``: a metrics row every ``log_interval`` seconds (:class:`EverySeconds`);
+- ``metrics``: a metrics row every ``log_interval`` seconds (:class:`EverySeconds`), and every
+  ``log_every_steps`` agent steps where that is set (:class:`EitherOf`);
 - ``checkpoint``: ``checkpoint.pt`` soon after the session's first update, then every
   ``checkpoint_interval`` seconds (:class:`AfterFirstUpdate`);
 - ``milestone``: a kept ``checkpoint-<steps>.pt`` every ``milestone_interval`` agent steps
@@ -63,6 +64,21 @@ class AfterFirstUpdate(EverySeconds):
         return True
 
 
+class EitherOf:
+    """Due when ``seconds`` or ``steps`` is; each counts its next time from any row (no row twice close)."""
+
+    def __init__(self, seconds: "EverySeconds", steps: "EverySteps"):
+        self.seconds, self.steps = seconds, steps
+
+    def due(self, now: float, steps: int) -> bool:
+        if not (self.seconds.due(now, steps) or self.steps.due(now, steps)):
+            return False
+        self.seconds.last = now
+        if self.steps.interval > 0:
+            self.steps.next = self.steps._after(steps)
+        return True
+
+
 class EverySteps:
     """Each time the agent steps pass a multiple of ``interval`` (never for 0)."""
 
@@ -117,13 +133,17 @@ def periodic_jobs(now: float, steps: int, *, log_interval: float, checkpoint_int
                   milestone_interval: int, row: Callable[[float], dict[str, Any]],
                   write: Callable[[dict[str, Any]], None], checkpoint: Callable[[str], None],
                   updated: Callable[[], bool], evaluation: Callable[[float, int], None] | None = None,
-                  video: Callable[[float, int], None] | None = None) -> Schedule:
+                  video: Callable[[float, int], None] | None = None, log_every_steps: int = 0) -> Schedule:
     """Rank 0's schedule from ``now`` (monotonic seconds) and ``steps`` (the agent steps so far): a
-    metrics row every ``log_interval`` seconds, the periodic ``evaluation`` (where given) at every
+    metrics row every ``log_interval`` seconds (and every ``log_every_steps`` agent steps, where > 0:
+    whichever comes first), the periodic ``evaluation`` (where given) at every
     step, the periodic ``video`` (where given) at every step, ``checkpoint("checkpoint.pt")`` once
     ``updated()`` then every ``checkpoint_interval``
     seconds, and ``checkpoint("checkpoint-<steps>.pt")`` every ``milestone_interval`` agent steps."""
-    jobs = [Job("metrics", EverySeconds(log_interval, now), MetricsJob(row, write, now, steps))]
+    metrics: Trigger = EverySeconds(log_interval, now)
+    if log_every_steps > 0:
+        metrics = EitherOf(metrics, EverySteps(log_every_steps, steps))
+    jobs = [Job("metrics", metrics, MetricsJob(row, write, now, steps))]
     if evaluation is not None:
         jobs.append(Job("evaluation", Always(), evaluation))
     if video is not None:

@@ -216,6 +216,7 @@ def _schedule(run: Run, stats: RunStats, sink: MetricsSink, checkpoints: Checkpo
 
     config, counters = run.config, run.counters
     return periodic_jobs(time.monotonic(), counters.agent_steps, log_interval=config.log_interval,
+                         log_every_steps=config.log_every_steps,
                          checkpoint_interval=config.checkpoint_interval, milestone_interval=config.milestone_interval,
                          row=stats.row, write=sink.write, checkpoint=lambda name: checkpoints.request(run.run_dir / name),
                          updated=lambda: counters.updated,

@@ -114,6 +114,7 @@ class TrainConfig(Settings):
     checkpoint_interval: float = Field(600.0, gt=0, description="seconds between checkpoint.pt writes")
     milestone_interval: int = Field(0, ge=0, le=MAX_STEPS, description="agent steps between kept checkpoint-<steps>.pt; 0: none")
     log_interval: float = Field(5.0, gt=0, description="seconds between metrics rows")
+    log_every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="also a metrics row every this many agent steps (a short run's curves get their points by its steps, not only by seconds); 0: by log_interval's seconds alone")
     eval_every: int = Field(0, ge=0, le=MAX_STEPS, description="agent steps between evaluations written to metrics.csv; 0: none")
     eval_episodes: int = Field(10, ge=0, le=MAX_EPISODES, description="episodes per task and split of each --eval-every evaluation")
     video_every: int = Field(0, ge=0, le=MAX_STEPS, description="updates between episode videos: a greedy episode of the first task and split, recorded beside the run into <run>/videos (and logged to W&B with wandb); 0: none")
@@ -335,7 +336,7 @@ def auto_core_options(config_class: type) -> list[str]:
 
 RESUMABLE_CHANGES = {
     "total_steps", "max_seconds", "num_workers", "envs_per_worker", "worker_splits", "step_timeout", "device", "num_threads",
-    "checkpoint_interval", "milestone_interval", "log_interval", "backend", "ray_address",
+    "checkpoint_interval", "milestone_interval", "log_interval", "log_every_steps", "backend", "ray_address",
     "eval_every", "eval_episodes", "video_every", "wandb", "wandb_project", "wandb_group", "inference_graph", "acting_trace", "acting_batch_wait", "acting_priority", "acting_staging", "acting_threads", "learner_process", "learners", "dist_timeout", "dist_backend",
 }
 

@@ -72,11 +72,17 @@ def check_checkpoint_file(path: Path) -> None:
 def load_error(path: Path, exc: BaseException) -> FwrlError:
     """What ``torch.load(path, weights_only=True)`` refused, in fwrl's words (never torch's advice to
     load with ``weights_only=False``)."""
+    import re
+
     name = type(exc).__name__
-    if "Unsupported global" in str(exc):
-        return FwrlError(f"{path} holds Python objects beyond tensors, numbers and strings (or pickle instructions "
-                         "that would build them), so it is not an fwrl checkpoint: refused unread (fwrl loads "
-                         "checkpoints only with torch.load(weights_only=True), which runs no code from the file).")
+    text = str(exc)
+    if "unsupported global" in text.lower():  # "Unsupported global: GLOBAL x", "unsupported GLOBAL x whose module .. is blocked"
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        which = f" (it names {found.group(1)})" if found else ""
+        return FwrlError(f"{path} holds Python objects beyond tensors, numbers and strings{which}, or pickle "
+                         "instructions that would build them, so it is not an fwrl checkpoint: refused unread (fwrl "
+                         "loads checkpoints only with torch.load(weights_only=True), which runs no code from the "
+                         "file).")
     return FwrlError(f"{path} is not a readable fwrl checkpoint ({name}): it may be damaged or truncated; use "
                      "another checkpoint of the run (checkpoint-<steps>.pt), or train it again.")
 

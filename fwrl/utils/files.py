@@ -20,7 +20,7 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
     folder, so a crash leaves either the old file or the new one. The file gets the permissions a
     new file would (0644 under the usual umask 022), not the temporary file's 0600."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as f:
@@ -40,16 +40,41 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
 
 
 def temporary_files(folder: Path) -> list[Path]:
-    """The temporary files :func:`atomic_write` left in ``folder`` (``.<name>.<random>.tmp``): a
-    process killed during a write (SIGKILL, power loss) cannot remove its own."""
+    """The temporary files :func:`atomic_write` left in ``folder`` (``.<name>.<pid>.<random>.tmp``; before
+    the writer's pid was in the name, ``.<name>.<random>.tmp``): a process killed during a write (SIGKILL,
+    power loss) cannot remove its own."""
     return sorted(p for p in Path(folder).glob(".*.tmp") if p.is_file())
 
 
+def writer_alive(path: Path) -> bool:
+    """Whether the process that writes temporary file ``path`` (its pid in the name) runs here: a live
+    writer's file is its write in progress (``fwrl evaluate`` writing into a run folder while the run
+    resumes), not a dead one's leftover. Another process's only: this process has no write in progress
+    where it cleans."""
+    parts = path.name[:-len(".tmp")].split(".")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return False
+    pid = int(parts[-2])
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def remove_temporary_files(folder: Path) -> list[Path]:
-    """Remove what :func:`temporary_files` finds; returns the removed paths. Call it only where no
-    other process writes into ``folder``."""
+    """Remove what :func:`temporary_files` finds but the files of writers still running here
+    (:func:`writer_alive`); returns the removed paths."""
     removed = []
     for path in temporary_files(folder):
+        if writer_alive(path):
+            continue
         try:
             path.unlink()
         except FileNotFoundError:

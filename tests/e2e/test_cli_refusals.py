@@ -231,3 +231,87 @@ def test_readme_bad_input_example_fails_as_it_says():
     assert "`--core rdn --core-opt head_dim=-1`" in readme
     code, _, err = run_cli(["train", "--preset", "quickstart", "--core", "rdn", "--core-opt", "head_dim=-1"])
     assert_refused(code, err, "head_dim=-1", "valid: an integer with x >= 1")
+
+
+# Issue 71: settings that were accepted and then hung, overloaded the machine or ended in a traceback, and
+# input that was taken silently or said unclearly; each is one line naming the value and what is valid, with
+# nothing written and no process started. (argv after the command's own flags, what the message names)
+MEMORY = ["--env", "memory:cue_delay", "--num-workers", "1", "--device", "cpu"]
+MEMORY_2 = ["--env", "memory:cue_delay", "--num-workers", "2", "--device", "cpu"]
+ISSUE_71 = {
+    "num_threads": (["train", *MEMORY, "--num-threads", "10000"], ["num_threads=10000", "core(s) this process may run on"]),
+    "probe_batch": (["info", "--probe", "--env", "memory:cue_delay", "--batch-size", "100000000"],
+                    ["--batch-size 100000000 with --probe", "valid: 1..1,024"]),
+    "env_delay": (["train", "--env", "memory:cue_delay?delay=100000000000"], ["0 <= delay <= 1,000,000", "100000000000"]),
+    "weights_train": (["train", *MEMORY, "--core-opt", "hidden_size=100000000"],
+                      ["model weights", "core lstm, hidden_size=100000000", "lower those settings"]),
+    "weights_info": (["info", "--env", "memory:cue_delay", "--core-opt", "hidden_size=100000000"],
+                     ["for its weights", "hidden_size=100000000"]),
+    "nccl_cpu": (["train", *MEMORY_2, "--learners", "2", "--dist-backend", "nccl"],
+                 ["dist_backend='nccl'", "device is cpu", "auto or gloo"]),
+    "wrapper_join": (["train", *MEMORY, "--env-wrapper", "os.path:join"],
+                     ["env wrapper 'os.path:join' failed when called with the env (TypeError", "takes the env alone"]),
+    "wrapper_time_limit": (["train", *MEMORY, "--env-wrapper", "gymnasium.wrappers:TimeLimit"],
+                           ["'gymnasium.wrappers:TimeLimit' failed when called", "max_episode_steps"]),
+    # item 7: taken silently, or said unclearly
+    "elstm_grad_against_core_opt": (["train", *MEMORY, "--core", "elstm", "--elstm-grad", "rtrl", "--core-opt",
+                                     "grad=bptt"], ["--elstm-grad rtrl and --core-opt grad=bptt", "give one"]),
+    "two_presets": (["train", "--preset", "quickstart", "--preset", "pong-cpu"],
+                    ["--preset is given twice (--preset quickstart, then --preset pong-cpu)", "give it once"]),
+    "core_opt_twice": (["train", *MEMORY, "--core-opt", "hidden_size=8", "--core-opt", "hidden_size=16"],
+                       ["--core-opt hidden_size is given twice (hidden_size=8, then hidden_size=16)"]),
+    "two_configs": (["sweep", "sw", "--env", "memory:cue_delay", "--config", "a.yaml", "--config", "b.yaml",
+                     "--dry-run"], ["--config is given twice (--config a.yaml, then --config b.yaml)"]),
+    "acting_priority_cpu": (["train", *MEMORY, "--acting-priority", "high"], ["acting_priority='high'", "device is cpu",
+                                                                             "acting_priority normal"]),
+    "ray_address_local": (["train", *MEMORY, "--ray-address", "10.0.0.1:6379"],
+                          ["--ray-address 10.0.0.1:6379", "backend here is 'local'", "--backend ray"]),
+    "ray_address_sweep": (["sweep", "sw", "--env", "memory:cue_delay", "--ray-address", "10.0.0.1:6379", "--dry-run"],
+                          ["--ray-address 10.0.0.1:6379", "--executor ray"]),
+    "runs_dir_empty": (["train", *MEMORY, "--runs-dir", ""], ["--runs-dir '' names no folder"]),
+    "learner_process_ranks": (["train", *MEMORY_2, "--learners", "2", "--learner-process", "on"],
+                              ["learner_process='on' serves one learner rank; this run has 2"]),
+    "family_alone": (["info", "--env", "memory"], ["names the env family memory but no game",
+                                                   "cue_delay, assoc_recall, copy, time_limit"]),
+    "switch_with_value": (["train", *MEMORY, "--freeze-vision", "yes"],
+                          ["--freeze-vision takes no value (got 'yes')", "--no-freeze-vision turns it off"]),
+    "sweep_dry_run_env_option": (["sweep", "sw", "--env", "memory:cue_delay?delay=-1", "--core", "lstm", "--dry-run"],
+                                 ["cell ", "0 <= delay <= 1,000,000"]),
+    "sweep_dry_run_workers": (["sweep", "sw", "--env", "memory:cue_delay", "--core", "lstm", "--num-workers", "1000",
+                               "--dry-run"], ["cell ", "num_workers=1000", "lower those settings"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ISSUE_71))
+def test_issue_71_bad_input_is_one_line_before_anything_starts(case, tmp_path, monkeypatch, no_process_starts):
+    argv, needles = ISSUE_71[case]
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv)
+    assert_refused(code, err, *needles, one_line=True)
+    assert list(tmp_path.iterdir()) == [], "a file or folder was written"
+
+
+def test_an_address_space_limit_is_read_before_the_model_is_built(tmp_path):
+    """A real ``RLIMIT_AS`` (ulimit -v, prlimit --as) that leaves too little for the model's weights: refused in
+    one line naming the limit (at 9f18864: a traceback from inside the run, exit 1)."""
+    import resource
+    import subprocess
+
+    limit = 1100 * 2**20  # torch imported takes ~650 MiB of it; the weights need ~600 MiB (4 copies of 150)
+    done = subprocess.run([sys.executable, "-m", "fwrl.launch.cli", "train", *MEMORY, "--core-opt", "hidden_size=3000",
+                           "--envs-per-worker", "1", "--batch-size", "2", "--unroll-length", "5", "--total-steps", "20",
+                           "--runs-dir", "runs"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert_refused(done.returncode, done.stderr, "of address space (its limit: ulimit -v, prlimit --as)",
+                   "model weights", "hidden_size=3000", one_line=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refusal_after_the_run_folder_was_made_leaves_no_empty_runs_folder(tmp_path, monkeypatch, memory_checkpoint):
+    """A refusal from inside the run's build (a vision stem that does not fit, read only then) removes the run
+    folder and the runs folder made for it (at 9f18864 an empty runs/ was left)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["train", "--env", "memory:copy?length=2", *MEMORY[2:], "--load-vision-from",
+                            memory_checkpoint, "--runs-dir", "runs/deeper"])
+    assert_refused(code, err, "do not fit this model")
+    assert list(tmp_path.iterdir()) == [], "a file or folder was left"

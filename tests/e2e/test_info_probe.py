@@ -24,6 +24,29 @@ def test_info_probe_writes_its_figures_to_json(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["rdn.json"]
 
 
+def test_info_probe_says_its_progress_as_it_goes(monkeypatch):
+    """A large probe (many envs, a slow env) is never silent for minutes: a line as each phase starts (the envs
+    made, the warm-up, acting, the updates) and one every few seconds within it."""
+    import time
+
+    from fwrl.launch import cli
+
+    code, _, err = run_cli(["info", "--env", "memory:cue_delay?delay=3", "--probe", "--probe-updates", "2",
+                            "--batch-size", "3", "--unroll-length", "4"])
+    assert code == 0, err
+    for line in ("probe: envs made 1 of 3", "probe: warm-up steps 1 of 100", "probe: acting steps 1 of 5",
+                 "probe: updates 1 of 2"):
+        assert line in err, err
+    clock = iter([0.0, 1.0, 6.0, 7.0])  # within a phase: a line once 5 s passed
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    said = []
+    progress = cli.ProbeProgress(out=type("Out", (), {"write": lambda self, text: said.append(text),
+                                                      "flush": lambda self: None})())
+    for done in range(1, 5):
+        progress("envs made", done, 4)
+    assert [line for line in "".join(said).splitlines()] == ["probe: envs made 1 of 4", "probe: envs made 3 of 4"]
+
+
 def test_info_probe_reference_probes_a_second_core_on_the_same_batch(tmp_path):
     """``--probe-reference lstm``: the LSTM probed too, and each figure printed as a multiple of its."""
     out = tmp_path / "rdn.json"

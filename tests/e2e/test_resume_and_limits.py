@@ -120,6 +120,40 @@ def test_max_seconds_counts_start_up_and_stop(tmp_path):
     assert (tmp_path / "timed" / "checkpoint.pt").is_file()
 
 
+def test_the_clock_starts_with_fwrl_not_with_the_process_a_shell_execd(tmp_path):
+    """``bash -c "sleep S && exec fwrl train ..."``: the process is the shell's, started S seconds before
+    fwrl; the elapsed time (and --max-seconds, which counts from the same start) counts from fwrl's."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    sleep = 3.0
+    train = [sys.executable, "-m", "fwrl.launch.cli", "train", "--env", "memory:cue_delay?delay=3", *TINY_AGENT,
+             "--total-steps", "100", "--max-seconds", "600", "--runs-dir", str(tmp_path), "--name", "late"]
+    began = time.monotonic()
+    done = subprocess.run(["bash", "-c", f"sleep {sleep} && exec {shlex.join(train)}"], capture_output=True, text=True,
+                          timeout=300)
+    wall = time.monotonic() - began
+    assert done.returncode == 0, done.stderr[-3000:]
+    elapsed = float(re.search(r"stopped by budget after ([0-9.]+) s", done.stdout).group(1))
+    assert elapsed < wall - sleep + 0.5, (elapsed, wall, done.stdout)  # at 9f18864: the sleep counted too
+
+
+def test_a_time_limit_that_ends_a_run_before_its_first_update_says_to_raise_it():
+    from types import SimpleNamespace
+
+    from fwrl.launch.cli import _result_text
+
+    config = TrainConfig.from_dict({"env": "memory:cue_delay", "total_steps": 2000, "max_seconds": 2})
+    result = SimpleNamespace(mean_return=float("nan"), episodes=0, stopped_by="time limit", wall_seconds=2.1,
+                             updates=0, agent_steps=0, mean_success=float("nan"))
+    text = _result_text(result, config, 100)
+    assert "before its first update: raise --max-seconds" in text, text
+    assert "first update" not in _result_text(SimpleNamespace(**{**vars(result), "updates": 3, "agent_steps": 300}),
+                                              config, 100)
+
+
 def test_max_seconds_counts_closing_a_hung_worker(tmp_path):
     """A worker hung in a step when the limit comes (its step timeout far off) is killed within
     the limit, not waited on for the pool's 5 s of grace."""

@@ -116,6 +116,77 @@ def test_tensorboard_hides_the_events_a_killed_run_wrote_after_its_checkpoint(tm
     assert all(e.value != 123.0 for e in events.Scalars("mean_return"))
 
 
+def test_around_a_resume_no_step_repeats_and_tensorboard_keeps_no_killed_points_at_the_checkpoint(tmp_path):
+    """The resumed session writes no row at its checkpoint's step (the previous session's final row holds it; at
+    9f18864 the resumed run's first row repeated it at steps_per_second 0), and TensorBoard drops what a killed
+    session wrote at the checkpoint's step too (at 9f18864 it purged from the step after), keeping the rows
+    metrics.csv keeps there."""
+    pytest.importorskip("tensorboard", reason="TensorBoard events need the tensorboard package")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    runs = ["--runs-dir", tmp_path, "--name", "s"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *runs])[0] == 0
+    saved = torch.load(tmp_path / "s" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    killed = SummaryWriter(str(tmp_path / "s" / "tensorboard"))  # a session killed after the checkpoint
+    killed.add_scalar("mean_return", 123.0, saved)
+    killed.close()
+    time.sleep(1.1)  # event files sort by their second, then by a counter this process shares: a later second
+    assert run_cli(["train", "--resume", *runs, "--total-steps", saved + 100])[0] == 0
+    steps = [int(r["agent_steps"]) for r in rows(tmp_path / "s" / "metrics.csv")]
+    after = steps[steps.index(saved) + 1:]
+    assert steps.count(saved) == 1 and after and min(after) > saved, steps
+    events = EventAccumulator(str(tmp_path / "s" / "tensorboard"))
+    events.Reload()
+    at_saved = [e.value for e in events.Scalars("mean_return") if e.step == saved]
+    kept = [float(r["mean_return"]) for r in rows(tmp_path / "s" / "metrics.csv")
+            if int(r["agent_steps"]) == saved and r["mean_return"] not in ("", "nan")]
+    assert 123.0 not in at_saved and at_saved == pytest.approx(kept), (at_saved, kept)
+
+
+def test_rows_glued_inside_the_file_are_said_as_such_not_as_the_end(tmp_path, capsys):
+    from fwrl.runner.run_metrics import MetricsSink
+
+    path = tmp_path / "metrics.csv"
+    _write(path, (100, 200, 300, 400))
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1] + lines[2].rstrip("\n") + lines[3] + lines[4])  # rows 200 and 300 glued
+    sink = MetricsSink(tmp_path, None, resumed={"agent_steps": 400, "metrics_rows": 2})
+    sink.close()
+    err = capsys.readouterr().err
+    assert "dropped 1 damaged row(s)" in err and "rows glued together" in err and "at the end" not in err, err
+    assert [r["agent_steps"] for r in rows(path)] == ["100", "400"]
+
+
+def test_a_resume_leaves_a_live_writers_temporary_file_and_removes_a_dead_ones(tmp_path):
+    """A resume cleans the run folder of temporary files killed writes left, but not the one of a write in
+    progress in another live process (fwrl evaluate writing evaluation.json: at 9f18864 its file was removed
+    and its evaluation lost)."""
+    import subprocess
+    import sys
+
+    from fwrl.runner.rundir import prepare_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env: memory:cue_delay\n")
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from fwrl.utils.files import atomic_write\n"
+        "def slow(f):\n    f.write(b'{}'); f.flush(); print('writing', flush=True); sys.stdin.readline()\n"
+        f"atomic_write(Path({str(run / 'evaluation.json')!r}), slow)\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (run / f".checkpoint.pt.{dead.stdout.strip()}.abc123.tmp").write_bytes(b"half")  # a killed write's
+    (run / ".metrics.csv.k1lled_.tmp").write_bytes(b"half")  # an older fwrl's, without its writer's pid
+    live = [p for p in run.glob(".evaluation.json.*.tmp")]
+    assert len(live) == 1
+    prepare_run_dir(run, resume=True)
+    assert sorted(p.name for p in run.glob(".*.tmp")) == [live[0].name]
+    writer.communicate("done\n", timeout=60)
+    assert writer.returncode == 0 and (run / "evaluation.json").read_text() == "{}"
+
+
 def test_a_new_run_in_the_folder_of_a_run_killed_before_its_first_checkpoint_starts_its_own_metrics(tmp_path):
     run = tmp_path / "d"
     run.mkdir()
@@ -150,6 +221,44 @@ def test_an_edited_config_is_refused_on_resume_unless_accepted_and_then_recorded
     assert trained["learning_rate"] == 0.5  # the checkpoint now holds what it was trained on
     code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", 160])  # no edit left to accept
     assert code == 0, err
+
+
+def test_a_checkpoint_of_another_run_is_refused_on_resume_naming_both_runs(tmp_path):
+    """A donor run's checkpoint copied into a host run's folder: --resume refuses it in one line naming both
+    runs (not as an edited config.yaml), with --accept-config-edits too, and the host's metrics stay whole."""
+    import json
+
+    from cli_runs import assert_refused
+
+    host, donor = ["--runs-dir", tmp_path, "--name", "host"], ["--runs-dir", tmp_path, "--name", "donor"]
+    assert run_cli(["train", *TINY, "--total-steps", 100, *host])[0] == 0
+    donor_tiny = [a.replace("delay=3", "delay=4") for a in TINY]
+    assert run_cli(["train", *donor_tiny, "--total-steps", 20, *donor])[0] == 0
+    ids = {name: json.loads((tmp_path / name / "run.json").read_text())["id"] for name in ("host", "donor")}
+    assert ids["host"] != ids["donor"]
+    assert torch.load(tmp_path / "host" / "checkpoint.pt", weights_only=True)["run"]["id"] == ids["host"]
+    kept = rows(tmp_path / "host" / "metrics.csv")
+    shutil.copy(tmp_path / "donor" / "checkpoint.pt", tmp_path / "host" / "checkpoint.pt")
+    for extra in ([], ["--accept-config-edits"]):
+        code, _, err = run_cli(["train", "--resume", *host, "--total-steps", 200, *extra])
+        assert_refused(code, err, "is a checkpoint of another run", ids["donor"], ids["host"], str(tmp_path / "donor"),
+                       one_line=True)
+        assert "edited" not in err and rows(tmp_path / "host" / "metrics.csv") == kept
+    assert not (tmp_path / "host" / "config-edits.log").exists()
+
+
+def test_resuming_a_run_at_its_budget_says_how_to_give_it_more_and_writes_nothing(tmp_path):
+    runs = ["--runs-dir", tmp_path, "--name", "f"]
+    assert run_cli(["train", *TINY, "--total-steps", 20, *runs])[0] == 0
+    steps = torch.load(tmp_path / "f" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "f").rglob("*"))
+    code, _, err = run_cli(["train", "--resume", *runs])
+    from cli_runs import assert_refused
+
+    assert_refused(code, err, "has reached its budget", f"{steps:,} agent steps of total_steps 20",
+                   f"Pass --total-steps above {steps:,}", one_line=True)
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "f").rglob("*"))
+    assert after == before  # no new TensorBoard file, no row, no checkpoint
 
 
 def test_accept_config_edits_without_resume_is_refused(tmp_path):
@@ -230,6 +339,21 @@ def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpo
         assert last.startswith(f"fwrl: error: {reason}") and str(run) in last, err[-3000:]
         payload = torch.load(run / "checkpoint.pt", weights_only=True)
         assert payload["model"] and payload["agent_steps"] >= 0
+
+
+def test_a_checkpoint_that_does_not_fit_a_full_disk_is_named_a_full_disk(tmp_path):
+    """torch's zip writer words a full disk "unexpected pos 832 vs 726" as often as "file write failed": a real
+    full tmpfs is said as such (ENOSPC, "No space left on device"), not "Input/output error (errno 5)"."""
+    import errno
+
+    from fwrl.agents.checkpoint import write_checkpoint
+
+    with _small_tmpfs(tmp_path / "disk", "1m") as disk:
+        with pytest.raises(OSError) as caught:
+            write_checkpoint(disk / "checkpoint.pt", {"model": {"w": torch.zeros(300_000)}})  # 1.2 MB on 1 MB
+        assert caught.value.errno == errno.ENOSPC, caught.value
+        assert "No space left on device while writing the checkpoint" in str(caught.value)
+        assert not (disk / "checkpoint.pt").exists() and not list(disk.iterdir())  # no half-written file left
 
 
 def test_the_sweeps_progress_shows_the_last_whole_row(tmp_path):

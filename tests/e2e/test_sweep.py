@@ -262,8 +262,10 @@ def test_slurm_dry_run_prints_the_array_of_unfinished_cells(tmp_path):
     names = [c.name for c in load_sweep(folder).cells]
     start = lines.index("CELLS=(")
     assert [line.strip() for line in lines[start + 1:start + 1 + len(names)]] == names
-    assert lines[-1] == (f'exec {sys.executable} -m fwrl.launch.sweep.cell {root} "$CELL" --evaluate '
-                         "--eval-episodes 3 --eval-workers 2")
+    from fwrl.utils import run_module
+
+    assert lines[-1] == (f'exec {sys.executable} {run_module.__file__} fwrl.launch.sweep.cell {root} "$CELL" '
+                         "--evaluate --eval-episodes 3 --eval-workers 2")
     assert {p.name for p in (folder / "status").glob("*.json")} == {f"{names[0]}.json", f"{names[2]}.json"}
 
 
@@ -388,6 +390,39 @@ def test_a_changed_grid_is_refused_and_a_grown_one_adds_cells(tmp_path):
     assert "3 of 3 cells would run" in out and "feedforward" in out
     code, _, err = cli("sweep", str(tmp_path / "none"))
     assert code == 2 and "no grid was given" in err
+
+
+def test_the_sweep_folder_alone_evaluates_as_the_sweep_was_started(tmp_path):
+    """``fwrl sweep SWEEP`` alone (README: it reuses the stored grid) keeps the sweep's --evaluate and
+    --eval-episodes: a cell trained but not yet evaluated (the sweep was stopped in between) is evaluated,
+    with the recorded episodes; --no-evaluate and --eval-episodes change what is recorded."""
+    folder = tmp_path / "sw"
+    grid = ["--env", ENVS[0], "--core", "lstm", "feedforward", *TINY]
+    cells = expand(grid_of(*grid))
+    write_sweep(folder, None, cells)
+    for cell in cells:  # trained and evaluated with 3 episodes
+        write_status(folder, cell.name, state="done", evaluated=True, eval_episodes=3)
+    code, _, err = cli("sweep", str(folder), *grid, "--evaluate", "--eval-episodes", "3")
+    assert code == 0 and "nothing to start: 2 of 2 cells done" in err, err
+    assert yaml.safe_load((folder / "sweep.yaml").read_text())["evaluation"] == {"evaluate": True, "eval_episodes": 3}
+    write_status(folder, cells[1].name, state="done", evaluated=False, eval_episodes=None)  # stopped before evaluating
+    code, out, err = cli("sweep", str(folder), "--dry-run")
+    assert code == 0, err
+    assert "1 of 2 cells would run (local), each evaluated (3 episodes per task and split)" in out, out
+    assert f"to evaluate {cells[1].name}" in " ".join(out.split()), out
+    assert "as the sweep was started" in err and "--no-evaluate" in err
+    code, out, err = cli("sweep", str(folder), *grid, "--dry-run")  # the grid again, without the flags: the same
+    assert code == 0 and "1 of 2 cells would run" in out, out
+    code, out, err = cli("sweep", str(folder), "--eval-episodes", "5", "--dry-run")  # all to evaluate again, with 5
+    assert code == 0 and "2 of 2 cells would run (local), each evaluated (5 episodes" in out, (out, err)
+    code, out, err = cli("sweep", str(folder), "--no-evaluate", "--dry-run")
+    assert code == 0 and "0 of 2 cells would run" in out, (out, err)
+    code, out, err = cli("sweep", str(folder), "--no-evaluate")  # recorded: the next plain run evaluates nothing
+    assert code == 0, err
+    code, out, err = cli("sweep", str(folder), "--dry-run")
+    assert code == 0 and "0 of 2 cells would run" in out, (out, err)
+    code, _, err = cli("sweep", str(folder), "--eval-episodes", "3", "--dry-run")
+    assert code == 2 and "--eval-episodes 3 sets the episodes of --evaluate" in err
 
 
 def test_a_finished_sweep_says_what_next_and_the_extra_it_needs(monkeypatch):

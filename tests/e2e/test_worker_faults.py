@@ -93,7 +93,7 @@ def test_chaos_spec_validation():
         describe_env("chaos:pong")
     with pytest.raises(FwrlError, match="exactly one"):
         describe_env("chaos:copy+cue_delay")
-    with pytest.raises(FwrlError, match="needs delay >= 0"):  # the task's own checks still apply
+    with pytest.raises(FwrlError, match="needs 0 <= delay <= 1,000,000"):  # the task's own checks still apply
         describe_env("chaos:cue_delay?delay=-1")
 
 

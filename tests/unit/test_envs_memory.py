@@ -137,11 +137,14 @@ def test_cue_delay_unchanged():
     "spec, match",
     [
         ("memory:assoc_recall?n=9", "n <= num_keys"),
-        ("memory:assoc_recall?num_values=1", "num_values >= 2"),
+        ("memory:assoc_recall?num_values=1", "2 <= num_values <= 10,000"),
         ("memory:assoc_recall?delay=3", "option for memory:assoc_recall"),
         ("memory:copy?num_cues=3", "option for memory:copy"),
-        ("memory:copy?length=0", "length >= 1"),
-        ("memory:cue_delay?delay=-1", "delay >= 0"),
+        ("memory:copy?length=0", "1 <= length <= 10,000"),
+        ("memory:cue_delay?delay=-1", "0 <= delay <= 1,000,000"),
+        ("memory:cue_delay?delay=100000000000", "0 <= delay <= 1,000,000"),  # no episode would ever end
+        ("memory:cue_delay?num_cues=1000000000", "2 <= num_cues <= 10,000"),  # a 4 GB observation per env
+        ("memory:time_limit?length=10000000", "5 <= length <= 1,000,000"),
         ("memory:recall", "valid choices: assoc_recall, copy, cue_delay"),
         ("memory:copy+cue_delay", "multi-task"),
     ],

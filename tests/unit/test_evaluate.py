@@ -361,3 +361,36 @@ def test_cli_evaluate_refuses_a_checkpoint_its_run_folder_does_not_describe(tmp_
     err = capsys.readouterr().err
     assert "its run folder's config.yaml says 'minatar:breakout'" in err and "copied from another run" in err
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
+
+
+def test_cli_evaluate_refuses_to_file_an_evaluation_under_another_run(tmp_path, capsys):
+    """A gru checkpoint placed in an lstm run's folder: its evaluation is not written there as the lstm
+    run's, whether the run ids say so (run.json, the checkpoint's run) or, for checkpoints and folders
+    of fwrl before run ids, the folder's config.yaml; --out writes it elsewhere."""
+    import json as _json
+
+    from fwrl.settings.config import TrainConfig, save_config
+
+    run = tmp_path / "lstm-run"
+    run.mkdir()
+    save_config(TrainConfig(env=ENV, core="lstm", core_options=tiny_options("lstm")), run / "config.yaml")
+    write_checkpoint(run / "checkpoint.pt", first_action_model("gru"), "gru", tiny_options("gru"))  # no run id
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is an agent of core 'gru', but its run folder's config.yaml says core 'lstm'" in err, err
+    assert "--out PATH" in err and err.count("\n") == 1
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml"]
+
+    (run / "run.json").write_text(_json.dumps({"id": "lstm-run-id"}))  # with run ids: another run's checkpoint
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    payload["run"] = {"id": "gru-run-id", "dir": "/elsewhere/gru-run"}
+    payload.pop("checksum")
+    from fwrl.agents.checkpoint import write_checkpoint as write_payload
+
+    write_payload(run / "checkpoint.pt", payload)
+    assert main(["evaluate", str(run / "checkpoint.pt"), "--episodes", "2", "--num-workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a checkpoint of another run (run gru-run-id of /elsewhere/gru-run" in err and "lstm-run-id" in err, err
+    out = tmp_path / "gru-eval.json"
+    assert main(["evaluate", str(run), "--episodes", "2", "--num-workers", "1", "--out", str(out)]) == 0
+    assert out.is_file() and not (run / "evaluation.json").exists()

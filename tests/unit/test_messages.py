@@ -52,6 +52,26 @@ def test_a_pickle_with_instructions_beyond_tensors_is_refused_as_such(tmp_path):
     assert pickle  # the legacy format is refused before torch reads it (not a zip archive): tested elsewhere
 
 
+class Blocked:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("true",))  # a module torch's unpickler blocks outright (posix)
+
+
+def test_a_pickle_naming_a_blocked_global_is_refused_as_such_not_as_damaged(tmp_path):
+    """torch words a global of a blocked module otherwise ("unsupported GLOBAL posix.system whose module posix
+    is blocked"): still a file of Python objects, not a damaged checkpoint (at 9f18864: "damaged or truncated")."""
+    from fwrl.agents.checkpoint import load_checkpoint
+
+    path = tmp_path / "blocked.pt"
+    torch.save({"format": "fwrl-checkpoint-v1", "x": Blocked()}, path)
+    with pytest.raises(FwrlError, match=r"holds Python objects beyond tensors, numbers and strings \(it names "
+                                        r"posix.system\).*refused unread") as caught:
+        load_checkpoint(path)
+    assert "damaged" not in str(caught.value)
+
+
 def test_weights_that_do_not_fit_name_the_first_mismatch():
     from fwrl.agents.checkpoint import load_model_weights
 

@@ -117,3 +117,35 @@ def test_pointers_into_architecture_md_name_its_sections():
     wrong = [f"{path.relative_to(ROOT)}: {name!r}" for path in sorted((ROOT / "fwrl").rglob("*.py"))
              for name in pointer.findall(path.read_text()) if name.strip() not in headings]
     assert not wrong, f"sections that ARCHITECTURE.md does not have ({sorted(headings)}): {wrong}"
+
+
+def test_the_quickstarts_rfwp_atari_example_says_what_machine_it_needs():
+    """The rfwp-atari preset is 48 env workers and the papers' batch: README's example of it says it is for a
+    GPU box with many cores, and names the preset for a CPU."""
+    from fwrl.settings.config import load_preset
+
+    assert load_preset("rfwp-atari")["num_workers"] >= 32
+    quickstart = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    before, example, after = quickstart.partition("--preset rfwp-atari")
+    assert example, "the quickstart's rfwp-atari example"
+    near = before[-400:] + after[:400]
+    assert "GPU" in near and "--preset pong-cpu" in near, near
+
+
+def test_the_feature_maps_readme_lists_are_each_cores_own():
+    """README's list of feature maps per fast-weight core is the catalogue's: cores that take softmax alone are
+    named as such, not offered elu1_sumnorm and dpfp."""
+    from fwrl.settings.core_catalog import catalogue
+
+    choices = {core["name"]: option["valid"] for core in catalogue()["cores"] for option in core["options"]
+               if option["name"] == "feature_map"}
+    only_softmax = sorted(name for name, valid in choices.items() if valid == "one of softmax")
+    assert only_softmax and len(only_softmax) < len(choices)
+    section = README.split("## Memory cores", 1)[1].split("\n## ", 1)[0]
+    sentence = section.split("`feature_map`", 1)[1].split(" and `grad_mode`", 1)[0]
+    softmax_part = sentence.split("softmax` only", 1)
+    assert len(softmax_part) == 2, sentence
+    named = set(re.findall(r"`([a-z_]+)`", softmax_part[1].split(")", 1)[0]))
+    assert named == set(only_softmax), (named, only_softmax)
+    others = set(re.findall(r"`([a-z_]+)`", softmax_part[0]))
+    assert others & set(choices) == set(choices) - set(only_softmax), others

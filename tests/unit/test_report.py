@@ -304,3 +304,18 @@ def test_runs_short_of_their_budget_are_marked_or_left_out(tmp_path):
                        "--finished-only")
     assert code == 2 and "none of the 1 run(s) has reached its step budget" in err
     assert not (tmp_path / "none").exists()
+
+
+def test_runs_scored_by_training_returns_are_said_with_how_to_evaluate_them(tmp_path):
+    """A run without evaluation.json (a sweep cell never evaluated) is scored by its training returns: the
+    report says so on stderr and in its notes, naming the runs and the command that evaluates them, not
+    only with a dagger in the table."""
+    make_run(tmp_path / "runs" / "p-lstm-1", "atari:Pong", "lstm", 1, 5.0)
+    make_run(tmp_path / "runs" / "p-lstm-2", "atari:Pong", "lstm", 2, 6.0, evaluated=False)
+    code, stdout, err = cli("report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--reps", "200")
+    assert code == 0, err
+    said = "1 of 2 run(s) have no evaluation.json, so they are scored by their last training returns"
+    assert said in err and "p-lstm-2" in err and "fwrl evaluate RUN" in err and "--evaluate" in err
+    assert any(said in note for note in json.loads((tmp_path / "out" / "report.json").read_text())["notes"])
+    code, _, err = cli("report", str(tmp_path / "runs" / "p-lstm-1"), "--out", str(tmp_path / "one"), "--reps", "200")
+    assert code == 0 and "no evaluation.json" not in err

@@ -338,6 +338,25 @@ def test_rank_0s_periodic_jobs_run_on_their_triggers():
     assert checkpoints[2:] == ["checkpoint.pt"] and len(evaluations) == 5
 
 
+def test_metrics_rows_by_agent_steps_as_well_as_by_seconds():
+    """--log-every-steps: a short run's curves get their points by its steps too, not only every
+    --log-interval seconds; each trigger counts on from any row."""
+    rows = []
+    schedule = periodic_jobs(0.0, 0, log_interval=5.0, checkpoint_interval=1e9, milestone_interval=0,
+                             row=lambda rate: {"steps_per_second": rate}, write=rows.append,
+                             checkpoint=lambda name: None, updated=lambda: False, log_every_steps=100)
+    schedule.run_due(0.5, 60)
+    assert rows == []
+    schedule.run_due(1.0, 120)  # 100 steps passed within a second
+    assert rows == [{"steps_per_second": 120.0}]
+    schedule.run_due(1.5, 180)
+    schedule.run_due(2.0, 250)  # the next hundred
+    schedule.run_due(7.1, 260)  # 5 s since the last row
+    schedule.run_due(7.2, 290)  # the steps count on from that row: next at 300
+    schedule.run_due(7.3, 301)
+    assert len(rows) == 4
+
+
 def test_a_schedule_without_evaluations_or_milestones():
     checkpoints = []
     schedule = periodic_jobs(0.0, 0, log_interval=1e9, checkpoint_interval=1e9, milestone_interval=0,

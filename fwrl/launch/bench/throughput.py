@@ -182,7 +182,7 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
 
     check_window(seconds, warmup)
     _check_acting_only(config, acting_only)
-    config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0,
+    config = config.model_copy(update=dict(max_seconds=0.0, total_steps=10**12, log_interval=1.0, log_every_steps=0,
                                            checkpoint_interval=1e9, milestone_interval=0, eval_every=0))
     with tempfile.TemporaryDirectory(prefix="fwrl-bench-") as tmp:
         run = Path(tmp) / "run"

@@ -128,6 +128,10 @@ def build_report(found: Sequence[tuple[Path, dict[str, str] | None]], out: Path,
     for note in filter(None, map(stale_note, runs)):
         say(f"fwrl report: {note}")
         notes.append(note)
+    unevaluated = training_note(runs)
+    if unevaluated:
+        say(f"fwrl report: {unevaluated}")
+        notes.append(unevaluated)
     notes += [f"{run.path}: {game}: {score.note}." for run in runs for game, score in run.scores.items() if score.note]
     if not any(run.scores for run in runs):  # nothing to report: say so, write nothing
         raise FwrlError(f"none of the {len(runs)} run(s) has a score yet (no evaluation.json and no training "
@@ -223,6 +227,19 @@ def _random_text(ref: GameRef) -> str:
     if ref.random is None:
         return "-"
     return f"{ref.random:.3g}" + (" (published)" if ref.random_source == "published" else "")
+
+
+def training_note(runs: Sequence) -> str:
+    """Which runs are scored by their training returns (no evaluation.json), and how to evaluate them; ""
+    where every run scored has an evaluation (or is scored by POPGym's MMER, from training by design)."""
+    scored = [run for run in runs if run.scores]
+    training = [run for run in scored if any(score.source == "training" for score in run.scores.values())]
+    if not training:
+        return ""
+    shown = ", ".join(str(run.path) for run in training[:3]) + (", ..." if len(training) > 3 else "")
+    return (f"{len(training)} of {len(scored)} run(s) have no evaluation.json, so they are scored by their last "
+            f"training returns (metrics.csv), marked {TRAINING_MARK}, not by a final evaluation: {shown}. Evaluate "
+            "them with fwrl evaluate RUN (a sweep's cells: fwrl sweep SWEEP --evaluate), then report again.")
 
 
 def per_game_blocks(report: Report) -> list[doc.Block]:

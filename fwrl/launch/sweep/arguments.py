@@ -77,6 +77,9 @@ def grid_from_args(args: argparse.Namespace, opts: SweepConfig) -> Grid | None:
     """The grid of ``--grid`` and the flags over ``--preset`` / ``--config``; None where none of these is given."""
     flags: dict[str, Any] = {name: getattr(args, name) for name in _grid_settings() if hasattr(args, name)}
     core_options = parse_key_values(args.core_opt, "--core-opt")
+    if args.elstm_grad and "grad" in core_options:
+        raise FwrlError(f"--elstm-grad {' '.join(args.elstm_grad)} and --core-opt grad={core_options['grad']} set the "
+                        "same option (the eLSTM's training): give one of them.")
     wrappers = getattr(args, "env_wrappers", None)
     given = (opts.grid or args.preset or args.config or flags or core_options or args.elstm_grad
              or wrappers is not None)

@@ -1,4 +1,5 @@
-"""The per-cell entry point every executor runs: ``python -m fwrl.launch.sweep.cell SWEEP CELL``.
+"""The per-cell entry point every executor runs: ``python -m fwrl.launch.sweep.cell SWEEP CELL`` (through
+:mod:`fwrl.utils.run_module`, so that a clone of fwrl in the current folder is not imported instead).
 
 It trains the cell (``fwrl train``, with ``--resume`` where the run folder has a
 checkpoint), evaluates it where asked (``fwrl evaluate``), and keeps the cell's
@@ -33,16 +34,17 @@ import yaml
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError
 from fwrl.launch.sweep.status import CellLock, evaluation_done, log_path, now_iso, read_status, write_status
+from fwrl.utils.run_module import module_command
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_LATER = 75  # EX_TEMPFAIL: not finished, run the cell again later
-CLI = [sys.executable, "-m", "fwrl.launch.cli"]
+CLI = module_command("fwrl.launch.cli")  # python -m fwrl.launch.cli, with this fwrl whatever the folder holds
 
 
 def cell_command(sweep_dir: Path, cell: str, evaluate: bool, eval_episodes: int | None,
                  eval_workers: int | None = None, stop_with_parent: bool = False) -> list[str]:
     """The command line that runs one cell (what the executors start)."""
-    cmd = [sys.executable, "-m", "fwrl.launch.sweep.cell", str(sweep_dir), cell]
+    cmd = module_command("fwrl.launch.sweep.cell", str(sweep_dir), cell)
     if evaluate:
         cmd.append("--evaluate")
         if eval_episodes is not None:

@@ -26,23 +26,31 @@ from fwrl.launch.sweep.cell import EXIT_LATER
 from fwrl.launch.sweep.grid import Cell, expand
 from fwrl.launch.sweep.options import SweepConfig
 from fwrl.launch.sweep.plan import (CellState, Sweep, SweepLock, cell_states, check_compatible, finished, is_sweep,
-                                    load_sweep, to_run, write_sweep)
+                                    load_sweep, stored_evaluation, to_run, write_sweep)
 from fwrl.launch.sweep.sweep_progress import SweepProgress, run_time_left
 from fwrl.runner.train_progress import format_duration
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    opts = SweepConfig.parse(given_settings(args, SweepConfig))
+    given = given_settings(args, SweepConfig)
+    opts = SweepConfig.parse(given)
     sbatch_options = parse_key_values(args.sbatch_opt, "--sbatch-opt")
     if sbatch_options and opts.executor != "slurm":
         raise FwrlError(f"--sbatch-opt applies to --executor slurm only, not --executor {opts.executor}.")
-    if opts.eval_episodes is not None and not opts.evaluate:
-        raise FwrlError(f"--eval-episodes {opts.eval_episodes} sets the episodes of --evaluate; pass --evaluate too.")
+    if "ray_address" in given and opts.executor != "ray":
+        raise FwrlError(f"--ray-address {opts.ray_address} is the cluster of --executor ray; the executor here is "
+                        f"{opts.executor!r}: add --executor ray, or drop --ray-address (the env workers' cluster of "
+                        "--backend ray is the grid file's ray_address).")
     if opts.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise missing_dependency("ray", "ray", "fwrl sweep --executor ray")
     path = Path(args.sweep_dir)
     if path.exists() and not path.is_dir():
         raise FwrlError(f"sweep folder {path} is a file; choose a folder.")
+    evaluate, eval_episodes, stored = sweep_evaluation(given, opts, path)
+    opts = opts.model_copy(update={"evaluate": evaluate, "eval_episodes": eval_episodes})
+    if stored and evaluate and not opts.status:
+        print(f"sweep {path}: evaluating each finished cell ({_episodes_text(eval_episodes)}), as the sweep was "
+              f"started (recorded in {path / 'sweep.yaml'}); --no-evaluate turns it off", file=sys.stderr)
     grid = grid_from_args(args, opts)
     if grid is None:
         if not is_sweep(path):
@@ -65,17 +73,18 @@ def run_sweep(args: argparse.Namespace) -> int:
         alive = alive_cells(sweep)
         todo = [c for c in todo if c not in alive]
     check_stems([sweep.cell(c) for c in todo])  # every executor: a stem that does not fit is said here
+    check_env_specs([sweep.cell(c) for c in todo])  # every executor: a bad env option, without its library
+    if opts.executor == "local" and todo:  # the dry run too: it lists only what the sweep would start
+        check_cells([sweep.cell(c) for c in todo])
     if opts.dry_run:
         return _dry_run(sweep, states, todo, opts, sbatch_options)
-    if opts.executor == "local" and todo:
-        check_cells([sweep.cell(c) for c in todo])
     if opts.executor == "slurm" and todo:
         from fwrl.launch.sweep.slurm import check_sbatch
 
         check_sbatch()  # before the sweep folder is written
 
     with SweepLock(path):
-        sweep = write_sweep(path, grid, cells)
+        sweep = write_sweep(path, grid, cells, opts.evaluate, opts.eval_episodes)
         states = cell_states(sweep)
         wanted = set(todo)  # what was checked above, less what another process finished meanwhile
         todo = [c for c in to_run(states, opts.evaluate, opts.eval_episodes) if c in wanted]
@@ -108,6 +117,28 @@ def run_sweep(args: argparse.Namespace) -> int:
     return _finish(sweep, code)
 
 
+def sweep_evaluation(given: dict, opts: SweepConfig, path: Path) -> tuple[bool, int | None, bool]:
+    """(evaluate, eval_episodes, taken from the sweep folder): the flags where given (``--evaluate`` alone:
+    the family's protocol), else what the sweep folder's manifest records, so that ``fwrl sweep SWEEP``
+    alone (or with the grid again) evaluates as the sweep was started; ``--eval-episodes`` without
+    ``--evaluate`` changes a recorded evaluation's episodes."""
+    stored = stored_evaluation(path)
+    if "evaluate" in given:
+        evaluate, episodes, from_folder = opts.evaluate, opts.eval_episodes, False
+    elif stored is not None and stored["evaluate"]:
+        evaluate, from_folder = True, True
+        episodes = opts.eval_episodes if "eval_episodes" in given else stored["eval_episodes"]
+    else:
+        evaluate, episodes, from_folder = False, opts.eval_episodes, False
+    if episodes is not None and not evaluate:
+        raise FwrlError(f"--eval-episodes {episodes} sets the episodes of --evaluate; pass --evaluate too.")
+    return evaluate, episodes, from_folder
+
+
+def _episodes_text(eval_episodes: int | None) -> str:
+    return "the family's protocol" if eval_episodes is None else f"{eval_episodes} episodes per task and split"
+
+
 def _time_left(sweep: Sweep):
     """A running cell's seconds left, from its run's metrics.csv (None before its first update)."""
     return lambda cell: run_time_left(sweep.path / "runs" / cell, sweep.cell(cell).config.total_steps)
@@ -133,6 +164,19 @@ def check_stems(cells: list[Cell]) -> None:
         try:
             check_stem(config.stem, info.obs_shape, config.env)
         except FwrlError as exc:
+            raise FwrlError(f"cell {cell.name}: {exc}") from None
+
+
+def check_env_specs(cells: list[Cell]) -> None:
+    """Each cell's env spec names a family, games and options that exist, with valid values (without its
+    library: a ray or slurm cell's library is checked where it runs)."""
+    from fwrl.envs.registry import resolve
+
+    for env in dict.fromkeys(cell.config.env for cell in cells):
+        try:
+            resolve(env)
+        except FwrlError as exc:
+            cell = next(c for c in cells if c.config.env == env)
             raise FwrlError(f"cell {cell.name}: {exc}") from None
 
 
@@ -232,9 +276,11 @@ def _dry_run(sweep: Sweep, states: list[CellState], todo: list[str], opts: Sweep
                                       opts.cell_gpus, opts.parallel, sbatch_options))
         return 0
     state = {s.name: s.state for s in states}
-    print(f"sweep {sweep.path}: {len(todo)} of {len(states)} cells would run ({opts.executor})")
+    evaluation = f", each evaluated ({_episodes_text(opts.eval_episodes)})" if opts.evaluate else ""
+    print(f"sweep {sweep.path}: {len(todo)} of {len(states)} cells would run ({opts.executor}){evaluation}")
     for name in todo:
-        print(f"  {state[name]:<12} {name}")
+        what = "to evaluate" if state[name] == "done" else state[name]
+        print(f"  {what:<12} {name}")
     return 0
 
 

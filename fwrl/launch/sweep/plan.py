@@ -109,8 +109,23 @@ def check_compatible(old: Sweep, new_cells: Sequence[Cell]) -> None:
                             f"{getattr(cell.config, key)!r} to {getattr(new[cell.name].config, key)!r}. {hint}")
 
 
-def write_sweep(path: Path, grid: Grid | None, cells: Sequence[Cell]) -> Sweep:
-    """Create or update the sweep folder: manifest, configs, and the folders cells write to."""
+def stored_evaluation(path: Path) -> dict[str, Any] | None:
+    """The evaluation the sweep in ``path`` was last run with (``evaluate``, ``eval_episodes`` of its
+    manifest), or None where it records none (a new folder, or one written before fwrl kept it)."""
+    if not is_sweep(path):
+        return None
+    entry = read_manifest(path).get("evaluation")
+    if not isinstance(entry, dict) or not isinstance(entry.get("evaluate"), bool):
+        return None
+    episodes = entry.get("eval_episodes")
+    return {"evaluate": entry["evaluate"], "eval_episodes": episodes if isinstance(episodes, int) else None}
+
+
+def write_sweep(path: Path, grid: Grid | None, cells: Sequence[Cell], evaluate: bool | None = None,
+                eval_episodes: int | None = None) -> Sweep:
+    """Create or update the sweep folder: manifest, configs, and the folders cells write to. ``evaluate``
+    and ``eval_episodes`` are recorded in the manifest (None: keep what it records), so that
+    ``fwrl sweep SWEEP`` alone evaluates as the sweep was asked to."""
     path = Path(path)
     check_writable_folder(path, "sweep folder", "Choose another sweep folder.")
     for sub in ("configs", "runs", "status", "logs"):
@@ -128,6 +143,10 @@ def write_sweep(path: Path, grid: Grid | None, cells: Sequence[Cell]) -> Sweep:
         "grid": grid.describe() if grid is not None else old.get("grid", {}),
         "cells": {c.name: {"labels": c.labels} for c in cells},
     }
+    evaluation = ({"evaluate": bool(evaluate), "eval_episodes": eval_episodes if evaluate else None}
+                  if evaluate is not None else old.get("evaluation"))
+    if evaluation is not None:
+        manifest["evaluation"] = evaluation
     atomic_write_text(path / MANIFEST, yaml.safe_dump(manifest, sort_keys=False))
     return Sweep(path, tuple(cells))
 
