@@ -8,8 +8,9 @@ mean score of the 13 memory models, linear transformers and a fast weight progra
 The weights are one ``nn.GRU``'s, the state ``h`` [B, layers, H], the rows that start an episode
 from h = 0, an optional LayerNorm on the input (``input_norm``). On CPU tensors each layer runs
 ``fwrl.kernels.gru.gru_cpu`` (resets as a multiply at the steps that have one, a hand-derived
-backward with the weight gradients batched over the sequence); elsewhere, as the LSTM core, one
-``nn.GRU`` call (cuDNN) over each segment between episode starts (``base.run_in_segments``).
+backward with the weight gradients batched over the sequence); elsewhere (CUDA, or any device under
+``FWRL_KERNELS=reference``), as the LSTM core, one ``nn.GRU`` call (cuDNN) over each segment between
+episode starts (``base.run_in_segments``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from fwrl.kernels.dispatch import kernel_backend
 from fwrl.kernels.gru import gru_cpu
 from fwrl.memory_modules.base import Core, CoreConfig, State, register_core, run_in_segments
 
@@ -55,7 +57,7 @@ class GRUCore(Core):
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         if self.input_norm is not None:
             x = self.input_norm(x)
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or kernel_backend() not in ("auto", "cpu"):  # CUDA, or FWRL_KERNELS=reference
             return run_in_segments(self.gru, x, state, done, ("h",))
         finals = []
         for layer in range(self.num_layers):
