@@ -65,24 +65,34 @@ def run_records(run_file: Path) -> tuple[dict, list[dict]]:
     return config, history
 
 
-def finished_run_file(run_dir: Path, timeout: float = 60.0) -> Path:
-    """The run file of a W&B run folder's one offline run, once it holds the run's exit record (W&B's
-    service writes it in a process of its own, which may still be flushing when ``finish`` returns)."""
+def _finished(path: Path) -> bool:
+    """Whether a run file holds its run's exit record."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    for raw in raw_records(path):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "exit":
+            return True
+    return False
+
+
+def finished_run_files(run_dir: Path, count: int = 1, timeout: float = 60.0) -> list[Path]:
+    """The ``count`` run files of a W&B run folder's offline runs (a run continued by ``resume`` writes one
+    per session), once each holds its exit record (W&B's service writes them in a process of its own,
+    which may still be flushing when ``finish`` returns)."""
     import time
 
     deadline = time.monotonic() + timeout
     while True:
-        files = list((Path(run_dir) / "wandb").glob("offline-run-*/run-*.wandb"))
-        if len(files) == 1:
-            from wandb.proto import wandb_internal_pb2 as pb
-
-            kinds = []
-            for raw in raw_records(files[0]):
-                record = pb.Record()
-                record.ParseFromString(raw)
-                kinds.append(record.WhichOneof("record_type"))
-            if "exit" in kinds:
-                return files[0]
+        files = sorted((Path(run_dir) / "wandb").glob("offline-run-*/run-*.wandb"))
+        if len(files) == count and all(_finished(f) for f in files):
+            return files
         if time.monotonic() > deadline:
-            raise AssertionError(f"no finished W&B run file in {run_dir}/wandb: {files}")
+            raise AssertionError(f"not {count} finished W&B run files in {run_dir}/wandb: {files}")
         time.sleep(0.2)
+
+
+def finished_run_file(run_dir: Path, timeout: float = 60.0) -> Path:
+    """The run file of a W&B run folder's one offline run, once it holds its exit record."""
+    return finished_run_files(run_dir, 1, timeout)[0]

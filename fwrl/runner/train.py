@@ -129,6 +129,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
             if learning.peers.stopped and stop.reason == "budget":
                 stop.reason = "another learner rank"
             if video is not None and stop.reason == "budget" and not stop.errors:  # the last video, whole
+                # a mark the last updates passed after acting stopped (the learner trails the acting loop)
+                video.maybe_start(counters.updates, counters.agent_steps, run.acting_model, run.weights.lock)
                 video.close(wait=True)
                 for at_steps, videos in video.poll():
                     if tracker is not None:

@@ -124,7 +124,7 @@ def test_evaluate_logs_its_table_and_videos_to_the_runs_wandb_run(tmp_path, monk
     """``fwrl evaluate RUN`` on a run trained with --wandb continues that W&B run with the table and videos."""
     pytest.importorskip("wandb")
     from cli_runs import write_memory_checkpoint
-    from wandb_records import raw_records
+    from wandb_records import finished_run_files, raw_records
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
@@ -134,8 +134,8 @@ def test_evaluate_logs_its_table_and_videos_to_the_runs_wandb_run(tmp_path, monk
     tracker.close()
     code, _, err = run_cli(["evaluate", run, "--episodes", "2", "--num-workers", "1", "--video", tmp_path / "v"])
     assert code == 0, err
-    files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    files = finished_run_files(run, 2)  # the training session's and evaluate's, each with its exit record
     run_id = (run / "wandb" / "run-id").read_text().strip()
-    assert len(files) == 2 and all(run_id in f.name for f in files)  # one W&B run, continued
+    assert all(run_id in f.name for f in files)  # one W&B run, continued
     records = [r for f in files for r in raw_records(f)]
     assert any(b"evaluation/table" in r for r in records) and any(b"evaluation/video" in r for r in records)
