@@ -36,6 +36,10 @@ from the last, with dY and dS_C (the gradient reaching S_C from later chunks or 
     [dQ; dK] = [dQK; dKK] K + [diag(e) dY; -diag(e) dV] S_0,   dK += [dQK; dKK]^T [Q; K] + diag(f) U dS_C
     dS_0 = e_C dS_C + [diag(e) dY; -diag(e) dV]^T [Q; K]
 
+then through the maps applied here: ``dbeta = db b (1 - b)`` and, for phi = l2norm (``n = x r``,
+``r = (|x|^2 + eps)^-1/2``), ``dx = r (dn - n (n . dn))`` (another map is differentiated by autograd
+before the chunks). An unused output (the final state, mostly) takes no products of zeros.
+
 No division by a decay anywhere, so gates that decay to nothing are harmless. Q and K of a chunk are
 one [2C, Dk] matrix per head, so that Q K^T with K K^T, Q S_0^T with K S_0^T and the gradients of Q
 with those of K are one product each; the solves take their matrices in the layout LAPACK's batched
@@ -47,6 +51,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from fwrl.kernels.feature_maps import L2_NORM_EPS, apply_feature_map
 
 CHUNK = 64  # steps per chunk: [C, C] masks and products per matrix
 
@@ -83,11 +89,12 @@ def _decay_masks(g: Tensor, reset: Tensor, B: int) -> tuple[Tensor, Tensor]:
 
 class _ChunkedGatedDeltaRule(torch.autograd.Function):
     """The chunked form over T steps with the backward of the module docstring: q, k [T, B, H, Dk]
-    mapped by phi, v [T, B, H, Dv], b = sigmoid(beta) and g [T, B, H], S0 [B, H, Dv, Dk],
-    reset [T, B]; returns y [T, B, H, Dv] and S_T."""
+    (mapped by phi, or, with ``l2``, to be L2-normalised here), v [T, B, H, Dv], beta (before the
+    sigmoid) and g [T, B, H], S0 [B, H, Dv, Dk], reset [T, B]; returns y [T, B, H, Dv] and S_T."""
 
     @staticmethod
-    def forward(ctx, q, k, v, b, g, S0, reset):
+    def forward(ctx, q, k, v, beta, g, S0, reset, l2: bool):
+        ctx.set_materialize_grads(False)  # an unused output (S_T, mostly) gets None: no products of zeros
         T, B, H = q.shape[:3]
         N = B * H
         S = S0.reshape(N, *S0.shape[2:])
@@ -96,22 +103,26 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
             end = min(start + CHUNK, T)
             C = end - start
             QK = torch.stack([_heads(q, start, end), _heads(k, start, end)], 1).view(N, 2 * C, -1)  # [Q; K]
+            # phi = l2norm in place: x / sqrt(|x|^2 + eps) (feature_maps.l2_normalise), r the factor
+            r = torch.linalg.vecdot(QK, QK).add_(L2_NORM_EPS).rsqrt_().unsqueeze(-1) if l2 else None
+            if l2:
+                QK.mul_(r)
             K = QK[:, C:]
             V = _heads(v, start, end)
-            beta = _heads(b, start, end).unsqueeze(-1)  # [N, C, 1]
+            b = torch.sigmoid(_heads(beta, start, end)).unsqueeze(-1)  # [N, C, 1]
             D, e = _decay_masks(_heads(g, start, end), reset[start:end], B)
             M = torch.bmm(QK, K.mT)  # [Q K^T; K K^T]
             QS_KS = torch.bmm(QK, S.mT)  # [Q S^T; K S^T]
             KD = torch.mul(M[:, C:], D).tril_(-1)
-            A = KD * beta
+            A = KD * b
             W = torch.addcmul(V, e.unsqueeze(-1), QS_KS[:, C:], value=-1)
             # U^T (I + A)^T = (b W)^T: the solve that reads both matrices in LAPACK's layout
-            U = torch.linalg.solve_triangular(A.mT, (W * beta).mT, upper=True, left=False, unitriangular=True).mT
+            U = torch.linalg.solve_triangular(A.mT, (W * b).mT, upper=True, left=False, unitriangular=True).mT
             P = torch.mul(M[:, :C], D)
             ys.append(torch.baddbmm(QS_KS[:, :C] * e.unsqueeze(-1), P, U))
             fU = U * D[:, -1].unsqueeze(-1)  # f = D_C.: each write's decay to the chunk's end
             S_in, S = S, torch.baddbmm(S * e[:, -1].view(N, 1, 1), fU.mT, K)
-            saved.append((QK, V, beta, D, e, M, QS_KS, KD, A, W, U, P, fU, S_in))
+            saved.append((QK, r, V, b, D, e, M, QS_KS, KD, A, W, U, P, fU, S_in))
         ctx.saved = saved  # intermediate tensors of no input's graph: kept on ctx (not save_for_backward)
         ctx.shape = (T, B, H)
         y = _steps(ys[0], B) if len(ys) == 1 else torch.cat([_steps(y, B) for y in ys])
@@ -125,7 +136,7 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         # the batched products would loop over its matrices)
         grads = []
         for index in range(len(ctx.saved) - 1, -1, -1):
-            QK, V, beta, D, e, M, QS_KS, KD, A, W, U, P, fU, S = ctx.saved[index]
+            QK, r, V, b, D, e, M, QS_KS, KD, A, W, U, P, fU, S = ctx.saved[index]
             C = D.shape[-1]
             start = index * CHUNK
             dY = torch.zeros_like(V) if dy is None else _heads(dy, start, start + C).contiguous()
@@ -141,9 +152,10 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
             # (I + A)^T dR = dU as dR^T (I + A) = dU^T: LAPACK's layout again
             dR = torch.linalg.solve_triangular(A, dU.mT, upper=False, left=False, unitriangular=True).mT
             dA = torch.baddbmm(D, dR, U.mT, beta=0, alpha=-1).tril_(-1)
-            dV = dR * beta
+            dV = dR * b
             db = torch.linalg.vecdot(dR, W).add_(torch.linalg.vecdot(dA, KD))
-            dKD = dA.mul_(beta)
+            db = torch.ops.aten.sigmoid_backward(db, b.squeeze(-1))  # the gradient of beta
+            dKD = dA.mul_(b)
             dM = torch.empty_like(M)  # [dQK; dKK]
             torch.mul(dP, D, out=dM[:, :C])
             torch.mul(dKD, D, out=dM[:, C:])
@@ -164,6 +176,8 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
             if dS is not None:
                 dK.baddbmm_(fU, dS)
             dQK[:, C:].add_(dK)
+            if r is not None:  # through the l2norm: r (dn - n (n . dn)), n the mapped rows
+                dQK.addcmul_(QK, torch.linalg.vecdot(QK, dQK).unsqueeze(-1), value=-1).mul_(r)
             if index > 0 or ctx.needs_input_grad[5]:
                 dS = torch.bmm(dN.mT, QK) if dS is None else torch.baddbmm(dS * e[:, -1].view(N, 1, 1), dN.mT, QK)
             else:
@@ -173,12 +187,16 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         dq, dk, dv, db, dg = ([_steps(chunk[i], B) for chunk in grads] for i in range(5))
         dq, dk, dv, db, dg = (parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (dq, dk, dv, db, dg))
         dS0 = dS.view(B, H, *dS.shape[1:]) if ctx.needs_input_grad[5] and dS is not None else None
-        return dq, dk, dv, db, dg, dS0, None
+        return dq, dk, dv, db, dg, dS0, None, None
 
 
-def gated_delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, b: Tensor, g: Tensor, S0: Tensor,
-                             reset: Tensor) -> tuple[Tensor, Tensor]:
-    """The gated delta rule over T steps, chunk by chunk. q, k [T, B, H, Dk] mapped by phi,
-    v [T, B, H, Dv], b = sigmoid(beta) and g (log-decays) [T, B, H], S0 [B, H, Dv, Dk], reset [T, B];
-    returns y [T, B, H, Dv] and S_T (grad_mode full)."""
-    return _ChunkedGatedDeltaRule.apply(q, k, v, b, g, S0, reset)
+def gated_delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tensor,
+                             reset: Tensor, feature_map: str = "l2norm") -> tuple[Tensor, Tensor]:
+    """The gated delta rule over T steps, chunk by chunk. q, k [T, B, H, Dk], v [T, B, H, Dv], beta
+    (before the sigmoid) and g (log-decays) [T, B, H], S0 [B, H, Dv, Dk], reset [T, B]; returns
+    y [T, B, H, Dv] and S_T (grad_mode full). phi = l2norm and the sigmoid are applied, and
+    differentiated, with the chunks; another feature map by autograd before them."""
+    l2 = feature_map == "l2norm"
+    if not l2:
+        q, k = apply_feature_map(feature_map, q), apply_feature_map(feature_map, k)
+    return _ChunkedGatedDeltaRule.apply(q, k, v, beta, g, S0, reset, l2)

@@ -153,6 +153,8 @@ def gated_delta_rule_cpu(
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, beta, g, S0))
     if T == 1 and not needs_grad:
         return _one_step(q, k, v, beta, g, S0, reset, feature_map)
+    if needs_grad and grad_mode == "full" and T > 1:
+        return gated_delta_rule_chunked(q, k, v, beta, g, S0, reset, feature_map)
     Dv = v.shape[-1]
     N = B * H
     phi_q = apply_feature_map(feature_map, q)
@@ -160,8 +162,6 @@ def gated_delta_rule_cpu(
     b = torch.sigmoid(beta)
     if grad_mode == "step":
         S0 = S0.detach()
-    if needs_grad and grad_mode == "full" and T > 1:
-        return gated_delta_rule_chunked(phi_q, phi_k, v, b, g, S0, reset)
     keep = (~reset).to(S0.dtype).view(T, B, 1).expand(T, B, H).reshape(T, N)
     args = (phi_q.reshape(T, N, -1), phi_k.reshape(T, N, -1), v.reshape(T, N, Dv), b.reshape(T, N, 1),
             g.reshape(T, N), S0.reshape(N, Dv, -1), keep)
