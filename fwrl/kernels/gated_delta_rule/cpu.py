@@ -113,22 +113,22 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tens
               feature_map: str) -> tuple[Tensor, Tensor]:
     """One step without a gradient (acting) in the fewest torch calls: phi of q and k in one call
     where they are adjacent slices, the decay with the reset folded in, A q and A k in one product,
-    ``y = A q + u (k . q)``, no host read but whether a row resets. Arguments as
-    :func:`gated_delta_rule_cpu` with T = 1."""
+    ``y = A q + u (k . q)``, the write in place on the decayed copy A (one pass over the state more
+    than the delta rule's step, not two), no host read but whether a row resets, no size arithmetic
+    (a trace of the step replays every call). Arguments as :func:`gated_delta_rule_cpu` with T = 1."""
     _, B, H, Dk = q.shape
     Dv, F = S0.shape[-2:]
-    N = B * H
     pair = adjacent_pair(q, k)
-    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).reshape(N, 2, Dk))
+    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).reshape(-1, 2, Dk))
     decay = torch.exp(g).view(B, H, 1, 1)
     if bool(reset.any()):
         decay = decay.masked_fill(reset.view(B, 1, 1, 1), 0)
-    A = (S0 * decay).view(N, Dv, F)
-    AqAk = torch.bmm(qk, A.mT)  # [N, 2, Dv]
-    u = (v.reshape(N, Dv) - AqAk[:, 1]).mul_(torch.sigmoid(beta.reshape(N, 1)))
-    phi_k = qk[:, 1]
-    y = torch.addcmul(AqAk[:, 0], u, (qk[:, 0] * phi_k).sum(-1, keepdim=True))
-    S = torch.addcmul(A, u.unsqueeze(-1), phi_k.unsqueeze(-2))
+    A = (S0 * decay).view(-1, Dv, F)
+    Aq, Ak = torch.bmm(qk, A.mT).unbind(1)  # [N, Dv] each
+    u = (v.reshape(-1, Dv) - Ak).mul_(torch.sigmoid(beta).reshape(-1, 1))
+    phi_q, phi_k = qk.unbind(1)
+    y = torch.addcmul(Aq, u, torch.linalg.vecdot(phi_q, phi_k).unsqueeze(-1))
+    S = A.addcmul_(u.unsqueeze(-1), phi_k.unsqueeze(-2))
     return y.view(1, B, H, Dv), S.view(B, H, Dv, F)
 
 
