@@ -5,7 +5,9 @@ delta rule's CPU path runs paper 001's (``fwrl.kernels.delta_rule.cpu``): everyt
 carry the state runs once over the whole sequence (the feature maps, the sigmoid and the decays
 ``alpha_t = exp(g_t)`` by autograd before the loop; the reads ``y_t = S_t q_t`` and every input
 gradient after it), and a step is four batched calls with no autograd record. ``grad_mode`` ``full``
-with a gradient learns in chunked form (``chunk.py``, the paper's Sec. 3.3).
+with a gradient learns in chunked form (``chunk.py``, the paper's Sec. 3.3, with its own hand-derived
+backward), which takes q, k and beta before phi and the sigmoid (l2norm and the sigmoid are applied,
+and differentiated, with its chunks).
 
 Forward, per step, with N = B x H matrices ``S`` [N, Dv, Dk], ``k = phi(k_t)``, ``q = phi(q_t)``,
 ``b = sigmoid(beta_t)`` and the decay ``d_t = alpha_t keep_t`` (``keep_t = 0`` on the rows that start
