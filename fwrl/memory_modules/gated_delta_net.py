@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from fwrl.kernels.dispatch import kernel_layer_name
 from fwrl.kernels.feature_maps import feature_dim
@@ -107,6 +108,7 @@ class _NormGate(torch.autograd.Function):
         return nw * s
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout: Tensor):
         r, n, nw, gate, s, w = ctx.saved_tensors
         d = n.shape[-1]

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from fwrl.kernels.feature_maps import L2_NORM_EPS, apply_feature_map
 
@@ -142,6 +143,7 @@ class _ChunkedGatedDeltaRule(torch.autograd.Function):
         return y, S.view(S0.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dST):
         T, B, H = ctx.shape
         N = B * H
