@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from fwrl.kernels.dispatch import kernel_layer_name
 from fwrl.kernels.feature_maps import feature_dim
@@ -88,6 +89,37 @@ def _decay_parameters(heads: int) -> tuple[Tensor, Tensor]:
     return A_log, dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
 
 
+class _NormGate(torch.autograd.Function):
+    """``RMSNorm(y) * SiLU(gate)`` (the weight ``w`` of the norm shared by the heads) with a hand-derived
+    backward: one autograd node for what autograd records as ten, on the CPU where each costs more than
+    its arithmetic. With ``n = y r``, ``r = (mean(y^2) + eps)^-1/2`` and ``s = SiLU(gate)``:
+
+        dgate = SiLU'(gate) (dout * n w),   dw = sum (dout * s * n),   dy = r (dn - n mean(dn * n)),  dn = dout * s * w
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, gate: Tensor, w: Tensor) -> Tensor:
+        r = y.square().mean(-1, keepdim=True).add_(NORM_EPS).rsqrt_()
+        n = y * r
+        nw = n * w
+        gate = gate.view(y.shape)
+        s = F.silu(gate)
+        ctx.save_for_backward(r, n, nw, gate, s, w)
+        return nw * s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor):
+        r, n, nw, gate, s, w = ctx.saved_tensors
+        d = n.shape[-1]
+        dgate = torch.ops.aten.silu_backward(dout * nw, gate)
+        dnw = dout * s
+        dw = (dnw * n).view(-1, d).sum(0)
+        dn = dnw.mul_(w)
+        dy = dn.addcmul_(n, torch.linalg.vecdot(dn, n).mul_(1 / d).unsqueeze(-1), value=-1).mul_(r)
+        return dy, dgate.view(*gate.shape[:-2], -1), dw
+
+
 class GatedDeltaLayer(FastWeightLayer):
     """One Gated DeltaNet (or, with ``writes`` > 1, Gated DeltaProduct) layer; state ``W`` [B, H, d, F].
 
@@ -131,10 +163,13 @@ class GatedDeltaLayer(FastWeightLayer):
             y, W = gated_delta_rule(q, k, v, beta, g, state["W"], done, **options)
         else:
             y, W = self._product(qkv, beta, g, state["W"], done, options)
-        if self.norm_weight is not None:  # RMSNorm by hand: torch's CPU rms_norm costs ~4x these calls here
-            y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + NORM_EPS) * self.norm_weight
-        if gate:
-            y = y * F.silu(gate[0].view(T, B, H, d))
+        if self.norm_weight is not None and gate and torch.is_grad_enabled() and y.is_cpu:
+            y = _NormGate.apply(y, gate[0], self.norm_weight)  # the two in one autograd node
+        else:
+            if self.norm_weight is not None:  # RMSNorm by hand: torch's CPU rms_norm costs ~4x these calls here
+                y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + NORM_EPS) * self.norm_weight
+            if gate:
+                y = y * F.silu(gate[0].view(T, B, H, d))
         return y.reshape(T, B, self.out_size), {"W": W}
 
     def _product(self, qkv: Tensor, beta: Tensor, g: Tensor, W0: Tensor, done: Tensor, options: dict

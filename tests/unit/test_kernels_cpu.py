@@ -345,6 +345,15 @@ def test_gated_delta_rule_with_gates_that_decay_to_nothing(grad_mode):
         _assert_same(ref, _run(fn, inputs, reset, weights, grad_mode=grad_mode), 1e-10, 1e-10, f"{fn.__name__} {grad_mode}")
 
 
+def test_gated_delta_rule_in_short_chunks_of_many_matrices():
+    """With many matrices (B x H >= 128) the chunked form cuts a sequence into chunks of at most 32 steps
+    (41 steps: 20 and 21): values and gradients the reference's in float64 to 1e-10, resets mid-way."""
+    T, B = 41, 64
+    inputs = _gated_delta_rule_inputs(T, B, torch.Generator().manual_seed(18))
+    _check_starts_at_step_0_and_mid_way(gated_delta_rule_reference, gated_delta_rule_cpu, inputs, {},
+                                        "gated_delta_rule", tolerance=1e-10)
+
+
 @pytest.mark.parametrize("feature_map", ("dpfp-2", "dpfp-3", "identity"))
 @pytest.mark.parametrize("grad_mode", GRAD_MODES)
 def test_rdn_cpu_path_with_the_feature_maps_the_table_leaves_out(feature_map, grad_mode):

@@ -5,7 +5,9 @@ delta rule's CPU path runs paper 001's (``fwrl.kernels.delta_rule.cpu``): everyt
 carry the state runs once over the whole sequence (the feature maps, the sigmoid and the decays
 ``alpha_t = exp(g_t)`` by autograd before the loop; the reads ``y_t = S_t q_t`` and every input
 gradient after it), and a step is four batched calls with no autograd record. ``grad_mode`` ``full``
-with a gradient learns in chunked form (``chunk.py``, the paper's Sec. 3.3).
+with a gradient learns in chunked form (``chunk.py``, the paper's Sec. 3.3, with its own hand-derived
+backward), which takes q, k and beta before phi and the sigmoid (l2norm and the sigmoid are applied,
+and differentiated, with its chunks).
 
 Forward, per step, with N = B x H matrices ``S`` [N, Dv, Dk], ``k = phi(k_t)``, ``q = phi(q_t)``,
 ``b = sigmoid(beta_t)`` and the decay ``d_t = alpha_t keep_t`` (``keep_t = 0`` on the rows that start
@@ -113,22 +115,22 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tens
               feature_map: str) -> tuple[Tensor, Tensor]:
     """One step without a gradient (acting) in the fewest torch calls: phi of q and k in one call
     where they are adjacent slices, the decay with the reset folded in, A q and A k in one product,
-    ``y = A q + u (k . q)``, no host read but whether a row resets. Arguments as
-    :func:`gated_delta_rule_cpu` with T = 1."""
+    ``y = A q + u (k . q)``, the write in place on the decayed copy A (one pass over the state more
+    than the delta rule's step, not two), no host read but whether a row resets, no size arithmetic
+    (a trace of the step replays every call). Arguments as :func:`gated_delta_rule_cpu` with T = 1."""
     _, B, H, Dk = q.shape
     Dv, F = S0.shape[-2:]
-    N = B * H
     pair = adjacent_pair(q, k)
-    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).reshape(N, 2, Dk))
+    qk = apply_feature_map(feature_map, (torch.stack([q, k], -2) if pair is None else pair).reshape(-1, 2, Dk))
     decay = torch.exp(g).view(B, H, 1, 1)
     if bool(reset.any()):
         decay = decay.masked_fill(reset.view(B, 1, 1, 1), 0)
-    A = (S0 * decay).view(N, Dv, F)
-    AqAk = torch.bmm(qk, A.mT)  # [N, 2, Dv]
-    u = (v.reshape(N, Dv) - AqAk[:, 1]).mul_(torch.sigmoid(beta.reshape(N, 1)))
-    phi_k = qk[:, 1]
-    y = torch.addcmul(AqAk[:, 0], u, (qk[:, 0] * phi_k).sum(-1, keepdim=True))
-    S = torch.addcmul(A, u.unsqueeze(-1), phi_k.unsqueeze(-2))
+    A = (S0 * decay).view(-1, Dv, F)
+    Aq, Ak = torch.bmm(qk, A.mT).unbind(1)  # [N, Dv] each
+    u = (v.reshape(-1, Dv) - Ak).mul_(torch.sigmoid(beta).reshape(-1, 1))
+    phi_q, phi_k = qk.unbind(1)
+    y = torch.addcmul(Aq, u, torch.linalg.vecdot(phi_q, phi_k).unsqueeze(-1))
+    S = A.addcmul_(u.unsqueeze(-1), phi_k.unsqueeze(-2))
     return y.view(1, B, H, Dv), S.view(B, H, Dv, F)
 
 
@@ -153,6 +155,8 @@ def gated_delta_rule_cpu(
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, beta, g, S0))
     if T == 1 and not needs_grad:
         return _one_step(q, k, v, beta, g, S0, reset, feature_map)
+    if needs_grad and grad_mode == "full" and T > 1:
+        return gated_delta_rule_chunked(q, k, v, beta, g, S0, reset, feature_map)
     Dv = v.shape[-1]
     N = B * H
     phi_q = apply_feature_map(feature_map, q)
@@ -160,8 +164,6 @@ def gated_delta_rule_cpu(
     b = torch.sigmoid(beta)
     if grad_mode == "step":
         S0 = S0.detach()
-    if needs_grad and grad_mode == "full" and T > 1:
-        return gated_delta_rule_chunked(phi_q, phi_k, v, b, g, S0, reset)
     keep = (~reset).to(S0.dtype).view(T, B, 1).expand(T, B, H).reshape(T, N)
     args = (phi_q.reshape(T, N, -1), phi_k.reshape(T, N, -1), v.reshape(T, N, Dv), b.reshape(T, N, 1),
             g.reshape(T, N), S0.reshape(N, Dv, -1), keep)
