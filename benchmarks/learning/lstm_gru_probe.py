@@ -129,7 +129,7 @@ def probe(model: nn.Module, obs: Tensor, reward: Tensor, done: Tensor, cards: Te
     for t in range(obs.shape[0]):
         (grad,) = torch.autograd.grad(first[t].sum(), obs, retain_graph=True)
         rows["reach"].append(float(grad[0].norm(dim=-1).mean()))
-        rows["p_first"].append(float(first[t].exp().mean()))
+        rows["p_first"].append(float(first[t].detach().exp().mean()))
         rows["input_rms"].append(float(x[t].pow(2).mean().sqrt()))
         if gates is not None:
             keep, pre = gates
@@ -164,13 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init", nargs="*", default=["gru", "lstm", "lstm:forget_bias=1"],
                         help="untrained agents of the popgym preset: core[:key=value...]")
-    parser.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR: a trained agent")
+    parser.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR: a trained agent (the last = splits)")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     agents = [(f"{spec} (init)", spec, None) for spec in args.init]
-    agents += [(label, None, Path(path)) for label, _, path in (r.partition("=") for r in args.run)]
+    agents += [(label, None, Path(path)) for label, _, path in (r.rpartition("=") for r in args.run)]
     results = {}
     data = None
     for label, spec, run in agents:
