@@ -133,7 +133,8 @@ def test_the_stems_shape_rule_is_the_convolutions(size):
     else:
         with pytest.raises(FwrlError, match="at least 36x36"):
             make_stem("nature", (4, size, size))
-    assert fitting_stems((8,)) == ["mlp"]
+    assert fitting_stems((8,)) == ["mlp", "popgym"]
+    assert "popgym" not in fitting_stems((4, size, size))
 
 
 def test_slurm_without_sbatch_is_refused_before_the_sweep_folder_is_written(tmp_path, monkeypatch):
