@@ -317,7 +317,7 @@ def test_a_disk_fault_mid_run_ends_in_one_line_with_exit_74_and_the_last_checkpo
             while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             if fault == "full":
-                with open(disk / "filler", "wb") as f:
+                with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: close has nothing to flush
                     try:
                         while True:
                             f.write(b"\0" * 65536)
