@@ -117,7 +117,7 @@ def test_stem_choices_are_the_models_stems():
 
 
 def test_num_threads_help_says_what_learner_threads_does():
-    from fwrl.runner.build import allowed_cores, learner_threads
+    from fwrl.runner.concurrency import allowed_cores, learner_threads
 
     help_text = TrainConfig.model_fields["num_threads"].description
     assert "minus one per local env worker" in help_text and "at most half" in help_text
@@ -321,11 +321,11 @@ def test_evaluate_leaves_its_workers_their_cores(tmp_path, monkeypatch):
     made a Pong evaluation 15-20x slower on 2 busy cores)."""
     import torch
 
-    from fwrl.runner import build
+    from fwrl.runner import concurrency
 
-    monkeypatch.setattr(build, "allowed_cores", lambda: 8)
-    assert build.torch_threads(0, 2, "local") == 6 and build.torch_threads(0, 16, "local") == 4
-    assert build.torch_threads(0, 16, "ray") == 8 and build.torch_threads(5, 2, "local") == 5
+    monkeypatch.setattr(concurrency, "allowed_cores", lambda: 8)
+    assert concurrency.torch_threads(0, 2, "local") == 6 and concurrency.torch_threads(0, 16, "local") == 4
+    assert concurrency.torch_threads(0, 16, "ray") == 8 and concurrency.torch_threads(5, 2, "local") == 5
     run, threads = tmp_path / "run", torch.get_num_threads()
     assert main(["train", "--env", "memory:cue_delay?delay=2", "--core", "feedforward", "--total-steps", "64",
                  "--batch-size", "2", "--unroll-length", "4", "--num-workers", "1", "--envs-per-worker", "1",

@@ -1,7 +1,7 @@
 """Run folders: what a killed run leaves behind is cleaned when the folder is used again.
 
 SIGKILL (or a power cut) during an atomic write leaves its temporary file (``.<name>.<random>.tmp``);
-the process cannot remove it. ``prepare_run_dir``, which ``fwrl train`` calls on a new run and on
+the process cannot remove it. ``RunDir.prepare`` (of ``RunDir.open``), which ``fwrl train`` calls on a new run and on
 ``--resume`` before anything is written, removes such files, and only those.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fwrl.errors import FwrlError
-from fwrl.runner.rundir import prepare_run_dir
+from fwrl.runner.rundir import RunDir
 from fwrl.utils.files import atomic_write_text, temporary_files
 
 
@@ -30,7 +30,7 @@ def test_resume_removes_the_temporary_files_a_killed_write_left(tmp_path, capsys
     stale = [_killed_write(run, "checkpoint.pt"), _killed_write(run, "metrics.csv")]
     assert sorted(p.name for p in temporary_files(run)) == sorted(stale)
 
-    prepare_run_dir(run, resume=True)
+    RunDir(run).prepare(resume=True)
 
     assert temporary_files(run) == []
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml", "notes.tmp"]
@@ -44,7 +44,7 @@ def test_a_new_run_in_a_folder_a_killed_run_left_starts_clean(tmp_path, capsys):
     run.mkdir()
     _killed_write(run, "config.yaml")  # killed before its first checkpoint
 
-    prepare_run_dir(run, resume=False)
+    RunDir(run).prepare(resume=False)
     assert temporary_files(run) == []
     assert "removed 1 half-written file(s)" in capsys.readouterr().err
 
@@ -53,7 +53,7 @@ def test_other_learner_ranks_leave_the_folder_alone(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     stale = _killed_write(run, "checkpoint.pt")  # rank 0 may be writing it right now
-    prepare_run_dir(run, resume=False, clean=False)
+    RunDir(run).prepare(resume=False, clean=False)
     assert [p.name for p in temporary_files(run)] == [stale]
     assert capsys.readouterr().err == ""
 
