@@ -74,3 +74,33 @@ def test_a_run_stopped_before_its_first_checkpoint_leaves_no_folder(tmp_path, mo
     code = main(["train", "--env", "memory:cue_delay", "--core", "lstm", "--runs-dir", str(tmp_path), "--name", "r",
                  "--num-workers", "1", "--envs-per-worker", "1"])
     assert code in (2, 130) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("resumed, kept", [
+    ({"agent_steps": 300, "metrics_rows": 3}, ["100", "200", "300"]),  # the rows the checkpoint counted
+    ({"agent_steps": 300, "metrics_rows": -1}, ["100", "200", "300"]),  # an older checkpoint: by their steps
+])
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_resume_reads_metrics_csv_once(tmp_path, monkeypatch, resumed, kept, torn):
+    """Opening a resumed run's metrics (the repair of a damaged tail, the trim to the checkpoint's rows,
+    the rows at its step that TensorBoard writes again) reads metrics.csv once (issue 72: three times)."""
+    from fwrl.runner import rundir
+    from fwrl.runner.rundir import MetricsCSV, RunDir
+
+    metrics = MetricsCSV(tmp_path / "metrics.csv")
+    for steps in (100, 200, 300, 400):  # 400: a killed session's row after the checkpoint
+        metrics.write({"time": steps / 10, "agent_steps": steps, "mean_return": 0.5})
+    if torn:  # and a row cut short after it
+        with (tmp_path / "metrics.csv").open("a") as f:
+            f.write("50.0,500")
+    reads = []
+    read = rundir.read_metrics_file
+    monkeypatch.setattr(rundir, "read_metrics_file", lambda path: reads.append(path) or read(path))
+
+    session = RunDir(tmp_path).metrics(resumed)
+
+    assert len(reads) == 1, reads
+    assert session.purge_step == 300 and [row["agent_steps"] for row in session.at_purge_step] == ["300"]
+    assert session.csv.rows == 3 and [row["agent_steps"] for row in read(tmp_path / "metrics.csv").rows] == kept
+    session.csv.write({"time": 40.0, "agent_steps": 400, "mean_return": 0.6})  # the session's rows follow them
+    assert [row["agent_steps"] for row in read(tmp_path / "metrics.csv").rows] == kept + ["400"]
