@@ -113,6 +113,7 @@ class RunParts(NamedTuple):
 
 
 def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and Python's ``random`` alike."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
