@@ -135,11 +135,6 @@ class RunDir:
                             "--name.")
         self._lock = lock
 
-    @property
-    def locked(self) -> bool:
-        """This process holds the folder's lock (it is the folder's writer)."""
-        return self._lock is not None
-
     def clean(self) -> list[Path]:
         """Remove the temporary files of writes a killed run left behind (said in one line) but those of
         writers still running; the folder's writer does this before it writes anything, other learner
@@ -147,8 +142,8 @@ class RunDir:
         removed = remove_temporary_files(self.path)
         if removed:
             names = ", ".join(p.name for p in removed)
-            print(f"fwrl train: removed {len(removed)} half-written file(s) an earlier run left in {self.path} when "
-                  f"it was killed: {names}", file=sys.stderr)
+            say(f"fwrl train: removed {len(removed)} half-written file(s) an earlier run left in {self.path} when it "
+                f"was killed: {names}")
         return removed
 
     def prepare(self, resume: bool, clean: bool = True) -> None:
