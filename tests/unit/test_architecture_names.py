@@ -15,8 +15,8 @@ under ``fwrl/``); a path that is a file of a run folder and not of the repositor
 ``.lock``, ``tensorboard/``) resolves when the code spells it as a string. A dotted name resolves through
 Python: its head is an importable module, a class the code defines (the rest then a member of that class or
 of a class it derives from) or a name the code imports (``nn`` of ``from torch import nn``), and each further
-part an attribute. A capitalised name (a class) must be defined by the code (``class``, ``def`` or an
-assignment). Any other identifier resolves when the code has it: a module, a class, a function or method, an
+part an attribute. A capitalised name (a class) must be one the code defines (``class``, ``def`` or an
+assignment) or imports by that name. Any other identifier resolves when the code has it: a module, a class, a function or method, an
 attribute assigned or read, an imported name, or a string the code spells exactly (a step-record column, a
 metric, an option's value: the names the code keys data by). "The code" is every Python file under
 ``fwrl/``, ``tests/`` and ``benchmarks/`` but this one.
@@ -151,7 +151,7 @@ def resolves(span: str) -> bool:
         target = c["imports"].get(head, head)
         return python_object(".".join([target, *rest])) is not None
     if head[0].isupper():
-        return head in c["defined"]
+        return head in c["defined"] or head in c["imports"]
     return head in c["defined"] or head in c["used"] or head in c["strings"]
 
 
