@@ -488,7 +488,8 @@ def _commit() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", help="an earlier commit to measure side by side (e.g. 971d846)")
+    parser.add_argument("--baseline",
+                        help="an earlier commit to measure side by side (any git revision: a hash, a tag, HEAD~3)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--steps", type=int, default=300, help="acting calls measured per setting")
     parser.add_argument("--repeats", type=int, default=3, help="runs per checkout and setting, alternated; medians")

@@ -77,7 +77,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
               "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
-              "acting_priority": "high", "learner_process": "off", "acting_trace": "off",
+              "acting_priority": "high", "learner_process": "off", "acting_trace": "off", "stem_precision": "bfloat16",
               "rmsprop_bias_correction": True, "wandb": True, "wandb_project": "mine", "wandb_group": "sweep-1",
               "worker_splits": 1,  # the default: ray takes no splits (--worker-splits: test_cli_errors, test_worker_splits)
               "acting_staging": "pack",  # the default: ray shares no arrays (shared: test_acting_staging_reaches_the_config_with_the_local_backend)
@@ -108,10 +108,11 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
 
 def test_stem_choices_are_the_models_stems():
     from fwrl.agents.model import STEMS
-    from fwrl.agents.model import INITS
-    from fwrl.settings.config import INIT_CHOICES, STEM_CHOICES
+    from fwrl.agents.model import INITS, STEM_PRECISIONS as MODEL_PRECISIONS
+    from fwrl.settings.config import INIT_CHOICES, STEM_CHOICES, STEM_PRECISIONS
 
     assert set(INIT_CHOICES) == set(INITS)
+    assert STEM_PRECISIONS == MODEL_PRECISIONS
 
     assert set(STEM_CHOICES) == {*STEMS, "auto"}
 
