@@ -50,9 +50,9 @@ def acting_threads(requested: int, num_workers: int) -> int:
 
     One is the default on every device, because the acting path is mostly Python, which threads
     share through the GIL: on the CPU proxy (``benchmarks/results/acting_threads_proxy.md``) two
-    threads made a compute-bound forward (nature stem, Pong frames) 2.03x as fast but an
-    overhead-bound one (a tiny MLP: per-call costs, what a GPU's acting thread pays) 0.51x, each
-    thread's half-size batches paying the per-call costs twice. The GPU suite's learner part
+    threads made a compute-bound forward (nature stem, Pong frames) faster but an overhead-bound one
+    (a tiny MLP: per-call costs, what a GPU's acting thread pays) slower, each thread's half-size
+    batches paying the per-call costs twice. The GPU suite's learner part
     measures two threads against one on the box (its ``x8`` rows) before any default changes."""
     if requested > num_workers:
         raise FwrlError(f"acting_threads={requested} is more than the {num_workers} env worker(s) of this "
