@@ -47,7 +47,7 @@ class Staging:
         self.from_shared: tuple[bool, ...] = ()  # per group: read whole from the shared arrays
         self.observations: tuple[str, ...] = ()  # the record's observation columns
         self.model_inputs: tuple[str, ...] = ()  # the record's columns the model reads
-        self._pinned: dict[str, Tensor] = {}  # CUDA: a pinned host buffer per upload
+        self._pinned: dict[str, tuple[Tensor, np.ndarray]] = {}  # CUDA: a pinned host buffer per upload, its numpy view
         self._copied: torch.cuda.Event | None = None  # CUDA: the last uploads from them are done
         if record is not None:
             self._describe(record)
@@ -85,11 +85,11 @@ class Staging:
             if self.from_shared[position]:
                 groups.append(shared[group.name])
                 continue
-            host = self._host(group.name, (layout.slots, *group.shape), TORCH_DTYPES[group.dtype], self.num_slots)
-            group.pack(parts, out=host.numpy())
+            array, host = self._host(group.name, (layout.slots, *group.shape), group.dtype, self.num_slots)
+            group.pack(parts, out=array)
             groups.append(self._send(host, out.groups[position] if out is not None else None))
-        host = self._host(INDEX, (layout.size,), torch.int64, StepLayout.most_entries(self.num_slots))
-        index.pack(out=host.numpy())
+        array, host = self._host(INDEX, (layout.size,), "int64", StepLayout.most_entries(self.num_slots))
+        index.pack(out=array)
         batch = ActingBatch(layout, self._send(host, out.index if out is not None else None), tuple(groups),
                             self._riders(results, layout.cut, out))
         if self.device.type == "cuda":
@@ -105,21 +105,23 @@ class Staging:
         truncated = [r.arrays[TRUNCATED] for r in results]
         riders = []
         for position, (name, (shape, dtype)) in enumerate(self._final_obs):
-            host = self._host(name, (cut, *shape), TORCH_DTYPES[dtype], self.num_slots)
-            np.concatenate([r.arrays[name][flags] for r, flags in zip(results, truncated)], out=host.numpy())
+            array, host = self._host(name, (cut, *shape), dtype, self.num_slots)
+            np.concatenate([r.arrays[name][flags] for r, flags in zip(results, truncated)], out=array)
             riders.append(self._send(host, out.final_obs[position] if out is not None else None))
         return tuple(riders)
 
-    def _host(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int) -> Tensor:
-        """A host tensor of ``shape`` for the upload ``name`` to fill: on CUDA the first ``shape[0]``
-        rows of its pinned buffer of ``capacity`` rows (made, or made anew, here); else a new tensor."""
+    def _host(self, name: str, shape: tuple[int, ...], dtype: str, capacity: int) -> tuple[np.ndarray, Tensor]:
+        """A host array of ``shape`` and numpy ``dtype`` for the upload ``name`` to fill, and the tensor
+        of its memory: on CUDA the first ``shape[0]`` rows of its pinned buffer of ``capacity`` rows
+        (made, or made anew, here); else a new array."""
         if self.device.type != "cuda":
-            return torch.empty(shape, dtype=dtype)
-        buffer = self._pinned.get(name)
-        if buffer is None or len(buffer) < shape[0] or buffer.shape[1:] != shape[1:] or buffer.dtype != dtype:
-            rows = max(shape[0], capacity)
-            buffer = self._pinned[name] = torch.empty((rows, *shape[1:]), dtype=dtype, pin_memory=True)
-        return buffer[:shape[0]]
+            array = np.empty(shape, np.dtype(dtype))
+            return array, torch.from_numpy(array)
+        pinned = self._pinned.get(name)
+        if pinned is None or len(pinned[0]) < shape[0] or pinned[0].shape[1:] != shape[1:] or pinned[1].dtype != dtype:
+            buffer = torch.empty((max(shape[0], capacity), *shape[1:]), dtype=TORCH_DTYPES[dtype], pin_memory=True)
+            pinned = self._pinned[name] = (buffer, buffer.numpy())
+        return pinned[1][:shape[0]], pinned[0][:shape[0]]
 
     def _send(self, host: Tensor, into: Tensor | None) -> Tensor:
         """``host`` on the device (into ``into`` where given): without blocking on CUDA; on the CPU the
