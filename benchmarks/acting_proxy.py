@@ -206,7 +206,8 @@ def _emulate_graph(loop) -> None:
         graphed.protect, graphed.graphs, graphed._buffers = None, {}, {}
 
         def capture(static):
-            outputs = graphed.fn(static)  # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
+            # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
+            outputs = graphed.fn(static)
             if not hasattr(ig, "fill"):  # a checkout whose step gives a dict of tensors
                 outputs = dict(outputs)
                 return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)

@@ -72,7 +72,7 @@ class Staging:
 
     def upload(self, results: list[StepResult], index: StepIndex, out: ActingBatch | None = None) -> ActingBatch:
         """The step of ``results`` (in batch order) with its host ``index`` on the device: into the
-        tensors of ``out`` (a graph's static inputs, :meth:`empty`) where given."""
+        tensors of ``out`` (a graph's static inputs, :meth:`empty`) where given, which it returns."""
         if self.record is None:
             self._describe(StepRecord.of_arrays(results[0].arrays))
         if self._copied is not None:  # CUDA: the pinned buffers are read by the last step's copies
@@ -90,12 +90,12 @@ class Staging:
             groups.append(self._send(host, out.groups[position] if out is not None else None))
         array, host = self._host(INDEX, (layout.size,), "int64", StepLayout.most_entries(self.num_slots))
         index.pack(out=array)
-        batch = ActingBatch(layout, self._send(host, out.index if out is not None else None), tuple(groups),
-                            self._riders(results, layout.cut, out))
+        uploaded = self._send(host, out.index if out is not None else None)
+        riders = self._riders(results, layout.cut, out)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
-        return batch
+        return out if out is not None else ActingBatch(layout, uploaded, tuple(groups), riders)
 
     def _riders(self, results: list[StepResult], cut: int, out: ActingBatch | None) -> tuple[Tensor, ...]:
         """The final observations of the ``cut`` slots whose episode a time limit cut, per observation

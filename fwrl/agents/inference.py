@@ -314,7 +314,8 @@ class InferenceLoop:
         state = {name: torch.cat([value, value.index_select(0, cut)]) for name, value in state_in.items()}
         return inputs, state
 
-    def _forward(self, inputs: dict[str, Tensor], state: State, sampling: dict[str, Any] | None) -> tuple[dict[str, Tensor], State]:
+    def _forward(self, inputs: dict[str, Tensor], state: State,
+                 sampling: dict[str, Any] | None) -> tuple[dict[str, Tensor], State]:
         """The model over ``inputs`` as one step (T = 1): its outputs ``[1, rows, ...]`` and new state."""
         inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
         extra = {} if self._core_step is None else {"core_step": self._core_step}

@@ -115,7 +115,8 @@ class GraphedStep(Generic[In, Out]):
     def step(self, key: Hashable, inputs: In) -> Out:
         static = self._buffers.get(key)
         if static is None:
-            static = self._buffers[key] = tree_map_only(Tensor, lambda t: torch.empty_like(t, device=self.device), inputs)
+            static = self._buffers[key] = tree_map_only(Tensor, lambda t: torch.empty_like(t, device=self.device),
+                                                        inputs)
         if inputs is not static:
             fill(static, inputs)
         captured = self.graphs.get(key)

@@ -98,7 +98,8 @@ def test_no_mapping_of_tensors_crosses_the_acting_steps_public_functions():
     string-keyed dict of tensors, through every public function of its modules."""
     functions = dict(_public_functions())
     assert {"fwrl.agents.inference.InferenceLoop.step", "fwrl.agents.acting_staging.Staging.upload",
-            "fwrl.agents.acting_batch.StepLayout.unpack", "fwrl.agents.inference_graph.GraphedStep.step"} <= set(functions)
+            "fwrl.agents.acting_batch.StepLayout.unpack", "fwrl.agents.inference_graph.GraphedStep.step",
+            "fwrl.agents.inference_graph.GraphedStep.__init__"} <= set(functions)
     offenders = {name: found for name, function in functions.items()
                  if (found := [m for hint in _hints(function) for m in _tensor_mappings(hint)])}
     assert offenders == {}
@@ -109,7 +110,8 @@ def test_the_batch_types_name_their_tensors():
     the core state, by the model's own names (its ``State``)."""
     for kind in (StepLayout, StepIndex, ActingBatch):
         assert [name for name, hint in typing.get_type_hints(kind).items() if _tensor_mappings(hint)] == [], kind
-    assert [name for name, hint in typing.get_type_hints(ActingOutput).items() if _tensor_mappings(hint)] == ["state_in"]
+    output = typing.get_type_hints(ActingOutput)
+    assert [name for name, hint in output.items() if _tensor_mappings(hint)] == ["state_in"]
 
 
 @pytest.mark.parametrize("shared,stored,cut", [(False, False, 0), (False, True, 0), (False, True, 2), (True, True, 3),
