@@ -206,8 +206,12 @@ def _emulate_graph(loop) -> None:
         graphed.protect, graphed.graphs, graphed._buffers = None, {}, {}
 
         def capture(static):
-            outputs = dict(graphed.fn(static))  # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
-            return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)
+            # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
+            outputs = graphed.fn(static)
+            if not hasattr(ig, "fill"):  # a checkout whose step gives a dict of tensors
+                outputs = dict(outputs)
+                return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)
+            return ig._Captured(replaying(lambda: ig.fill(outputs, graphed.fn(static))), outputs)
     else:  # the forward alone is graphed (GraphedActing)
         graphed = ig.GraphedActing.__new__(ig.GraphedActing)
         graphed.model, graphed.device, graphed.greedy = loop.model, torch.device("cpu"), loop.greedy
