@@ -32,6 +32,9 @@ TIERS = {
     "learning": ("learning claims: agents reach a score (slow; python -m pytest -m slow)", 3600),
 }
 SLOW_TIER = "learning"
+# the shared kernel tests (imported by each rule's tests/interpreter/test_kernels_<rule>.py): pytest's
+# assertion messages there too
+pytest.register_assert_rewrite("kernel_rule_tests")
 
 
 def tier_of(path: Path) -> str:

@@ -88,12 +88,12 @@ from .naive import MATRICES
 NUM_MATRICES = len(MATRICES)  # 6
 # Largest head dim the kernels take. Up to 32 the register kernels, with the
 # warps (forward, backward) per padded head dim that run them without spilling
-# on sm_90 (tests/interpreter/test_kernels_rules.py).
+# on sm_90 (tests/interpreter/test_kernels_delta_lstm.py).
 MAX_HEAD_DIM = 64
 WARPS = {16: (2, 4), 32: (8, 8)}
 # Head dims above STREAM_ABOVE run the streamed kernels, with (forward row tile,
 # forward warps, backward row tile, backward warps) per padded head dim: no spill
-# on sm_90 at d = 48 and 64, fp32 and bf16 (tests/interpreter/test_kernels_rules.py;
+# on sm_90 at d = 48 and 64, fp32 and bf16 (tests/interpreter/test_kernels_delta_lstm.py;
 # forward 122-127 registers, backward 221-251). Each step is a serial chain of
 # (row tiles x 6 matrices) tile-steps, so the tiles are as tall as fits: 32 rows
 # (2 tiles per matrix) both ways; backward tiles of 8 rows (192-201 registers)

@@ -53,7 +53,7 @@ from ..triton.common import (
 
 # Largest head dim (and key feature size) the kernels run without spilling
 # registers on sm_90, with the warps (forward, backward) per padded (head dim,
-# key feature size) that achieve it (tests/interpreter/test_kernels_rules.py). Both
+# key feature size) that achieve it (tests/interpreter/test_kernels_delta_rnn.py). Both
 # sizes are compile-time constants (vectorised loads, compact layouts).
 MAX_HEAD_DIM = 64
 MAX_KEY_DIM = 64

@@ -237,7 +237,7 @@ def _block_sizes(dk: int, dv: int, split: int = 1) -> tuple[int, int, int, int]:
 
     BV covers ``ceil(dv / split)`` rows, at most MAX_BLOCK_ELEMENTS / BK of them
     (head dim 128: four programs of 32 rows even at split 1). The warps keep
-    both kernels free of spills on sm_90 (``tests/interpreter/test_kernels_rules.py``).
+    both kernels free of spills on sm_90 (``tests/interpreter/test_kernels_delta_rule.py``).
     """
     bk = padded(dk)
     bv = min(max(1, triton.next_power_of_2(triton.cdiv(dv, split))), MAX_BLOCK_ELEMENTS // bk)

@@ -62,7 +62,7 @@ from ..triton.common import (
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
 # the warps (forward, backward) per padded head dim that achieve it (checked by
-# tests/interpreter/test_kernels_rules.py). The head dim is a compile-time constant: with a
+# tests/interpreter/test_kernels_rdn.py). The head dim is a compile-time constant: with a
 # known row stride the loads vectorise and Triton picks a layout that keeps
 # each per-row vector in a few registers (at d = 64 with a run-time stride the
 # same kernels spilled up to 224 bytes).

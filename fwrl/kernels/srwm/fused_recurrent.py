@@ -87,7 +87,7 @@ MIN_HEAD_DIM = 1
 MAX_HEAD_DIM = 64
 # Warps (forward, backward) per padded block shape (BD, BY) = (head dim, rows of
 # W^y), each compiled for sm_90 without spilling registers (the shipped shapes
-# are checked by tests/interpreter/test_kernels_rules.py). It covers the
+# are checked by tests/interpreter/test_kernels_srwm.py). It covers the
 # SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
 # shapes (SR-DeltaNet at d = 64: Dy = 193, a 325 x 64 matrix) take the split
 # path of ``fused_recurrent_split``. The backward takes few warps: its per-row
