@@ -40,6 +40,7 @@ import torch
 
 from fwrl.errors import FwrlError
 from fwrl.kernels import GRAD_MODES
+from fwrl.kernels.dispatch import kernel_inputs
 from kernel_harness import (
     LAUNCH_INTS,
     assert_all_close,
@@ -126,12 +127,11 @@ class Rule:
     extreme: Callable[[list[torch.Tensor]], None]  # pushes (B = 2) inputs to extremes, in place
     extreme_options: tuple[tuple[Mapping, bool], ...]  # (options, compared: else finite only)
     rebuild: Callable[..., list[tuple[torch.Tensor, torch.Tensor]]]  # (K, inputs, reset, **opts)
-    supports_inputs: tuple[int, ...]  # which inputs ``supports`` takes, in its order
     max_head_dim: int
     bad_options: tuple[tuple[Mapping, str], ...]  # (options, words of supports' reason)
     accepted_sizes: tuple[Mapping, ...]  # other sizes supports accepts
     refused_sizes: tuple[tuple[Mapping, str], ...]  # (sizes and options, words of the reason)
-    mismatch: tuple[int, str]  # (supports argument cut to 8 features, words of the reason)
+    mismatch: tuple[int, str]  # (input cut to 8 features, words of supports' reason)
     error: str  # the FwrlError of FWRL_KERNELS=triton on inputs no kernel runs on (a regex)
     cuda_sizes: tuple[Mapping, ...]
     sm90_builds: Callable[[ModuleType], Iterator[tuple]]  # yields (label, build, check or None[, stack bytes allowed])
@@ -216,12 +216,17 @@ def _flatten(outputs) -> Iterator[torch.Tensor]:
         yield outputs
 
 
-def _call(rule: Rule, fn: Callable, /, *inputs_and_reset, **kwargs) -> list[torch.Tensor]:
-    """``fn`` (reference, Triton, CPU or public function) on the flat inputs, its outputs flat."""
+def _reference_layout(rule: Rule, inputs_and_reset: list) -> list:
+    """The flat inputs and reset as the reference takes them (the SRWM's state as one tuple)."""
     *args, reset = inputs_and_reset
     if rule.state_tuple:
         args[-rule.n_state:] = [tuple(args[-rule.n_state:])]
-    return list(_flatten(fn(*args, reset, **kwargs)))
+    return [*args, reset]
+
+
+def _call(rule: Rule, fn: Callable, /, *inputs_and_reset, **kwargs) -> list[torch.Tensor]:
+    """``fn`` (reference, Triton, CPU or public function) on the flat inputs, its outputs flat."""
+    return list(_flatten(fn(*_reference_layout(rule, list(inputs_and_reset)), **kwargs)))
 
 
 def _upstream(rule: Rule, inputs, reset, seed: int, losses: str = "all", /, **options) -> list:
@@ -451,39 +456,43 @@ def test_inference_path_and_determinism(rule, path, monkeypatch):
 def test_supports_gives_reasons(rule, monkeypatch):
     """``supports`` accepts the table's shapes and names what it refuses (options, head dims
     beyond the largest, feature-map sizes, dtypes, mismatched shapes, no CUDA outside the
-    interpreter, a module built for GPUs on CPU tensors); the Triton function raises on the
-    options supports refuses."""
+    interpreter, a module built for GPUs on CPU tensors), reading a call's arguments by the
+    reference's parameter names; the Triton function raises on the options supports refuses."""
     K = rule.K
+    reset = torch.zeros(2, 1, dtype=torch.bool)
 
     def args(T=2, d=16, **sizes_and_options):
-        inputs = [t.float() for t in rule_inputs(rule, T, 1, 1, d, seed=0, **sizes_and_options)]
-        return [inputs[i] for i in rule.supports_inputs]
+        return [t.float() for t in rule_inputs(rule, T, 1, 1, d, seed=0, **sizes_and_options)]
+
+    def call(inputs, **options):
+        """The call's arguments by name (``dispatch.kernel_inputs``), as dispatch hands them to supports."""
+        layout = _reference_layout(rule, [*inputs, reset[:inputs[0].shape[0]]])
+        return kernel_inputs(rule.reference, tuple(layout), options)
 
     x = args()
-    assert K.supports(*x) is None  # the interpreter on CPU
+    assert K.supports(call(x)) is None  # the interpreter on CPU
     bad_options = ((dict(grad_mode="none"), "grad_mode"), *rule.bad_options)
     for options, words in bad_options:
-        assert words in K.supports(*x, **options), options
-    assert K.supports(*args(1, rule.max_head_dim)) is None
-    too_big = K.supports(*args(1, rule.max_head_dim + 1))
+        assert words in K.supports(call(x, **options)), options
+    assert K.supports(call(args(1, rule.max_head_dim))) is None
+    too_big = K.supports(call(args(1, rule.max_head_dim + 1)))
     assert f"at most {rule.max_head_dim}" in too_big and str(rule.max_head_dim + 1) in too_big
     for sizes in rule.accepted_sizes:
-        assert K.supports(*args(1, **sizes)) is None, sizes
+        assert K.supports(call(args(1, **sizes))) is None, sizes
     for sizes_and_options, words in rule.refused_sizes:
         options = {k: v for k, v in sizes_and_options.items() if k in ("feature_map", "input_map")}
-        assert words in K.supports(*args(1, **sizes_and_options), **options), sizes_and_options
-    assert "dtype" in K.supports(x[0].double(), *x[1:])
+        assert words in K.supports(call(args(1, **sizes_and_options), **options)), sizes_and_options
+    assert "dtype" in K.supports(call([x[0].double(), *x[1:]]))
     position, words = rule.mismatch
     cut = list(x)
     cut[position] = cut[position][..., :8]
-    assert words in K.supports(*cut)
+    assert words in K.supports(call(cut))
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert "CUDA" in K.supports(*x)
+    assert "CUDA" in K.supports(call(x))
     compiled = load_kernel_module(rule.name, interpret=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert "CUDA" in compiled.supports(*x)  # built for GPUs: no CPU runs
+    assert "CUDA" in compiled.supports(call(x))  # built for GPUs: no CPU runs
     inputs = [t.float() for t in rule_inputs(rule, 2, 1, 1, 16, seed=0)]
-    reset = torch.zeros(2, 1, dtype=torch.bool)
     for options, _ in bad_options:
         (value,) = options.values()
         with pytest.raises(FwrlError, match=re.escape(repr(value))):

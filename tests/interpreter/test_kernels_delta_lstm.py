@@ -138,7 +138,6 @@ DELTA_LSTM = Rule(
     extreme=_delta_lstm_extreme,
     extreme_options=(({}, True),),
     rebuild=_delta_lstm_rebuild,
-    supports_inputs=(0, 1, 2, 3, 4),
     max_head_dim=64,
     bad_options=(),
     accepted_sizes=(dict(d=33), dict(d=48)),  # the streamed kernels

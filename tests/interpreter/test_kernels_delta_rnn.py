@@ -106,9 +106,8 @@ DELTA_RNN = Rule(
     extreme=_delta_rnn_extreme,
     extreme_options=FAST_RNN_EXTREME_OPTIONS,
     rebuild=_delta_rnn_rebuild,
-    supports_inputs=(0, 1, 2, 4, 5),
     max_head_dim=64,
-    bad_options=((dict(feature_map="relu"), "feature map"),),
+    bad_options=((dict(feature_map="relu"), "feature_map"),),
     accepted_sizes=(),
     refused_sizes=((dict(d=32, feature_map="dpfp-2"), "128"),),  # 4 * 32 key features
     mismatch=(1, "match"),

@@ -134,9 +134,8 @@ DELTA_RULE = Rule(
     extreme_options=tuple((dict(rule=rule, feature_map=fmap), True)
                           for rule in ("delta", "sum") for fmap in ("elu1_sumnorm", "softmax")),
     rebuild=_delta_rule_rebuild,
-    supports_inputs=(0, 1, 2),
     max_head_dim=128,
-    bad_options=((dict(rule="oja"), "rule"), (dict(feature_map="relu"), "feature map")),
+    bad_options=((dict(rule="oja"), "rule"), (dict(feature_map="relu"), "feature_map")),
     accepted_sizes=(),
     refused_sizes=((dict(d=32, feature_map="dpfp-3"), "192"),),  # 6 * 32 key features
     mismatch=(1, "match"),

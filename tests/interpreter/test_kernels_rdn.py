@@ -98,7 +98,6 @@ RDN = Rule(
     extreme=_rdn_extreme,
     extreme_options=FAST_RNN_EXTREME_OPTIONS,
     rebuild=_rdn_rebuild,
-    supports_inputs=(0, 1, 2, 3, 4, 8),
     max_head_dim=64,
     bad_options=((dict(feature_map="dpfp-1"), "dpfp-1"),),
     accepted_sizes=(),

@@ -139,9 +139,8 @@ SRWM = Rule(
     # logits of +-80 times weights under the identity input map: only finiteness is meaningful
     extreme_options=((dict(input_map="softmax"), True), (dict(input_map="identity"), False)),
     rebuild=_srwm_rebuild,
-    supports_inputs=(0, 1, 2, 3, 4),
     max_head_dim=64,
-    bad_options=((dict(input_map="elu"), "input map"),),
+    bad_options=((dict(input_map="elu"), "input_map"),),
     accepted_sizes=(dict(d=32, dy=97), dict(d=64, dy=193)),  # SR-DeltaNet; d = 64: the split path
     refused_sizes=((dict(d=65, dy=196), "at most 64"),),  # SR-DeltaNet at d = 65
     mismatch=(2, "W_q"),

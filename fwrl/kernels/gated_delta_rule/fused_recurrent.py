@@ -41,6 +41,9 @@ afterwards in a fixed order: no atomics, bitwise-deterministic results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -51,8 +54,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import L2_NORM_EPS, SUM_NORM_EPS, feature_dim
 
 from ..triton.common import (
-    KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _matvec, _phi, _phi_backward, _sigmoid, _sum,
-    _vecmat, aligned, launch_options, option_reasons, padded, tensor_reasons, warps_for,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _matvec, _phi, _phi_backward,
+    _sigmoid, _sum, _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons,
+    tensor_reasons, warps_for,
 )
 
 # Feature maps of q and k computed in the kernel, and their codes (3: l2norm, this kernel's own).
@@ -367,26 +371,28 @@ class _GatedDeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dbeta, dg, dS0, None, None, None, None
 
 
-def supports(
-    q: Tensor, k: Tensor, v: Tensor, *, feature_map: str = "l2norm", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with what would
-    avoid it)."""
-    reason = option_reasons(("feature map", feature_map, FEATURE_MAPS), ("grad_mode", grad_mode, GRAD_MODES))
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    reason = (option_reasons(inputs, {"feature_map": FEATURE_MAPS, "grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, ("q", "k", "v"), "[T, B, H, D]"))
     if reason is not None:
         return reason
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, D]"
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
     if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
         return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match"
     if q.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
-    dk, dv = feature_dim(feature_map, q.shape[-1]), v.shape[-1]
+        return EMPTY_SEQUENCE
+    dk, dv = feature_dim(inputs["feature_map"], q.shape[-1]), v.shape[-1]
     if not (1 <= dk <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
         return (f"head dims (key {dk}, value {dv}) are outside the supported range 1..{MAX_HEAD_DIM} "
                 f"(use a head_dim of at most {MAX_HEAD_DIM})")
-    return tensor_reasons((("q", q), ("k", k), ("v", v)))
+    return tensor_reasons(inputs, ("q", "k", "v"))
+
+
+# The keyword-only arguments ``gated_delta_rule_triton`` takes beyond the reference's: a tuning knob that
+# changes no result (beyond round-off); dispatch never passes it (``fwrl bench kernels`` does).
+TUNING_KEYWORDS = ("split",)
 
 
 def gated_delta_rule_triton(

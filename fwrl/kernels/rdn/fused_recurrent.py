@@ -44,7 +44,8 @@ not recorded, rebuilds it from y in chunks of at most S_CHUNK_BYTES.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 import triton
@@ -56,8 +57,8 @@ from fwrl.kernels import GRAD_MODES, check_grad_mode
 from fwrl.kernels.feature_maps import SUM_NORM_EPS
 
 from ..triton.common import (
-    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
-    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh,
+    _vecmat, aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
@@ -349,28 +350,25 @@ class _RDNFunction(torch.autograd.Function):
                 None, None, None)
 
 
-def supports(
-    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, W0: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    if feature_map not in KERNEL_FEATURE_MAPS:
-        return (f"feature map {feature_map!r} is not one the RDN kernel computes "
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    if inputs["feature_map"] not in KERNEL_FEATURE_MAPS:
+        return (f"feature map {inputs['feature_map']!r} is not one the RDN kernel computes "
                 f"(use feature_map {', '.join(KERNEL_FEATURE_MAPS)})")
-    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+    if (reason := option_reasons(inputs, {"grad_mode": GRAD_MODES})) is not None:
         return reason
+    xq, xk, xv, xb = inputs["xq"], inputs["xk"], inputs["xv"], inputs["xb"]
     if xq.dim() != 4 or xq.shape != xk.shape or xq.shape != xv.shape or xb.shape != xq.shape[:3]:
         return (f"shapes xq {tuple(xq.shape)}, xk {tuple(xk.shape)}, xv {tuple(xv.shape)}, "
                 f"xb {tuple(xb.shape)} do not match [T, B, H, d] / [T, B, H]")
     if xq.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
+        return EMPTY_SEQUENCE
     d = xq.shape[-1]
     if not 1 <= d <= MAX_HEAD_DIM:
         return (f"head dim {d} is larger than the {MAX_HEAD_DIM} the RDN kernel supports "
                 f"(use a head_dim of at most {MAX_HEAD_DIM})")
-    return tensor_reasons((("xq", xq), ("xk", xk), ("xv", xv), ("xb", xb), ("Rq", Rq),
-                           ("W0", W0)))
+    return tensor_reasons(inputs, ("xq", "xk", "xv", "xb", "Rq", "W0"))
 
 
 def rdn_triton(
