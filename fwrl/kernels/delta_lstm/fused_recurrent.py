@@ -756,9 +756,8 @@ def supports(inputs: Mapping[str, Any]) -> str | None:
 
 
 def delta_lstm_triton(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    W0: Tensor, c0: Tensor, y0: Tensor, reset: Tensor,
-    *, grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Tensor, y0: Tensor,
+    reset: Tensor, *, grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused Delta LSTM (paper 000 App. A.2 Eq. 36-40); returns (y [T, B, H, d] in q's dtype,
     W_T [B, H, 6, d, d], c_T, y_T in fp32).

@@ -314,10 +314,9 @@ def supports(inputs: Mapping[str, Any]) -> str | None:
 
 
 def delta_rnn_triton(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    kr: Tensor, vr: Tensor, betar: Tensor,
-    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Tensor, betar: Tensor,
+    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
+    grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused Delta RNN (paper 000 Eq. 12); returns (y [T, B, H, d] in v's dtype, W_T, R_T,
     h_T in fp32).

@@ -380,16 +380,8 @@ TUNING_KEYWORDS = ("split",)
 
 
 def delta_rule_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    W0: Tensor,
-    reset: Tensor,
-    *,
-    rule: str = "delta",
-    feature_map: str = "elu1_sumnorm",
-    grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, W0: Tensor, reset: Tensor, *,
+    rule: str = "delta", feature_map: str = "elu1_sumnorm", grad_mode: str = "full",
     split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
     """Fused sum / delta rule (paper 001 Eq. 20-25); returns (y [T,B,H,Dv] in v's

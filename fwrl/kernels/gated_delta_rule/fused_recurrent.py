@@ -396,17 +396,8 @@ TUNING_KEYWORDS = ("split",)
 
 
 def gated_delta_rule_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
-    S0: Tensor,
-    reset: Tensor,
-    *,
-    feature_map: str = "l2norm",
-    grad_mode: str = "full",
-    split: int | str = 1,
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tensor, reset: Tensor, *,
+    feature_map: str = "l2norm", grad_mode: str = "full", split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
     """Fused gated delta rule (Gated DeltaNet Eq. 10); returns (y [T,B,H,Dv] in v's dtype,
     S_T [B,H,Dv,Dk] fp32).

@@ -372,10 +372,9 @@ def supports(inputs: Mapping[str, Any]) -> str | None:
 
 
 def rdn_triton(
-    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor,
-    Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
-    W0: Tensor, h0: Tensor, reset: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
+    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
+    W0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
+    grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused RDN (paper 000 Eq. 15-18); returns (y [T, B, H, d] in xv's dtype, W_T, h_T
     in fp32).

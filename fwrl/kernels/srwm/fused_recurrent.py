@@ -482,17 +482,8 @@ TUNING_KEYWORDS = ("split_rows",)
 
 
 def srwm_triton(
-    x: Tensor,
-    W_y: Tensor,
-    W_q: Tensor,
-    W_k: Tensor,
-    w_b: Tensor,
-    offsets: Offsets,
-    reset: Tensor,
-    *,
-    input_map: str = "softmax",
-    grad_mode: str = "full",
-    split_rows: int | None = None,
+    x: Tensor, W_y: Tensor, W_q: Tensor, W_k: Tensor, w_b: Tensor, offsets: Offsets, reset: Tensor,
+    *, input_map: str = "softmax", grad_mode: str = "full", split_rows: int | None = None,
 ) -> tuple[Tensor, Offsets]:
     """Fused SRWM (paper 002 Eq. 5-8, App. A); returns (y [T, B, H, Dy] in x's dtype,
     final offsets, fp32).
