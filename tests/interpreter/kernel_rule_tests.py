@@ -24,12 +24,14 @@ interpreter costs milliseconds per program per step.
 
 To add a rule: a ``tests/interpreter/test_kernels_<rule>.py`` with its ``Rule`` (and its ``rule_inputs``,
 ``_extreme``, ``_rebuild``, ``_sm90_builds``), the shared tests imported and ``pytest_generate_tests``, as
-the other rule files have them; every shared test then covers it.
+the other rule files have them (``from kernel_rule_tests import *`` takes the shared tests, ``__all__``);
+every shared test then covers it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -116,9 +118,6 @@ class Rule:
     n_steps: int  # the leading inputs indexed by time: sliced by calls, rounded to low precision
     n_state: int  # the trailing inputs that are the initial state; outputs[1:] are their finals
     make_inputs: Callable[..., list[torch.Tensor]]  # (T, B, H, d, generator, **sizes, **options)
-    reference: Callable
-    public: Callable  # fwrl.kernels.<rule>.<rule>, the dispatching function
-    cpu: Callable
     paths: tuple[Path, ...]
     # options of the reference comparisons: per group (a test each), the settings are taken by
     # the reset cases in turn; tests of one setting take each group's first
@@ -139,6 +138,24 @@ class Rule:
     state_tuple: bool = False  # the state goes in and out as one tuple argument (the SRWM)
     split_exact: bool = True  # a sequence split in two calls gives bit-identical outputs
     tolerance: Mapping = field(default_factory=lambda: dict(atol=2e-5, rtol=1e-4))
+
+    @property
+    def package(self) -> ModuleType:
+        """``fwrl.kernels.<rule>``: its ``RULE`` (the reference, the CPU path) and its public function."""
+        return importlib.import_module(f"fwrl.kernels.{self.name}")
+
+    @property
+    def reference(self) -> Callable:
+        return self.package.RULE.reference
+
+    @property
+    def cpu(self) -> Callable:
+        return self.package.RULE.cpu
+
+    @property
+    def public(self) -> Callable:
+        """``fwrl.kernels.<rule>.<rule>``, the dispatching function."""
+        return getattr(self.package, self.name)
 
     @property
     def K(self) -> ModuleType:
@@ -303,6 +320,8 @@ PARAMETERS: dict[str, Callable[[Rule], list[tuple[str, list]]]] = {
     "test_compiles_for_sm90_without_spills": lambda rule: [("rule", [pytest.param(rule, id=rule.name)])],
 }
 SHARED_TESTS = tuple(PARAMETERS)
+# What a rule's file takes with ``from kernel_rule_tests import *``: the shared tests, to be collected there.
+__all__ = list(SHARED_TESTS)
 
 
 def parametrize_for(rule: Rule) -> Callable[[pytest.Metafunc], None]:

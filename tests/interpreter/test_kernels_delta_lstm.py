@@ -9,27 +9,11 @@ from __future__ import annotations
 import functools
 import re
 
-import pytest
 import torch
 
-from fwrl.kernels.delta_lstm import delta_lstm
-from fwrl.kernels.delta_lstm.cpu import delta_lstm_cpu
-from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
 import kernel_harness
 from kernel_harness import LAUNCH_INTS, compile_sm90
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import Path, Rule, Shape, parametrize_for, randn
 
 _interpret = kernel_harness._interpret  # the autouse fixture: TRITON_INTERPRET=1 in every test
@@ -118,9 +102,6 @@ DELTA_LSTM = Rule(
     n_steps=4,
     n_state=3,
     make_inputs=_delta_lstm_inputs,
-    reference=delta_lstm_reference,
-    public=delta_lstm,
-    cpu=delta_lstm_cpu,
     paths=(
         Path("registers", d=16, taken=lambda K: not K._streams(16), reversal_steps=30),
         # the streamed kernels of head dims 33..64, forced at d = 10 in row tiles of 4 (forward)

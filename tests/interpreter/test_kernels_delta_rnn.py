@@ -6,26 +6,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from fwrl.kernels.delta_rnn import delta_rnn
-from fwrl.kernels.delta_rnn.cpu import delta_rnn_cpu
-from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 import kernel_harness
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import (
     FAST_RNN_EXTREME_OPTIONS, FAST_RNN_FEATURE_MAPS, Path, Rule, Shape, key_features, parametrize_for, randn,
     sm90_pairs,
@@ -92,9 +76,6 @@ DELTA_RNN = Rule(
     n_steps=7,
     n_state=3,
     make_inputs=_delta_rnn_inputs,
-    reference=delta_rnn_reference,
-    public=delta_rnn,
-    cpu=delta_rnn_cpu,
     paths=(Path("registers"),),
     option_groups=FAST_RNN_FEATURE_MAPS,
     shapes=(

@@ -10,27 +10,12 @@ import pytest
 import torch
 
 from fwrl.kernels import GRAD_MODES
-from fwrl.kernels.delta_rule import delta_rule
-from fwrl.kernels.delta_rule.cpu import delta_rule_cpu
-from fwrl.kernels.delta_rule.naive import delta_rule_reference
 import kernel_harness
 from kernel_harness import (
     LAUNCH_INTS, compile_sm90, launch_specialisation, load_kernel_module, needs_compiling_triton, registers,
     skip_without_sm90_toolchain, stack_and_local_bytes,
 )
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import (
     Path, Rule, Shape, against_reference, key_features, parametrize_for, randn, reset_pattern, rule_inputs,
 )
@@ -115,9 +100,6 @@ DELTA_RULE = Rule(
     n_steps=4,
     n_state=1,
     make_inputs=_delta_rule_inputs,
-    reference=delta_rule_reference,
-    public=delta_rule,
-    cpu=delta_rule_cpu,
     paths=(Path("registers", taken=lambda K: K._block_sizes(16, 16)[1] >= 16),),
     option_groups={f"{rule}-{fmap}": (dict(rule=rule, feature_map=fmap),)
                    for rule in ("delta", "sum") for fmap in ("elu1_sumnorm", "softmax")},

@@ -6,28 +6,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fwrl.kernels import GRAD_MODES
-from fwrl.kernels.gated_delta_rule import gated_delta_rule
-from fwrl.kernels.gated_delta_rule.cpu import gated_delta_rule_cpu
-from fwrl.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 import kernel_harness
 from kernel_harness import LAUNCH_INTS, compile_sm90
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import Path, Rule, Shape, parametrize_for, randn
 
 _interpret = kernel_harness._interpret  # the autouse fixture: TRITON_INTERPRET=1 in every test
@@ -113,9 +97,6 @@ GATED_DELTA_RULE = Rule(
     n_steps=5,
     n_state=1,
     make_inputs=_gated_delta_rule_inputs,
-    reference=gated_delta_rule_reference,
-    public=gated_delta_rule,
-    cpu=gated_delta_rule_cpu,
     paths=(
         # one chunk at these T: S_{t-1} by division, replays at the episode starts
         Path("divide", taken=lambda K: K.ANCHOR_EVERY == 16 and K.DECAY_BUDGET == 4.0),

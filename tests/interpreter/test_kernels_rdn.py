@@ -6,26 +6,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from fwrl.kernels.rdn import rdn
-from fwrl.kernels.rdn.cpu import rdn_cpu
-from fwrl.kernels.rdn.naive import rdn_reference
 import kernel_harness
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import (
     FAST_RNN_EXTREME_OPTIONS, FAST_RNN_FEATURE_MAPS, Path, Rule, Shape, against_reference, parametrize_for,
     randn, reset_pattern, rule_inputs, sm90_pairs,
@@ -84,9 +68,6 @@ RDN = Rule(
     n_steps=4,
     n_state=2,
     make_inputs=_rdn_inputs,
-    reference=rdn_reference,
-    public=rdn,
-    cpu=rdn_cpu,
     paths=(Path("registers"),),
     option_groups=FAST_RNN_FEATURE_MAPS,
     shapes=(

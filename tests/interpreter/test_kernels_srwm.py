@@ -9,24 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fwrl.kernels.srwm import srwm
-from fwrl.kernels.srwm.cpu import srwm_cpu
-from fwrl.kernels.srwm.naive import srwm_reference
 import kernel_harness
 from kernel_harness import LAUNCH_INTS, compile_sm90
-from kernel_rule_tests import (  # the shared tests, run on this rule (pytest_generate_tests)
-    test_compiles_for_sm90_without_spills,
-    test_cuda_matches_reference,
-    test_dispatch_on_cpu,
-    test_extreme_inputs_stay_finite,
-    test_inference_path_and_determinism,
-    test_low_precision_inputs,
-    test_matches_reference,
-    test_odd_and_largest_head_dims_and_partial_losses,
-    test_reversal_rebuilds_the_initial_state,
-    test_split_sequence_equals_one_call,
-    test_supports_gives_reasons,
-)
+from kernel_rule_tests import *  # noqa: F403  the shared tests (SHARED_TESTS), run on this rule: pytest_generate_tests
 from kernel_rule_tests import Path, Rule, Shape, parametrize_for, randn
 
 _interpret = kernel_harness._interpret  # the autouse fixture: TRITON_INTERPRET=1 in every test
@@ -109,9 +94,6 @@ SRWM = Rule(
     n_steps=1,
     n_state=4,
     make_inputs=_srwm_inputs,
-    reference=srwm_reference,
-    public=srwm,
-    cpu=srwm_cpu,
     paths=(
         Path("registers", taken=lambda K: K._split_rows(16, 16, None) is None),
         # fused_recurrent_split (W^y's rows over programs), forced at d = 4 with Dy = 13
