@@ -49,8 +49,8 @@ from fwrl.kernels.feature_maps import (
 )
 
 from ..triton.common import (
-    EMPTY_SEQUENCE, FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward,
-    _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned,
+    EMPTY_SEQUENCE, FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward,
+    _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _sum, _tile, _vecmat, aligned,
     launch_options, option_reasons, padded, rank_reasons, replay_starts, tensor_reasons,
 )
 
@@ -74,14 +74,10 @@ def _forward_kernel(
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
-    od = tl.arange(0, BD)
-    ok = tl.arange(0, BK)
-    md = od < D
-    mk = ok < DK
-    wm = md[:, None] & mk[None, :]
-    w_loc = od[:, None] * DK + ok[None, :]
-    rm = md[:, None] & md[None, :]
-    r_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    ok, mk = _lanes(0, BK, DK)
+    wm, w_loc = _tile(od, md, ok, mk, DK)
+    rm, r_loc = _tile(od, md, od, md, D)
     W = tl.load(W0 + i_bh * D * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     R = tl.load(R0 + i_bh * D * D + r_loc, mask=rm, other=0.0).to(tl.float32)
     h = tl.load(H0 + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
@@ -125,14 +121,10 @@ def _backward_kernel(
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
-    od = tl.arange(0, BD)
-    ok = tl.arange(0, BK)
-    md = od < D
-    mk = ok < DK
-    wm = md[:, None] & mk[None, :]
-    w_loc = od[:, None] * DK + ok[None, :]
-    rm = md[:, None] & md[None, :]
-    r_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    ok, mk = _lanes(0, BK, DK)
+    wm, w_loc = _tile(od, md, ok, mk, DK)
+    rm, r_loc = _tile(od, md, od, md, D)
     W = tl.load(WT + i_bh * D * DK + w_loc, mask=wm, other=0.0)
     R = tl.load(RT + i_bh * D * D + r_loc, mask=rm, other=0.0)
     GW = tl.load(DWT + i_bh * D * DK + w_loc, mask=wm, other=0.0).to(tl.float32)

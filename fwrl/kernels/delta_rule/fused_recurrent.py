@@ -57,9 +57,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
 from ..triton.common import (
-    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum,
-    _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons, replay_starts,
-    tensor_reasons, warps_for,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward, _sigmoid,
+    _sum, _tile, _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons,
+    replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
@@ -100,12 +100,9 @@ def _forward_kernel(
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     W = tl.load(W0 + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * B * H + i_bh  # index of (t, b, h)
@@ -153,12 +150,9 @@ def _backward_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
     TBH = T * B * H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     W = tl.load(WT + i_bh * DV * DK + w_loc, mask=wm, other=0.0)
     dW = tl.load(DWT + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for i in range(T):

@@ -54,9 +54,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import L2_NORM_EPS, SUM_NORM_EPS, feature_dim
 
 from ..triton.common import (
-    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _matvec, _phi, _phi_backward,
-    _sigmoid, _sum, _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons,
-    tensor_reasons, warps_for,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _lanes, _matvec, _phi,
+    _phi_backward, _sigmoid, _sum, _tile, _vecmat, aligned, launch_options, option_reasons, padded,
+    rank_reasons, tensor_reasons, warps_for,
 )
 
 # Feature maps of q and k computed in the kernel, and their codes (3: l2norm, this kernel's own).
@@ -118,12 +118,9 @@ def _forward_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
     BH = B * H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     S = tl.load(S0 + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * BH + i_bh  # index of (t, b, h)
@@ -159,12 +156,9 @@ def _backward_kernel(
     b = i_bh // H
     BH = B * H
     TBH = T * BH
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     S = tl.load(ST + i_bh * DV * DK + w_loc, mask=wm, other=0.0)
     dS = tl.load(DST + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     undone = tl.full([], 0.0, tl.float32)  # the log-decay undone by division since the last exact state

@@ -57,8 +57,9 @@ from fwrl.kernels import GRAD_MODES, check_grad_mode
 from fwrl.kernels.feature_maps import SUM_NORM_EPS
 
 from ..triton.common import (
-    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh,
-    _vecmat, aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward, _sigmoid,
+    _sum, _tanh, _tile, _vecmat, aligned, launch_options, option_reasons, padded, replay_starts,
+    tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
@@ -92,10 +93,8 @@ def _forward_kernel(
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
     hd = i_bh % H
-    od = tl.arange(0, BD)
-    md = od < D
-    wm = md[:, None] & md[None, :]
-    w_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    wm, w_loc = _tile(od, md, od, md, D)
     Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(W0 + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
     h = tl.load(H0 + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
@@ -149,10 +148,8 @@ def _backward_kernel(
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
     hd = i_bh % H
-    od = tl.arange(0, BD)
-    md = od < D
-    wm = md[:, None] & md[None, :]
-    w_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    wm, w_loc = _tile(od, md, od, md, D)
     Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(WT + i_bh * D * D + w_loc, mask=wm, other=0.0)
     G = tl.load(DWT + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)

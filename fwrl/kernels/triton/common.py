@@ -201,6 +201,20 @@ def _pick(vec, idx, i: tl.constexpr):
 
 
 @triton.jit
+def _lanes(start, BLOCK: tl.constexpr, N):
+    """Lanes ``start + [0, BLOCK)`` of an axis of length N, and their mask (lanes at N or past it off)."""
+    o = start + tl.arange(0, BLOCK)
+    return o, o < N
+
+
+@triton.jit
+def _tile(o_rows, m_rows, o_cols, m_cols, C):
+    """Mask and offsets of the tile (the given rows and columns, with their masks) of a row-major
+    matrix of C columns."""
+    return m_rows[:, None] & m_cols[None, :], o_rows[:, None] * C + o_cols[None, :]
+
+
+@triton.jit
 def _block(row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     """Offsets and mask of rows [row0, row0 + rows) of a [*, D] matrix, as [BR, BD]."""
     orr = tl.arange(0, BR)
