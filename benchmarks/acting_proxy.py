@@ -206,8 +206,12 @@ def _emulate_graph(loop) -> None:
         graphed.protect, graphed.graphs, graphed._buffers = None, {}, {}
 
         def capture(static):
-            outputs = dict(graphed.fn(static))  # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
-            return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)
+            # the capture's call, as its warm-ups run (no protect needed: replay restores nothing)
+            outputs = graphed.fn(static)
+            if not hasattr(ig, "fill"):  # a checkout whose step gives a dict of tensors
+                outputs = dict(outputs)
+                return ig._Captured(replaying(lambda: outputs.update(graphed.fn(static))), outputs)
+            return ig._Captured(replaying(lambda: ig.fill(outputs, graphed.fn(static))), outputs)
     else:  # the forward alone is graphed (GraphedActing)
         graphed = ig.GraphedActing.__new__(ig.GraphedActing)
         graphed.model, graphed.device, graphed.greedy = loop.model, torch.device("cpu"), loop.greedy
@@ -488,7 +492,8 @@ def _commit() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", help="an earlier commit to measure side by side (e.g. 971d846)")
+    parser.add_argument("--baseline",
+                        help="an earlier commit to measure side by side (any git revision: a hash, a tag, HEAD~3)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--steps", type=int, default=300, help="acting calls measured per setting")
     parser.add_argument("--repeats", type=int, default=3, help="runs per checkout and setting, alternated; medians")

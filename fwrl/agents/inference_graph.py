@@ -4,11 +4,11 @@ A T = 1 forward of a small agent is mostly Python and kernel-launch
 overhead: dozens of small kernels per layer, and the core state's gather and
 scatter and the store's writes around it add a dozen more. :class:`GraphedStep`
 captures a function of device tensors once per key (the inference loop's
-whole device step, ``InferenceLoop._act``, once per batch size, the number of
-slots served in one inference step, and number of riders, the slots whose
-episode a time limit cut)
-and replays it in one launch. The graph reads its inputs from static buffers
-(the loop uploads the step's env groups and its indices straight into them)
+whole device step, ``InferenceLoop._act``, once per step layout,
+``fwrl.agents.acting_batch.StepLayout``: the number of slots served in one
+inference step, the number of riders, the slots whose episode a time limit cut,
+and the index parts the loop uses) and replays it in one launch. The graph reads
+its inputs from static buffers (the loop uploads its ``ActingBatch`` straight into them)
 and writes its outputs to static buffers; tensors it reads and writes in place
 (the acting weights, the core state, the rollout store) keep their addresses, so
 a publish (an in-place copy into the same parameter tensors) is seen by the next
@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Any, Callable, Generic, Hashable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from fwrl.errors import FwrlError
 
@@ -52,29 +53,46 @@ WARMUP_CALLS = 3
 # held by every capture and replay in this process (the module docstring says why)
 _CAPTURE_OR_REPLAY = threading.Lock()
 
+In = TypeVar("In")  # a step's inputs: a tensor, or tuples, named tuples, lists or dicts of them
+Out = TypeVar("Out")  # its outputs, likewise
+
 
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    outputs: dict[str, Tensor]
+    outputs: Any  # the step's Out, as the capture left it: the replays write its tensors
 
 
-class GraphedStep:
-    """``fn(tensors) -> tensors`` (device work only, no host sync) replayed as CUDA graphs, one
-    per key. Call ``step(key, tensors)``: ``tensors`` are copied into the key's static buffers
-    (none is copied that is that buffer: fill them in place with :meth:`buffers`), the graph is
-    captured on the key's first call and replayed; returns its static outputs (valid until the
-    next replay of that key).
+def fill(static: In, values: In) -> None:
+    """Copy the tensors of ``values`` into those of ``static`` (the same structure; a tensor that is
+    its static one is left as it is): the one place a step's inputs or outputs are seen as a flat
+    list of tensors."""
+    buffers, spec = tree_flatten(static)
+    given, given_spec = tree_flatten(values)
+    if given_spec != spec:
+        raise ValueError(f"a graphed step's inputs changed structure: {given_spec} after {spec}")
+    for buffer, value in zip(buffers, given):
+        if isinstance(buffer, Tensor) and value is not buffer:
+            buffer.copy_(value)
 
-    The warm-up calls before a capture run ``fn`` for real: ``protect()`` names the tensors they
+
+class GraphedStep(Generic[In, Out]):
+    """``fn(inputs) -> outputs`` (device work only, no host sync) replayed as CUDA graphs, one per
+    key. Call ``step(key, inputs)``: the tensors of ``inputs`` are copied into the key's static
+    buffers (none is copied that is that buffer: fill them in place with :meth:`buffers`), the graph
+    is captured on the key's first call and replayed; returns its static outputs (valid until the
+    next replay of that key). Inputs and outputs are tensors or tuples, named tuples, lists and dicts
+    of them, of the same structure at every call of a key.
+
+    The warm-up calls before a capture run ``fn`` for real: ``protect()`` gives the tensors they
     must leave as they were (the loop's core state, which ``fn`` advances in place); they are
     restored after the capture. Writes of ``fn`` that the replay makes again (the store's, at the
     same entries) need no protection. ``generator``: the CUDA generator ``fn`` samples from,
     registered with every graph (module docstring).
     """
 
-    def __init__(self, fn: Callable[[dict[str, Tensor]], dict[str, Tensor]], device: torch.device,
-                 generator: torch.Generator, protect: Callable[[], dict[str, Tensor]] | None = None):
+    def __init__(self, fn: Callable[[In], Out], device: torch.device,
+                 generator: torch.Generator, protect: Callable[[], Sequence[Tensor]] | None = None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"--inference-graph needs a CUDA device, got {device}")
@@ -83,24 +101,24 @@ class GraphedStep:
         self.generator = generator
         self.protect = protect
         self.graphs: dict[Hashable, _Captured] = {}
-        self._buffers: dict[Hashable, dict[str, Tensor]] = {}
+        self._buffers: dict[Hashable, In] = {}
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every key
 
-    def buffers(self, key: Hashable, like: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                fixed: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """The static inputs of ``key`` (allocated on first use, shapes and dtypes as ``like`` says;
-        the tensors of ``fixed`` themselves, shared by every key, under their names)."""
-        if key not in self._buffers:
-            fixed = fixed or {}
-            self._buffers[key] = {name: fixed[name] if name in fixed else torch.empty(shape, dtype=dtype, device=self.device)
-                                  for name, (shape, dtype) in like.items()}
-        return self._buffers[key]
+    def buffers(self, key: Hashable, make: Callable[[Hashable], In]) -> In:
+        """The static inputs of ``key``: ``make(key)`` on first use (uninitialised device tensors, or
+        tensors shared by every key, which are then used as they are)."""
+        static = self._buffers.get(key)
+        if static is None:
+            static = self._buffers[key] = make(key)
+        return static
 
-    def step(self, key: Hashable, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-        static = self.buffers(key, {name: (tuple(v.shape), v.dtype) for name, v in tensors.items()})
-        for name, value in tensors.items():
-            if value is not static[name]:
-                static[name].copy_(value)
+    def step(self, key: Hashable, inputs: In) -> Out:
+        static = self._buffers.get(key)
+        if static is None:
+            static = self._buffers[key] = tree_map_only(Tensor, lambda t: torch.empty_like(t, device=self.device),
+                                                        inputs)
+        if inputs is not static:
+            fill(static, inputs)
         captured = self.graphs.get(key)
         if captured is None:
             with _CAPTURE_OR_REPLAY:
@@ -110,9 +128,9 @@ class GraphedStep:
         return captured.outputs
 
     @torch.no_grad()
-    def _capture(self, static: dict[str, Tensor]) -> _Captured:
+    def _capture(self, static: In) -> _Captured:
         current = torch.cuda.current_stream(self.device)
-        kept = {name: value.clone() for name, value in self.protect().items()} if self.protect else {}
+        kept = [value.clone() for value in self.protect()] if self.protect else []
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
@@ -127,7 +145,7 @@ class GraphedStep:
             outputs = self.fn(static)
         current.wait_stream(side)
         if kept:  # the warm-up calls advanced them: back to what the replay must start from
-            torch._foreach_copy_(list(self.protect().values()), list(kept.values()))
+            torch._foreach_copy_(list(self.protect()), kept)
         return _Captured(graph, outputs)
 
 

@@ -52,6 +52,7 @@ from fwrl.memory_modules.base import State
 from fwrl.memory_modules.fwp_block import stem_defaults
 
 INITS = ("torch", "orthogonal")
+STEM_PRECISIONS = ("float32", "bfloat16")  # what the stem computes in (AgentNet's stem_precision)
 
 
 class _ResidualBlock(nn.Module):
@@ -215,10 +216,16 @@ class AgentNet(nn.Module):
         extra_size: int = 0,
         action_dims: tuple[int, ...] | None = None,
         init: str = "torch",
+        stem_precision: str = "float32",
     ):
         super().__init__()
         if init not in INITS:
             raise unknown_choice("init scheme", init, INITS)
+        if stem_precision not in STEM_PRECISIONS:
+            raise unknown_choice("stem precision", stem_precision, STEM_PRECISIONS)
+        # bfloat16: the stem's convolutions and linear layer run under autocast, its output back in the
+        # model's dtype; weights, gradients, optimiser state, core and heads stay in that dtype
+        self.stem_precision = stem_precision
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
         self.extra_size = int(extra_size)
@@ -265,7 +272,7 @@ class AgentNet(nn.Module):
         x = as_dtype(x / 255.0 if x.dtype == torch.uint8 else x, dtype)  # one op each: the division casts
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        parts = [self.stem(x).view(T, B, -1)]
+        parts = [self._stem(x, dtype).view(T, B, -1)]
         if self.extra_size:
             parts.append(as_dtype(inputs[OBS_EXTRA], dtype))
         parts.append(as_dtype(inputs[REWARD], dtype).clamp(-1.0, 1.0).unsqueeze(-1))
@@ -274,6 +281,17 @@ class AgentNet(nn.Module):
         baseline = self.baseline(core_out).squeeze(-1)
         action = policy.sample(logits, self.action_dims, greedy=greedy, sampler=sampler, generator=generator)
         return {"policy_logits": logits, "baseline": baseline, "action": action}, state
+
+
+    def _stem(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """The stem's features of ``x`` in ``dtype``, computed in ``stem_precision``."""
+        if self.stem_precision == "float32":
+            return self.stem(x)
+        # cache_enabled=False: each weight is cast once per forward anyway, and a CUDA graph's capture
+        # must not keep casts from outside it
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
+            features = self.stem(x)
+        return as_dtype(features, dtype)
 
 
 def as_dtype(value: Tensor, dtype: torch.dtype) -> Tensor:

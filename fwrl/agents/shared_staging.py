@@ -4,7 +4,7 @@ The local backend's workers write their step records into arrays they share with
 process, one per column, ``[slots, ...]`` (``LocalWorkerPool.shared_arrays``; a worker's K slots
 are rows ``worker * K`` to ``worker * K + K``). By default an acting call packs the ready workers'
 rows of each column group into one host buffer (pinned on CUDA) and uploads it
-(``fwrl.agents.inference``): for frames, a copy of megabytes on the acting thread at every call,
+(``fwrl.agents.acting_staging``): for frames, a copy of megabytes on the acting thread at every call,
 the store's largest host cost on a GPU box (``benchmarks/results/gpu/README.md``, 35e8e0f).
 
 :class:`SharedRows` skips that copy for the observation columns:
@@ -14,7 +14,7 @@ the store's largest host cost on a GPU box (``benchmarks/results/gpu/README.md``
   device buffer of every slot's row (``[slots, ...]``, one for all batch sizes and graphs);
 - on the CPU the shared arrays are that buffer (no copy at all);
 - the step (graphed or not) gathers its slots' rows from it by their pool slots
-  (:meth:`SharedRows.gather`, ``StepIndex.pool_slots``): one device op.
+  (``fwrl.agents.acting_staging.Staging.step_rows``, ``StepIndex.pool_slots``): one device op.
 
 Rows of workers that are not in the call may change under the copy; they are never read. A ready
 worker's rows stay as they are until it gets its actions, which leave after the step's device
@@ -105,12 +105,6 @@ class SharedRows:
                 if rows.ctypes.data != start + r.worker * worker_bytes or len(rows) != self.k:
                     raise ValueError(f"worker {r.worker}'s {name!r} rows are not the pool's shared rows: "
                                      f"shared staging needs a pool whose results are views of its shared arrays")
-
-    def gather(self, tensors: dict[str, torch.Tensor], pool_slots: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``tensors`` (a step's uploads) with each shared group's ``[slots, ...]`` buffer replaced by
-        the rows of ``pool_slots`` (``[n]``): device work only, which a CUDA graph captures."""
-        return {name: value.index_select(0, pool_slots) if name in self.buffers else value
-                for name, value in tensors.items()}
 
 
 def _runs(workers: Sequence[int]) -> list[tuple[int, int]]:

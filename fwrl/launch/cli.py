@@ -148,7 +148,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from fwrl.settings.config import check_resume, config_yaml, read_config
     from fwrl.launch.flags import check_elstm_grad, check_ray_address, train_config_from_args, train_overrides
-    from fwrl.runner.rundir import check_budget_left, check_run_dir, lock_run_dir, prepare_run_dir
+    from fwrl.runner.rundir import RunDir
 
     # input first (a misspelt env or core, a missing library, a bad value: said before torch is imported)
     if not str(args.runs_dir).strip():
@@ -160,8 +160,10 @@ def run_train(args: argparse.Namespace) -> int:
             raise FwrlError("--resume needs --name of the run to continue.")
         if args.preset or args.config:
             raise FwrlError("--resume continues a run with its saved config; do not pass --preset or --config.")
-        run_dir = check_run_dir(Path(args.runs_dir) / _run_name(args.name), resume=True)
-        saved = read_config(run_dir / "config.yaml")
+        folder = RunDir(Path(args.runs_dir) / _run_name(args.name))
+        folder.check(resume=True)
+        run_dir = folder.path
+        saved = read_config(folder.config_file)
         check_elstm_grad(args, saved.core)
         config = check_resume(saved, train_overrides(args))
     else:
@@ -192,29 +194,22 @@ def run_train(args: argparse.Namespace) -> int:
             run_dir = Path(args.runs_dir) / _default_name(config)
         else:  # a name of its own: the same command twice makes two runs
             run_dir = _unused_run_dir(Path(args.runs_dir), _default_name(config))
-    check_run_dir(run_dir, resume=args.resume)
+    folder = RunDir(run_dir)
+    folder.check(resume=args.resume)
     check_runnable(config, resume=args.resume)
     if args.resume:  # a run at its budget would train nothing: say how to give it more, write nothing
-        check_budget_left(run_dir, config.total_steps)
+        folder.check_budget_left(config.total_steps)
     if config.learners > 1 and not ranks.distributed:  # start the ranks; each runs this command again
         from fwrl.runner.learner_ranks import launch_learners
 
         argv = list(args.argv) + ([] if args.name else ["--name", run_dir.name])
         print(f"fwrl train: {config.learners} learner ranks, run folder {run_dir}", file=sys.stderr)
         return launch_learners(config.learners, argv)
-    created = not run_dir.exists()
-    new_parents = [p for p in run_dir.parents if not p.exists()]  # removed too where a refusal leaves them empty
-    lock = tracker = None
+    tracker = None
     failed = True
     try:
-        if ranks.is_main:  # the writer: one per run folder, before anything is written or cleaned in it
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                pass  # prepare_run_dir says why in one line
-            else:
-                lock = lock_run_dir(run_dir)
-        prepare_run_dir(run_dir, resume=args.resume, clean=ranks.is_main)
+        # the writer (rank 0) takes the folder's lock before anything is written or cleaned in it
+        folder.open(resume=args.resume, writer=ranks.is_main)
 
         from fwrl.runner.train_progress import Progress
         from fwrl.runner.slow_start import SlowStartHint
@@ -234,21 +229,12 @@ def run_train(args: argparse.Namespace) -> int:
         if tracker is not None:  # W&B's files closed before the folder may go
             tracker.close(failed=True)
             tracker = None
-        if created and lock is not None and not (run_dir / "checkpoint.pt").exists():  # only the folder's writer
-            import shutil
-
-            shutil.rmtree(run_dir, ignore_errors=True)
-            for parent in new_parents:  # deepest first: runs/ made for this run alone goes with it
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
+        folder.discard_unused()  # a new run's folder, where only this process wrote into it
         raise
     finally:
         if tracker is not None:
             tracker.close(failed=failed)
-        if lock is not None:
-            lock.release()
+        folder.close()
     if ranks.is_main:
         from fwrl.runner.budget import Budget
 
@@ -708,7 +694,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from fwrl.evaluation.evaluate_progress import EvalProgress
-    from fwrl.runner.build import torch_threads
+    from fwrl.runner.concurrency import torch_threads
     from fwrl.utils.allocator import keep_freed_memory
 
     torch.set_num_threads(torch_threads(0, num_workers, opts.backend))  # not every core: the workers need theirs
@@ -816,10 +802,10 @@ def _check_own_run(path: Path, payload: dict) -> None:
     """Refuse to file an evaluation of checkpoint ``path`` in its folder where the folder holds another
     run: another run id (``run.json``; checkpoints carry their run's), or, where either has no id (fwrl
     before run ids), another env or core in the folder's ``config.yaml``."""
-    from fwrl.runner.rundir import foreign_checkpoint
+    from fwrl.runner.rundir import RunDir
 
     folder = path.parent
-    why = foreign_checkpoint(folder, path, payload)
+    why = RunDir(folder).foreign_checkpoint(path, payload)
     config = payload.get("config") or {}
     folder_config = folder / "config.yaml"
     if why is None and folder_config.is_file():

@@ -1,7 +1,7 @@
 """The acting loop: the work of a run's acting threads.
 
 The env workers are split into as many contiguous slices as the run has acting threads
-(``acting_threads``: :func:`fwrl.runner.build.acting_threads`); each thread serves its slice
+(``acting_threads``: :func:`fwrl.runner.concurrency.acting_threads`); each thread serves its slice
 with its own :class:`~fwrl.agents.inference.InferenceLoop` (its slots' core state, its staging
 buffers, its forward with the shared acting weights, its CUDA stream and its stage timer) and
 writes the same rollout store, whose pages of a worker only that worker's thread touches. The
@@ -39,6 +39,42 @@ from fwrl.runner.run_metrics import Mean
 from fwrl.runner.stopping import Stop
 
 
+class Handover:
+    """Finished rollouts handed to the learner's queue (``rollouts``) from any acting thread, their
+    columns counted against the ``needed`` ones of the budget; ``put`` gives up when ``stop`` is set."""
+
+    def __init__(self, rollouts: RolloutQueue, needed: int, stop: threading.Event):
+        self.rollouts, self.needed, self.stop = rollouts, needed, stop
+        self.columns = 0  # rollout columns handed over in this session
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        """The rollouts of the budget's last batch are handed over."""
+        return self.columns >= self.needed
+
+    def put(self, rollout: Rollout) -> None:
+        if self.rollouts.put(rollout, self.stop):
+            with self._lock:
+                self.columns += rollout.columns
+
+
+class EpisodeRelay:
+    """Finished episodes to ``on_episode`` in the calling thread only: the other acting threads queue
+    theirs (:meth:`queue`), :meth:`deliver` hands them on, so the episode log has one writer."""
+
+    def __init__(self, on_episode: Callable[[EpisodeRecord], None]):
+        self.on_episode = on_episode
+        self._queued: deque[EpisodeRecord] = deque()  # episodes of the other threads, not yet delivered
+
+    def queue(self, episode: EpisodeRecord) -> None:
+        self._queued.append(episode)
+
+    def deliver(self) -> None:
+        while self._queued:
+            self.on_episode(self._queued.popleft())
+
+
 class ActingLoop:
     """Acting for every env slot of ``pool``, one thread per timer in ``timers`` (each with the loop
     ``new_loop(slice, timer)`` makes), until the rollouts ``budget`` still needs after the counters'
@@ -47,28 +83,35 @@ class ActingLoop:
     def __init__(self, pool: WorkerPool, store: RolloutStore, rollouts: RolloutQueue, streams: DeviceStreams,
                  new_loop: Callable[[StepSource, StageTimer], InferenceLoop], timers: Sequence[StageTimer],
                  budget: Budget, counters: Counters, stop: Stop, on_episode: Callable[[EpisodeRecord], None]):
-        self.pool, self.store, self.rollouts, self.streams = pool, store, rollouts, streams
+        self.pool, self.store, self.streams = pool, store, streams
         self.counters = counters
         self.stop = stop
-        self.on_episode = on_episode
         threads = len(timers)
         splits = pool.settings.worker_splits  # a slice holds whole processes
         sources: list[StepSource] = [pool] if threads == 1 else [
             PoolSlice(pool, workers) for workers in split_workers(pool.num_workers, threads, splits)]
         self.loops = [new_loop(source, timer) for source, timer in zip(sources, timers)]
-        self.columns_needed = budget.columns_needed(counters.agent_steps)
-        self.columns_done = 0  # rollout columns handed to the learner's queue in this session
+        self.handover = Handover(rollouts, budget.columns_needed(counters.agent_steps), stop.event)
+        self.episodes = EpisodeRelay(on_episode)
         self.acted_before = counters.acted_steps  # by the sessions before a resume
         self.queue_depth = Mean()
         self.lost: WorkersLost | None = None  # set by a thread that found no worker able to run
-        self._columns_lock = threading.Lock()
-        self._finished: deque[EpisodeRecord] = deque()  # episodes of the other threads, not yet delivered
         self._threads: list[threading.Thread] = []
+
+    @property
+    def columns_needed(self) -> int:
+        """Rollout columns the budget still needs in this session."""
+        return self.handover.needed
+
+    @property
+    def columns_done(self) -> int:
+        """Rollout columns handed to the learner's queue in this session."""
+        return self.handover.columns
 
     @property
     def done(self) -> bool:
         """The rollouts of the budget's last batch are handed over: no more acting."""
-        return self.columns_done >= self.columns_needed
+        return self.handover.done
 
     def start(self) -> None:
         """Start a thread for each slice but the first (the caller's): it acts until the run stops
@@ -83,7 +126,7 @@ class ActingLoop:
         try:
             with DeviceStreams.use(self.streams.acting_stream(index)):
                 while not self.stop.is_set() and not self.done:
-                    loop.step(0.1, on_rollout=self._hand_over, on_episode=self._finished.append)
+                    loop.step(0.1, on_rollout=self.handover.put, on_episode=self.episodes.queue)
         except WorkersLost as exc:  # the run stops cleanly: final checkpoint, then the message
             self.lost = self.lost or exc
             self.stop.request("workers lost")
@@ -93,15 +136,14 @@ class ActingLoop:
     def step(self) -> None:
         """Serve the first slice's ready workers once (waiting up to 0.1 s for one) and deliver the
         episodes the other threads finished; raises ``WorkersLost`` when no worker can run any more."""
-        self.loops[0].step(0.1, on_rollout=self._hand_over, on_episode=self.on_episode)
+        self.loops[0].step(0.1, on_rollout=self.handover.put, on_episode=self.episodes.on_episode)
         self.deliver()
-        self.queue_depth.add(self.rollouts.qsize())
+        self.queue_depth.add(self.handover.rollouts.qsize())
 
     def deliver(self) -> None:
         """Hand the episodes the other acting threads finished to ``on_episode`` and push the
         counters (calling thread)."""
-        while self._finished:
-            self.on_episode(self._finished.popleft())
+        self.episodes.deliver()
         self.counters.acted(self.acted_steps, self.pool.restarts, self.store.dropped_steps, self.columns_done)
 
     def join(self) -> None:
@@ -110,11 +152,6 @@ class ActingLoop:
             thread.join()
         self._threads.clear()
         self.deliver()
-
-    def _hand_over(self, rollout: Rollout) -> None:
-        if self.rollouts.put(rollout, self.stop.event):
-            with self._columns_lock:
-                self.columns_done += rollout.columns
 
     @property
     def acted_steps(self) -> int:

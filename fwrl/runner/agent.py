@@ -36,7 +36,8 @@ def build_model(config: TrainConfig, info: EnvInfo) -> AgentNet:
     """The agent network of ``config`` for an env described by ``info``."""
     stem = None if config.stem == "auto" else config.stem
     return AgentNet(info.obs_shape, info.num_actions, config.core, config.core_options, stem,
-                    extra_size=info.extra_size, action_dims=info.action_dims, init=config.init)
+                    extra_size=info.extra_size, action_dims=info.action_dims, init=config.init,
+                    stem_precision=config.stem_precision)
 
 
 def resolve_core_options(config: TrainConfig, info: EnvInfo) -> TrainConfig:

@@ -13,8 +13,6 @@ threads are summed, so their shares are those of the mean acting thread), ``poli
 from __future__ import annotations
 
 import math
-import shutil
-import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -26,14 +24,7 @@ from fwrl.agents.inference import INFERENCE_STAGES
 from fwrl.agents.learner import LEARNER_STAGES
 from fwrl.agents.stage_timer import StageTimer, shares
 from fwrl.envs.worker_pool import EpisodeRecord
-from fwrl.runner.rundir import MetricsCSV
-from fwrl.utils.metrics_file import METRICS_FILE, read_metrics_file
-
-TENSORBOARD = "tensorboard"  # the run's TensorBoard event files (where tensorboard is installed)
-
-
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+from fwrl.runner.rundir import RunDir
 
 # Stage shares of the two threads in metrics rows (fractions of each thread's own wall time over
 # the interval; each thread's shares sum to 1): the acting thread's rest is bookkeeping outside
@@ -159,30 +150,14 @@ class MetricsSink:
 
     def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None, tracker=None):
         """``resumed``: a resumed run's checkpoint counters (``agent_steps``, and ``metrics_rows``, the
-        rows written when it was taken; -1 in checkpoints that predate it): the rows a killed run wrote
-        after it are dropped (they are acted again), and said so. A new run in a folder that holds the
-        metrics of a run killed before its first checkpoint starts them anew."""
-        run_dir = Path(run_dir)
-        path = run_dir / METRICS_FILE
-        if resumed is None and (path.exists() or (run_dir / TENSORBOARD).exists()):
-            path.unlink(missing_ok=True)
-            shutil.rmtree(run_dir / TENSORBOARD, ignore_errors=True)
-            say(f"fwrl train: removed the metrics a run killed before its first checkpoint left in {run_dir}")
-        self.csv = MetricsCSV(path)
-        if self.csv.repaired:
-            say(f"fwrl train: dropped {self.csv.repaired} damaged row(s) of {path}: {self.csv.damage}")
-        purge_step = None
-        self.resumed_steps: int | None = None  # a resumed run's checkpoint step, until a row passes it
-        if resumed is not None:
-            steps, rows = int(resumed["agent_steps"]), int(resumed.get("metrics_rows", -1))
-            dropped = self.csv.keep_first(rows) if rows >= 0 else self.csv.drop_rows_after(steps)
-            if dropped:
-                say(f"fwrl train: dropped {dropped} row(s) of {path} written after the checkpoint at {steps:,} agent "
-                    "steps (the steps after it are acted again)")
-            # TensorBoard hides the killed run's events from the checkpoint's step on (events at that step a
-            # killed session wrote after the checkpoint included); the kept rows of that step are written again
-            purge_step = steps
-            self.resumed_steps = steps if self.csv.rows else None
+        rows written when it was taken; -1 in checkpoints that predate it): the folder keeps the rows
+        written until then (:meth:`fwrl.runner.rundir.RunDir.metrics`, which also starts a new run's
+        metrics anew), and TensorBoard hides a killed session's events from the checkpoint's step on."""
+        folder = RunDir(run_dir)
+        metrics = folder.metrics(resumed)
+        self.csv = metrics.csv
+        # a resumed run's checkpoint step, until a row passes it
+        self.resumed_steps: int | None = metrics.purge_step if self.csv.rows else None
         self.progress = progress
         self.tracker = tracker
         try:
@@ -191,12 +166,12 @@ class MetricsSink:
             self.tensorboard = None
         else:
             quiet_tensorboard_writer_faults()
-            self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=purge_step)
-        self.tensorboard_dir = run_dir / TENSORBOARD
-        if purge_step is not None and self.tensorboard is not None and path.exists():
-            for row in read_metrics_file(path).rows:
-                if _number(row.get("agent_steps")) == purge_step:
-                    self._write_tensorboard({k: _number(v) for k, v in row.items()})
+            # hides the killed session's events from the checkpoint's step on (events at that step it wrote
+            # after the checkpoint included); the kept rows of that step are written again
+            self.tensorboard = SummaryWriter(str(folder.tensorboard), purge_step=metrics.purge_step)
+        self.tensorboard_dir = folder.tensorboard
+        for row in metrics.at_purge_step if self.tensorboard is not None else ():
+            self._write_tensorboard({k: _number(v) for k, v in row.items()})
 
     @property
     def rows(self) -> int:

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from fwrl.envs.worker_pool import PoolSettings
 
 STEM_CHOICES = ("impala", "nature", "minatar", "mlp", "popgym", "auto")
-INIT_CHOICES = ("torch", "orthogonal")  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
+INIT_CHOICES = ("torch", "orthogonal")
+STEM_PRECISIONS = ("float32", "bfloat16")  # fwrl.agents.model.STEM_PRECISIONS (a test keeps them equal)  # fwrl.agents.model.INITS  # fwrl.agents.model.STEMS and auto (a test keeps them equal)
 # Upper bounds of the integer budgets: beyond them a run is a typo (1e100 agent steps trained with a
 # learning rate that never moved); IMPALA's largest runs were 10^10 frames.
 MAX_STEPS = 10**12
@@ -70,6 +71,7 @@ class TrainConfig(Settings):
     core: str = Field("lstm", min_length=1, description="memory core, one of those fwrl info --cores lists")
     core_options: dict[str, Any] = Field(default_factory=dict, description="options of the core, given as --core-opt KEY=VALUE")
     stem: Literal[STEM_CHOICES] = Field("auto", description="vision stem; auto: impala for frames, minatar for frames under 32x32, mlp for vectors (popgym: POPGym's baselines' 128-wide encoder for vectors)")
+    stem_precision: Literal[STEM_PRECISIONS] = Field("float32", description="precision the stem computes in (autocast; its weights and gradients, the core and the heads stay float32): bfloat16 about halves a frame stem's time on CPUs with native bf16 (AVX512-BF16, AMX) and on GPUs, and is slower elsewhere (measured: benchmarks/results/cpu_cores/stem_precision.md)")
     env_wrappers: list[str] = Field(default_factory=list, description="module:callable wrapping every env in every worker, applied in order")
     sticky_actions: bool = Field(False, description="Atari: sticky actions, repeat_action_probability 0.25; the env option sticky=true")
     full_action_space: bool = Field(False, description="Atari: all 18 actions; the env option full_action_space=true")
@@ -101,7 +103,7 @@ class TrainConfig(Settings):
     acting_priority: Literal["normal", "high"] = Field("normal", description="CUDA priority of the acting streams: high schedules the acting step's kernels ahead of the learner's queued ones on a shared GPU; normal until the GPU suite's A/B shows high faster (README, fwrl train)")
     acting_staging: Literal["pack", "shared"] = Field("pack", description="how an acting call stages the observations of the ready env workers: pack them into one upload, or read them from the arrays the local backend's workers share with the learner (no copy on the CPU; on CUDA one copy per run of workers from that memory, pinned); pack until the GPU suite's A/B shows shared faster (README, fwrl train)")
     acting_threads: int = Field(0, ge=0, description="acting threads of each learner rank, each serving its own slice of the env workers with its own forward (and CUDA stream); 0: the default, 1 (more speed up a compute-bound forward and slow an overhead-bound one: README, fwrl train)")
-    acting_trace: Literal["auto", "on", "off"] = Field("auto", description="run the core's acting step (T = 1, no autograd) from a TorchScript trace per batch size on the CPU: the same calls, the same results bit for bit, without their Python (checked against the eager step before use; a core that does not match runs eagerly, with a warning); auto: on on the CPU for a core that steps in Python (all but feedforward, lstm, gru); on is refused off the CPU, where CUDA graphs do this (inference_graph)")
+    acting_trace: Literal["auto", "on", "off"] = Field("auto", description="run the core's acting step (T = 1, no autograd) from a TorchScript trace per batch size on the CPU: the same calls, the same results to float round-off, without their Python (checked against the eager step before use; a core that does not match runs eagerly, with a warning); auto: on on the CPU for a core that steps in Python (all but feedforward, lstm, gru); on is refused off the CPU, where CUDA graphs do this (inference_graph)")
     learner_process: Literal["auto", "on", "off"] = Field("auto", description="run the learner's update (forward, backward, optimiser) in a process of its own, off the acting thread's GIL (one learner rank, on the CPU or a CUDA device, where the model's memory is shared with it); auto: on for CPU runs of a core that steps through the unroll in Python (all but feedforward, lstm, gru), with at least 100,000 agent steps and no time limit under 60 s, where its start (2-3 s) pays (measured: README, fwrl train)")
     learners: int = Field(1, ge=1, description="learner ranks started on this machine (torch.distributed, gradients summed); under torchrun or SLURM the launcher's ranks count instead")
     dist_timeout: float = Field(300.0, gt=0, description="seconds a learner rank waits in a collective before it gives up (a rank died)")

@@ -165,9 +165,9 @@ def test_bench_window_starts_at_the_first_update():
 def test_bench_without_an_update_in_its_window_says_why_not(tmp_path, monkeypatch):
     """A first batch that takes longer than the window and the wait for a first update after it (1 s
     here, 2 minutes by default): no '0 steps/s', but what the learner waited for."""
-    import fwrl.runner.train
+    import fwrl.launch.bench.throughput
 
-    monkeypatch.setattr(fwrl.runner.train, "FIRST_UPDATE_WAIT", 1.0)
+    monkeypatch.setattr(fwrl.launch.bench.throughput, "FIRST_UPDATE_WAIT", 1.0)
     code, out, err = run_cli(["bench", "throughput", "--env", "memory:cue_delay", "--core", "lstm",
                               "--core-opt", "hidden_size=8", "--num-workers", "1", "--envs-per-worker", "1",
                               "--batch-size", "64", "--unroll-length", "400", "--ceiling-seconds", "0",

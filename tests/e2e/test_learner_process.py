@@ -118,7 +118,7 @@ def test_a_stop_while_it_starts_kills_it_untrained():
 
 
 def test_refused_where_it_cannot_serve():
-    from fwrl.runner.build import update_process
+    from fwrl.runner.concurrency import update_process
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert update_process("auto", cpu, 1, 100_000) and not update_process("auto", cpu, 1, 99_999)

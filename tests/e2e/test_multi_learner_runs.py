@@ -30,7 +30,7 @@ def test_two_ranks_write_one_run_and_resume_on_one_and_back_on_two(tmp_path):
     first = train_cli(*QUICK, "--learners", "2", "--total-steps", "800", "--runs-dir", str(tmp_path), "--name", "r")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert "2 learner ranks" in first.stdout
-    # (.lock: the one writer's lock, fwrl.runner.rundir.lock_run_dir; run.json: the run's id, rank 0's)
+    # (.lock: the one writer's lock, fwrl.runner.rundir.RunDir.lock; run.json: the run's id, rank 0's)
     assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoint.pt", "config.yaml", "metrics.csv",
                                                      "run.json", "tensorboard"]
     payload = torch.load(run / "checkpoint.pt", weights_only=True)

@@ -165,7 +165,7 @@ def test_a_resume_leaves_a_live_writers_temporary_file_and_removes_a_dead_ones(t
     import subprocess
     import sys
 
-    from fwrl.runner.rundir import prepare_run_dir
+    from fwrl.runner.rundir import RunDir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -181,7 +181,7 @@ def test_a_resume_leaves_a_live_writers_temporary_file_and_removes_a_dead_ones(t
     (run / ".metrics.csv.k1lled_.tmp").write_bytes(b"half")  # an older fwrl's, without its writer's pid
     live = [p for p in run.glob(".evaluation.json.*.tmp")]
     assert len(live) == 1
-    prepare_run_dir(run, resume=True)
+    RunDir(run).prepare(resume=True)
     assert sorted(p.name for p in run.glob(".*.tmp")) == [live[0].name]
     writer.communicate("done\n", timeout=60)
     assert writer.returncode == 0 and (run / "evaluation.json").read_text() == "{}"

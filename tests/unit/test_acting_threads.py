@@ -11,7 +11,7 @@ from fwrl.agents.policy_weights import SharedLock
 from fwrl.envs.worker_pool import PoolSlice, split_workers
 from fwrl.errors import FwrlError
 from fwrl.agents.inference_graph import acting_graph
-from fwrl.runner.build import acting_threads
+from fwrl.runner.concurrency import acting_threads
 
 
 @pytest.mark.parametrize("workers,parts", [(1, 1), (4, 2), (5, 2), (16, 3), (7, 7)])
@@ -134,10 +134,11 @@ def test_every_acting_thread_waits_for_more_workers_as_the_run_asks(tmp_path, wa
     config = build_config(None, {"env": "memory:cue_delay?delay=3", "core": "lstm", "num_workers": 2,
                                  "envs_per_worker": 2, "batch_size": 2, "unroll_length": 5,
                                  "acting_batch_wait": wait, "acting_threads": threads})
-    run = build_run(config, tmp_path / "run")
+    parts = build_run(config, tmp_path / "run")
+    acting, state = parts.acting, parts.state
     try:
-        loops = ActingLoop(run.pool, run.store, run.rollouts, run.streams, run.inference_loop, run.actor_timers,
-                           run.budget, run.counters, Stop(), lambda episode: None).loops
+        loops = ActingLoop(acting.pool, acting.store, acting.rollouts, acting.streams, acting.new_loop, acting.timers,
+                           state.budget, state.counters, Stop(), lambda episode: None).loops
         assert [loop.batch_wait for loop in loops] == [wait] * threads
     finally:
-        run.pool.close()
+        acting.pool.close()

@@ -1,7 +1,8 @@
-"""The acting loop of ``fwrl.runner.train`` stops at its time (``acting_until``, a bench's warm-up and
-window), put off to ``after_first_update`` seconds past the first update where that is later: a
-start that takes the warm-up and more leaves the bench its whole window. Without an update it waits
-for one at most ``FIRST_UPDATE_WAIT`` past its time."""
+"""The acting loop of ``fwrl.runner.train`` stops when its session hook asks it to: the bench's
+(``ActingWindow``) at its time (a bench's warm-up and window), put off to ``after_first_update``
+seconds past the first update where that is later: a start that takes the warm-up and more leaves
+the bench its whole window. Without an update it waits for one at most ``FIRST_UPDATE_WAIT`` past
+its time. The base hook never stops a run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import time
 
 import pytest
 
+import fwrl.launch.bench.throughput as throughput
+from fwrl.launch.bench.throughput import ActingWindow
 from fwrl.runner.counters import Counters
+from fwrl.runner.hooks import SessionHook
 from fwrl.runner.stopping import Stop, TimeLimit
-import fwrl.runner.train as train
 from fwrl.runner.train import _act
 
 
@@ -41,10 +44,22 @@ class _Learning:
     (0.3, 0.1, None, 0.1),  # no after_first_update (fwrl train, --acting-only): its time alone
 ])
 def test_acting_stops_at_its_time_or_after_the_first_update(first_update, until, after, earliest, monkeypatch):
-    monkeypatch.setattr(train, "FIRST_UPDATE_WAIT", 0.3)
+    monkeypatch.setattr(throughput, "FIRST_UPDATE_WAIT", 0.3)
     start = time.monotonic()
     stop = Stop()
-    lost = _act(Counters(), _Acting(), _Learning(first_update), stop, TimeLimit(start, 0.0), None, start + until, after)
+    window = ActingWindow(until, after)
+    window.acting_started(start)
+    lost = _act(Counters(), _Acting(), _Learning(first_update), stop, TimeLimit(start, 0.0), None, window)
     took = time.monotonic() - start
     assert lost is None and stop.is_set() and stop.reason == "time limit"
     assert earliest <= took < earliest + 2.0, took
+
+
+def test_the_base_hook_leaves_the_stop_to_the_run():
+    """Without a hook of its own a session acts until its own stops: here the time limit's."""
+    start = time.monotonic()
+    stop = Stop()
+    lost = _act(Counters(), _Acting(), _Learning(None), stop, TimeLimit(start, 0.4), None, SessionHook())
+    took = time.monotonic() - start
+    assert lost is None and stop.reason == "time limit" and took < 3.0
+    assert SessionHook().learns and not SessionHook().stop_acting(time.monotonic() + 1e9, True)

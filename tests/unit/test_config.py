@@ -77,7 +77,7 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
     values = {"env": "atari:Breakout", "core": "rdn", "stem": "nature", "sticky_actions": True,
               "full_action_space": True, "backend": "ray", "ray_address": "10.0.0.1:6379", "device": "cpu",
               "load_vision_from": "pre/checkpoint.pt", "freeze_vision": True, "truncation": "terminate", "inference_graph": True, "dist_backend": "gloo", "init": "orthogonal",
-              "acting_priority": "high", "learner_process": "off", "acting_trace": "off",
+              "acting_priority": "high", "learner_process": "off", "acting_trace": "off", "stem_precision": "bfloat16",
               "rmsprop_bias_correction": True, "wandb": True, "wandb_project": "mine", "wandb_group": "sweep-1",
               "worker_splits": 1,  # the default: ray takes no splits (--worker-splits: test_cli_errors, test_worker_splits)
               "acting_staging": "pack",  # the default: ray shares no arrays (shared: test_acting_staging_reaches_the_config_with_the_local_backend)
@@ -108,16 +108,17 @@ def test_every_setting_is_reachable_from_the_command_line(capsys):
 
 def test_stem_choices_are_the_models_stems():
     from fwrl.agents.model import STEMS
-    from fwrl.agents.model import INITS
-    from fwrl.settings.config import INIT_CHOICES, STEM_CHOICES
+    from fwrl.agents.model import INITS, STEM_PRECISIONS as MODEL_PRECISIONS
+    from fwrl.settings.config import INIT_CHOICES, STEM_CHOICES, STEM_PRECISIONS
 
     assert set(INIT_CHOICES) == set(INITS)
+    assert STEM_PRECISIONS == MODEL_PRECISIONS
 
     assert set(STEM_CHOICES) == {*STEMS, "auto"}
 
 
 def test_num_threads_help_says_what_learner_threads_does():
-    from fwrl.runner.build import allowed_cores, learner_threads
+    from fwrl.runner.concurrency import allowed_cores, learner_threads
 
     help_text = TrainConfig.model_fields["num_threads"].description
     assert "minus one per local env worker" in help_text and "at most half" in help_text
@@ -321,11 +322,11 @@ def test_evaluate_leaves_its_workers_their_cores(tmp_path, monkeypatch):
     made a Pong evaluation 15-20x slower on 2 busy cores)."""
     import torch
 
-    from fwrl.runner import build
+    from fwrl.runner import concurrency
 
-    monkeypatch.setattr(build, "allowed_cores", lambda: 8)
-    assert build.torch_threads(0, 2, "local") == 6 and build.torch_threads(0, 16, "local") == 4
-    assert build.torch_threads(0, 16, "ray") == 8 and build.torch_threads(5, 2, "local") == 5
+    monkeypatch.setattr(concurrency, "allowed_cores", lambda: 8)
+    assert concurrency.torch_threads(0, 2, "local") == 6 and concurrency.torch_threads(0, 16, "local") == 4
+    assert concurrency.torch_threads(0, 16, "ray") == 8 and concurrency.torch_threads(5, 2, "local") == 5
     run, threads = tmp_path / "run", torch.get_num_threads()
     assert main(["train", "--env", "memory:cue_delay?delay=2", "--core", "feedforward", "--total-steps", "64",
                  "--batch-size", "2", "--unroll-length", "4", "--num-workers", "1", "--envs-per-worker", "1",

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured
+from fwrl.agents.inference_graph import WARMUP_CALLS, GraphedStep, _Captured, fill
 from fwrl.agents.model import AgentNet
 from fwrl.envs.worker_pool import StepResult
 from fwrl.errors import FwrlError
@@ -240,8 +240,9 @@ def _eager_and_graphed_loops(core: str, device: torch.device, make_graphed=None,
 
 def _assert_same_steps(eager_run, graphed_run):
     (eager, eager_store, eager_done), (graphed, graphed_store, graphed_done) = eager_run, graphed_run
-    graphs = graphed._graphed.graphs  # (batch size, its indices): several sizes, with and without riders
-    assert len({n for n, _ in graphs}) >= 2 and any(size > _indices_per_slot(graphed) * n for n, size in graphs)
+    graphs = graphed._graphed.graphs  # by step layout: several batch sizes, with and without riders
+    assert len({layout.slots for layout in graphs}) >= 2 and any(layout.cut for layout in graphs)
+    assert any(not layout.cut for layout in graphs)
     for name in eager.state:
         torch.testing.assert_close(graphed.state[name], eager.state[name], rtol=1e-4, atol=1e-5)
     for name in eager_store.tensors:
@@ -264,7 +265,7 @@ class _EagerReplay(GraphedStep):
     def __init__(self, loop, generator: torch.Generator | None = None, mode=None):  # no CUDA check, no pool
         self.loop, self.mode = loop, mode
         self.device, self.generator = torch.device("cpu"), generator
-        self.protect, self.graphs, self._buffers = (lambda: loop.state), {}, {}
+        self.protect, self.graphs, self._buffers = (lambda: tuple(loop.state.values())), {}, {}
         self.warmups = 0
 
     def fn(self, static):
@@ -272,25 +273,19 @@ class _EagerReplay(GraphedStep):
             return self.loop._graphed_act(static)
 
     def _capture(self, static):
-        kept = {name: value.clone() for name, value in self.protect().items()}
+        kept = [value.clone() for value in self.protect()]
         for _ in range(WARMUP_CALLS + 1):  # the warm-ups, and the capture's call (which runs here)
             outputs = self.fn(static)
             self.warmups += 1
-        for name, value in self.protect().items():
-            value.copy_(kept[name])
+        for value, before in zip(self.protect(), kept):
+            value.copy_(before)
         fn = self.fn
 
         class Replay:
             @staticmethod
             def replay():
-                outputs.update(fn(static))
+                fill(outputs, fn(static))
         return _Captured(Replay(), outputs)
-
-
-def _indices_per_slot(loop) -> int:
-    """Entries per slot of a stored step's index upload without riders (StepIndex): its state row
-    and two store entries, and its pool slot where staging reads the pool's shared arrays."""
-    return 3 if loop._staging.shared is None else 4
 
 
 @pytest.mark.parametrize("staging", ["pack", "shared"])
@@ -304,9 +299,10 @@ def test_the_graphed_acting_path_writes_what_the_eager_path_writes_on_the_cpu(co
     eager, graphed = _eager_and_graphed_loops(core, torch.device("cpu"), _EagerReplay, staging)
     assert graphed[0]._graphed.warmups == (WARMUP_CALLS + 1) * len(graphed[0]._graphed.graphs)
     if staging == "shared":
-        buffers = graphed[0]._graphed._buffers.values()
-        assert len({id(b["obs"]) for b in buffers}) == 1 and len(buffers) >= 2  # one [slots, 4] buffer for all
-        assert next(iter(buffers))["obs"].shape == (8, 4)
+        buffers = graphed[0]._graphed._buffers.values()  # ActingBatch per layout
+        obs = [g.name for g in graphed[0]._staging.groups].index("obs")
+        assert len({id(b.groups[obs]) for b in buffers}) == 1 and len(buffers) >= 2  # one [slots, 4] buffer for all
+        assert next(iter(buffers)).groups[obs].shape == (8, 4)
     _assert_same_steps(eager, graphed)
 
 
@@ -404,7 +400,7 @@ def test_the_graphed_acting_step_makes_no_host_sync(core, staging, monkeypatch):
     loop._graphed = _EagerReplay(loop, torch.Generator().manual_seed(1), syncs)
     for _ in range(20):
         loop.step(0.0, on_rollout=store.release)
-    assert any(size > _indices_per_slot(loop) * n for n, size in loop._graphed.graphs), "no step with riders"
+    assert any(layout.cut for layout in loop._graphed.graphs), "no step with riders"
     assert syncs.found == []
 
 

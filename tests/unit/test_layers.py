@@ -24,9 +24,9 @@ Cores call a rule only through its public function (``fwrl.kernels.<rule>``, whi
 backend): from a rule's own modules a core imports constants alone (UPPER_CASE names).
 
 Runner parts take no run object (``ARCHITECTURE.md``, the runner's parts): inside ``runner``,
-only :data:`RUN_READERS` (``train``, which wires the parts) imports ``build`` (whose ``Run`` it
-reads), and no function outside ``build`` and ``train`` takes a parameter named ``run`` or
-annotated ``Run``.
+only :data:`RUN_READERS` (``train``, which wires the parts) imports ``build`` (whose groups of
+parts, ``RunParts``, it reads), and no function outside ``build`` and ``train`` takes a parameter
+named ``run`` or annotated ``Run``.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def test_the_checks_catch_cycles_and_upward_imports():
         "fwrl.kernels.srwm.fused_recurrent"]  # relative imports inside kernels resolve
 
 
-# The runner's modules that may read build.py's Run: train() wires the parts from it
+# The runner's modules that may read build.py's groups of parts: train() wires the parts from them
 RUN_READERS = ("fwrl.runner.build", "fwrl.runner.train")
 
 

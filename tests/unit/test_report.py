@@ -105,7 +105,7 @@ def test_per_game_means_cis_and_human_normalised_scores(atari_report):
             width = high - low
             assert row["ci"][0] == pytest.approx(low, abs=0.08 * width)
             assert row["ci"][1] == pytest.approx(high, abs=0.08 * width)
-    pong = {run["path"].rsplit("/", 1)[1]: run for run in report["runs"]}
+    pong = {Path(run["path"]).name: run for run in report["runs"]}
     assert pong["Pong-lstm-1"]["normalised"]["atari:Pong"] == pytest.approx(
         (finals["lstm"]["Pong"][0] + 20.7) / (14.6 + 20.7), abs=1e-9)
     assert pong["Breakout-rdn-2"]["normalised"]["atari:Breakout"] == pytest.approx(
@@ -319,3 +319,27 @@ def test_runs_scored_by_training_returns_are_said_with_how_to_evaluate_them(tmp_
     assert any(said in note for note in json.loads((tmp_path / "out" / "report.json").read_text())["notes"])
     code, _, err = cli("report", str(tmp_path / "runs" / "p-lstm-1"), "--out", str(tmp_path / "one"), "--reps", "200")
     assert code == 0 and "no evaluation.json" not in err
+
+
+def test_report_json_names_runs_relative_to_their_common_parent(tmp_path):
+    """report.json names each run relative to the folder that holds the runs (a sweep's cells by their names,
+    cells of two sweeps as SWEEP/runs/CELL), never by the absolute path it was read from, so a report filed
+    with the code does not carry the temporary folder its runs lay in."""
+    from fwrl.launch.report.build import run_names
+
+    for seed in (1, 2):
+        make_run(tmp_path / "a" / "runs" / f"p-lstm-{seed}", "atari:Pong", "lstm", seed, 5.0 * seed)
+    make_run(tmp_path / "b" / "runs" / "p-rdn-1", "atari:Pong", "rdn", 1, 4.0)
+    code, _, err = cli("report", str(tmp_path / "a" / "runs"), "--out", str(tmp_path / "one"), "--reps", "200")
+    assert code == 0, err
+    report = json.loads((tmp_path / "one" / "report.json").read_text())
+    assert sorted(r["path"] for r in report["runs"]) == ["p-lstm-1", "p-lstm-2"]
+    assert report["groups"][0]["runs"] == ["p-lstm-1", "p-lstm-2"]
+    code, _, err = cli("report", str(tmp_path / "a" / "runs"), str(tmp_path / "b" / "runs"), "--out",
+                       str(tmp_path / "two"), "--reps", "200")
+    assert code == 0, err
+    text = (tmp_path / "two" / "report.json").read_text()
+    assert sorted(r["path"] for r in json.loads(text)["runs"]) == ["a/runs/p-lstm-1", "a/runs/p-lstm-2",
+                                                                   "b/runs/p-rdn-1"]
+    assert str(tmp_path) not in text.replace(json.dumps(str(tmp_path / "two"))[1:-1], "")  # the --out given aside
+    assert run_names([tmp_path / "a" / "runs" / "p-lstm-1"]) == {tmp_path / "a" / "runs" / "p-lstm-1": "p-lstm-1"}

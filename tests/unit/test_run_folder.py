@@ -1,7 +1,7 @@
 """Run folders: what a killed run leaves behind is cleaned when the folder is used again.
 
 SIGKILL (or a power cut) during an atomic write leaves its temporary file (``.<name>.<random>.tmp``);
-the process cannot remove it. ``prepare_run_dir``, which ``fwrl train`` calls on a new run and on
+the process cannot remove it. ``RunDir.prepare`` (of ``RunDir.open``), which ``fwrl train`` calls on a new run and on
 ``--resume`` before anything is written, removes such files, and only those.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fwrl.errors import FwrlError
-from fwrl.runner.rundir import prepare_run_dir
+from fwrl.runner.rundir import RunDir
 from fwrl.utils.files import atomic_write_text, temporary_files
 
 
@@ -30,7 +30,7 @@ def test_resume_removes_the_temporary_files_a_killed_write_left(tmp_path, capsys
     stale = [_killed_write(run, "checkpoint.pt"), _killed_write(run, "metrics.csv")]
     assert sorted(p.name for p in temporary_files(run)) == sorted(stale)
 
-    prepare_run_dir(run, resume=True)
+    RunDir(run).prepare(resume=True)
 
     assert temporary_files(run) == []
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yaml", "notes.tmp"]
@@ -44,7 +44,7 @@ def test_a_new_run_in_a_folder_a_killed_run_left_starts_clean(tmp_path, capsys):
     run.mkdir()
     _killed_write(run, "config.yaml")  # killed before its first checkpoint
 
-    prepare_run_dir(run, resume=False)
+    RunDir(run).prepare(resume=False)
     assert temporary_files(run) == []
     assert "removed 1 half-written file(s)" in capsys.readouterr().err
 
@@ -53,7 +53,7 @@ def test_other_learner_ranks_leave_the_folder_alone(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     stale = _killed_write(run, "checkpoint.pt")  # rank 0 may be writing it right now
-    prepare_run_dir(run, resume=False, clean=False)
+    RunDir(run).prepare(resume=False, clean=False)
     assert [p.name for p in temporary_files(run)] == [stale]
     assert capsys.readouterr().err == ""
 
@@ -74,3 +74,33 @@ def test_a_run_stopped_before_its_first_checkpoint_leaves_no_folder(tmp_path, mo
     code = main(["train", "--env", "memory:cue_delay", "--core", "lstm", "--runs-dir", str(tmp_path), "--name", "r",
                  "--num-workers", "1", "--envs-per-worker", "1"])
     assert code in (2, 130) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("resumed, kept", [
+    ({"agent_steps": 300, "metrics_rows": 3}, ["100", "200", "300"]),  # the rows the checkpoint counted
+    ({"agent_steps": 300, "metrics_rows": -1}, ["100", "200", "300"]),  # an older checkpoint: by their steps
+])
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_resume_reads_metrics_csv_once(tmp_path, monkeypatch, resumed, kept, torn):
+    """Opening a resumed run's metrics (the repair of a damaged tail, the trim to the checkpoint's rows,
+    the rows at its step that TensorBoard writes again) reads metrics.csv once (issue 72: three times)."""
+    from fwrl.runner import rundir
+    from fwrl.runner.rundir import MetricsCSV, RunDir
+
+    metrics = MetricsCSV(tmp_path / "metrics.csv")
+    for steps in (100, 200, 300, 400):  # 400: a killed session's row after the checkpoint
+        metrics.write({"time": steps / 10, "agent_steps": steps, "mean_return": 0.5})
+    if torn:  # and a row cut short after it
+        with (tmp_path / "metrics.csv").open("a") as f:
+            f.write("50.0,500")
+    reads = []
+    read = rundir.read_metrics_file
+    monkeypatch.setattr(rundir, "read_metrics_file", lambda path: reads.append(path) or read(path))
+
+    session = RunDir(tmp_path).metrics(resumed)
+
+    assert len(reads) == 1, reads
+    assert session.purge_step == 300 and [row["agent_steps"] for row in session.at_purge_step] == ["300"]
+    assert session.csv.rows == 3 and [row["agent_steps"] for row in read(tmp_path / "metrics.csv").rows] == kept
+    session.csv.write({"time": 40.0, "agent_steps": 400, "mean_return": 0.6})  # the session's rows follow them
+    assert [row["agent_steps"] for row in read(tmp_path / "metrics.csv").rows] == kept + ["400"]

@@ -127,7 +127,7 @@ def test_several_acting_threads_serve_their_slices_and_episodes_reach_the_callin
     assert [loop.source.workers for loop in acting.loops] == [(0, 1), (2, 3)]
     assert all(isinstance(loop.source, PoolSlice) for loop in acting.loops)
     callers = set()
-    acting.on_episode = lambda record: (callers.add(threading.current_thread().name), episodes.append(record))
+    acting.episodes.on_episode = lambda record: (callers.add(threading.current_thread().name), episodes.append(record))
     acting.start()
     while not acting.done:
         acting.step()

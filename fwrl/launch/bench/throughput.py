@@ -20,6 +20,7 @@ from typing import Callable
 from fwrl.errors import FwrlError
 from fwrl.launch.bench.envs import EnvBenchResult, measure_env_steps, parse_env_paths
 from fwrl.launch.bench.rounds import check_rounds, check_window, figure, mean_over_rounds
+from fwrl.runner.hooks import SessionHook
 from fwrl.settings.config import TrainConfig
 
 
@@ -49,6 +50,34 @@ class ThroughputResult:
     @property
     def steps_per_second(self) -> float:
         return self.agent_steps / self.seconds
+
+
+# How long past its window's time acting waits for the session's first update before it stops without
+# one (the bench then says the window held no update).
+FIRST_UPDATE_WAIT = 120.0
+
+
+class ActingWindow(SessionHook):
+    """The bench's say in its training session (:class:`~fwrl.runner.hooks.SessionHook`): acting stops
+    ``seconds`` after it started (the warm-up and the window, whatever the start-up took) and, with
+    ``after_first_update``, no sooner than that many seconds after the session's first update, which it
+    waits for up to :data:`FIRST_UPDATE_WAIT` seconds more (a window starts at its warm-up's end or at the
+    first update, whichever is later, and lasts its seconds). ``learns`` false (``--acting-only``): no
+    updates, each batch handed back to the store unread."""
+
+    def __init__(self, seconds: float, after_first_update: float | None = None, learns: bool = True):
+        self.seconds, self.after_first_update, self.learns = seconds, after_first_update, learns
+        self.until = self.settle = float("inf")  # when acting stops; the earliest it may, after an update
+
+    def acting_started(self, at: float) -> None:
+        self.until = self.settle = at + self.seconds
+        if self.after_first_update is not None:
+            self.until += FIRST_UPDATE_WAIT
+
+    def stop_acting(self, now: float, updated: bool) -> bool:
+        if self.after_first_update is not None and updated:
+            self.until, self.after_first_update = max(self.settle, now + self.after_first_update), None
+        return now >= self.until
 
 
 # the runs of each env path, in measuring order: (its config, its env ceiling or None, its throughput)
@@ -216,8 +245,8 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
             if config.learners > 1:
                 _train_ranks(config, run, warmup + seconds, warmup, after_first_update)
             else:
-                stopped = train(config, run, progress=progress, acting_seconds=warmup + seconds + profiled,
-                                learn=not acting_only, after_first_update=after_first_update)
+                window = ActingWindow(warmup + seconds + profiled, after_first_update, learns=not acting_only)
+                stopped = train(config, run, progress=progress, hook=window)
                 signal_number = stopped.signal
         finally:
             if profiler is not None:
@@ -279,23 +308,26 @@ def _bench_rank(config: dict, run: str, acting_seconds: float, warmup: float,
     from rich.console import Console
 
     from fwrl.agents.distributed import ranks_from_env
-    from fwrl.runner.rundir import prepare_run_dir
+    from fwrl.runner.rundir import RunDir
     from fwrl.runner.train import train
 
     ranks = ranks_from_env()
+    folder = RunDir(Path(run))
     try:
-        path = prepare_run_dir(Path(run), resume=False, clean=ranks.is_main)
+        folder.open(resume=False, writer=ranks.is_main)
         progress = _BenchProgress(Console(stderr=True), warmup, acting_seconds - warmup) if ranks.is_main else None
-        train(TrainConfig.from_dict(config, "the bench's learner ranks"), path, progress=progress,
-              acting_seconds=acting_seconds, after_first_update=after_first_update)
+        train(TrainConfig.from_dict(config, "the bench's learner ranks"), folder.path, progress=progress,
+              hook=ActingWindow(acting_seconds, after_first_update))
     except FwrlError as exc:  # said in one line, as the CLI says it, not as a traceback of the launcher's
         print(f"fwrl: error: learner rank {ranks.rank}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    finally:
+        folder.close()
 
 
 def _acting_threads(config: TrainConfig) -> int:
     """The acting threads ``config``'s run had (``acting_threads`` 0: the default)."""
-    from fwrl.runner.build import acting_threads
+    from fwrl.runner.concurrency import acting_threads
 
     return acting_threads(config.acting_threads, config.num_workers // config.learners)
 

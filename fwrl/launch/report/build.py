@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,7 +403,6 @@ def write_report(report: Report, out: Path) -> list[Path]:
 
 def _atomic_png(path: Path, draw: Callable[[Path], Path]) -> Path:
     """Draw into a temporary PNG beside ``path``, then replace it (no half-written figure after a crash)."""
-    import os
     import tempfile
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
@@ -415,18 +415,30 @@ def _atomic_png(path: Path, draw: Callable[[Path], Path]) -> Path:
     return path
 
 
+def run_names(paths: Sequence[Path]) -> dict[Path, str]:
+    """Each run folder named relative to the common parent of the run folders (a sweep's ``runs/``, the folder of
+    runs reported): ``CELL`` for a sweep's cells, ``SWEEP/runs/CELL`` for cells of several sweeps, the folder's
+    own name for one run. A report names its runs so, never by the absolute (often temporary) paths they were
+    read from, so a report filed with the code stays true wherever the runs lay."""
+    if not paths:
+        return {}
+    root = Path(os.path.commonpath([Path(p).parent for p in paths]))
+    return {Path(p): Path(p).relative_to(root).as_posix() for p in paths}
+
+
 def report_json(report: Report, figures: dict[str, Path]) -> dict[str, Any]:
-    """The report's numbers as plain data."""
+    """The report's numbers as plain data; runs named by :func:`run_names`."""
     label_of = {id(run): g.label for g in report.groups for run in g.runs}
+    name = run_names([r.path for r in report.runs])
     return {
         "settings": report.options.to_dict(),
-        "groups": [{"label": g.label, "core": g.core, "runs": [str(r.path) for r in g.runs],
+        "groups": [{"label": g.label, "core": g.core, "runs": [name[r.path] for r in g.runs],
                     "seeds": sorted({r.seed for r in g.runs}),
                     "settings": {k: v for k, v in g.config.items() if k not in NOT_GROUPING}} for g in report.groups],
         "games": [{"game": game, "family": ref.family, "normalisation": ref.kind, "random": ref.random,
                    "random_source": ref.random_source, "best_group_mean": ref.best}
                   for game, ref in report.refs.items()],
-        "runs": [{"path": str(r.path), "group": label_of[id(r)], "seed": r.seed,
+        "runs": [{"path": name[r.path], "group": label_of[id(r)], "seed": r.seed,
                   "scores": {game: {"value": s.value, "source": s.source, "episodes": s.episodes,
                                     "agent_steps": s.agent_steps, "run_agent_steps": s.run_steps, "stale": s.stale}
                              for game, s in r.scores.items()},
