@@ -12,6 +12,11 @@ marked ``ray`` as well, wherever it lives; those and the tests that start a Ray
 of their own run in one xdist group, so that one worker starts the cluster once
 and no two Rays compete for this machine. Each tier has its own time
 limit per test (pytest-timeout): a hung test fails alone.
+
+Lanes by cost: ``python -m pytest -m quick`` runs every test measured under 5 s (README's quick lane),
+all tiers but ``learning``: every test is marked ``quick`` but the learning tier, the tests that use
+the Ray cluster (starting it costs more than 5 s, whichever test pays it) and those
+:data:`LONG_TESTS` lists (measured at 5 s or more).
 """
 
 import importlib.util
@@ -32,6 +37,12 @@ TIERS = {
     "learning": ("learning claims: agents reach a score (slow; python -m pytest -m slow)", 3600),
 }
 SLOW_TIER = "learning"
+# Tests measured at 5 s or more (setup, call and teardown), one node id a line, or a test function
+# without parameters for all of them: left out of the quick lane (``-m quick``).
+LONG_TESTS = TESTS / "long_tests.txt"
+# the shared kernel tests (imported by each rule's tests/interpreter/test_kernels_<rule>.py): pytest's
+# assertion messages there too
+pytest.register_assert_rewrite("kernel_rule_tests")
 
 
 def tier_of(path: Path) -> str:
@@ -52,8 +63,21 @@ def _starts_ray(item: pytest.Item) -> bool:
     return "ray" in item.keywords or "ray" in item.originalname.split("_")
 
 
+def long_tests() -> frozenset[str]:
+    """The entries of :data:`LONG_TESTS` (node ids, or test functions without parameters)."""
+    lines = (line.strip() for line in LONG_TESTS.read_text().splitlines())
+    return frozenset(line for line in lines if line and not line.startswith("#"))
+
+
+def _is_quick(item: pytest.Item, tier: str, long: frozenset[str]) -> bool:
+    """In the quick lane: not the learning tier, no Ray cluster, not listed as long."""
+    return (tier != SLOW_TIER and "ray" not in item.keywords and item.nodeid not in long
+            and item.nodeid.split("[")[0] not in long)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    long = long_tests()
     for item in items:
         tier = tier_of(item.path)
         item.add_marker(tier)
@@ -61,6 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("slow")
         if _uses_ray_cluster(item):
             item.add_marker("ray")
+        if _is_quick(item, tier, long):  # before the ray group's suffix joins the node id
+            item.add_marker("quick")
         if _starts_ray(item):  # one Ray at a time on this machine, the cluster started once
             item.add_marker(pytest.mark.xdist_group("ray"))
             if getattr(config.option, "loadgroup", False):

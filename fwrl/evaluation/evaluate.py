@@ -18,11 +18,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from fwrl.agents.policy_weights import acting_copy
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError
 from fwrl.evaluation import scores
 from fwrl.evaluation.episodes import play_episodes
+from fwrl.evaluation.periodic import PeriodicJob
 from fwrl.evaluation.protocols import default_protocol, select_splits
 from fwrl.evaluation.results import aggregate, attach_published, metrics_row, run_result
 
@@ -103,7 +103,7 @@ def check_env_fits(env: str, model: nn.Module, env_wrappers: Sequence[str] = ())
         )
 
 
-class PeriodicEvaluator:
+class PeriodicEvaluator(PeriodicJob[dict[str, Any]]):
     """``eval_every``: evaluate a snapshot of the acting weights every that many agent steps.
 
     Each evaluation runs in a background thread on its own small test-mode
@@ -113,16 +113,10 @@ class PeriodicEvaluator:
     """
 
     def __init__(self, config, device: torch.device, agent_steps: int = 0, start_time: float | None = None):
+        super().__init__(config.eval_every, agent_steps, "fwrl-eval", "evaluation")
         self.config = config
-        self.every = int(config.eval_every)
         self.device = device
         self.start_time = time.monotonic() if start_time is None else start_time
-        self.next_at = (agent_steps // self.every + 1) * self.every if self.every > 0 else 0
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.errors: list[BaseException] = []
-        self._lock = threading.Lock()
         n = parse_env_spec(config.env).num_tasks
         self.num_workers = n * max(1, math.ceil(2 / n))
         per_task_workers = self.num_workers // n
@@ -130,47 +124,18 @@ class PeriodicEvaluator:
 
     def maybe_start(self, agent_steps: int, model: nn.Module, lock: threading.Lock) -> bool:
         """Start an evaluation if ``agent_steps`` passed the next mark and none is running."""
-        if self.every <= 0 or agent_steps < self.next_at or (self.thread is not None and self.thread.is_alive()):
-            return False
-        self.next_at = (agent_steps // self.every + 1) * self.every
-        with lock:
-            snapshot = acting_copy(model)
-        self.thread = threading.Thread(target=self._run, args=(snapshot, agent_steps), name="fwrl-eval",
-                                       daemon=True)
-        self.thread.start()
-        return True
+        return self._start(agent_steps, model, lock, agent_steps)
 
-    def _run(self, model: nn.Module, agent_steps: int) -> None:
+    def _work(self, model: nn.Module, agent_steps: int) -> dict[str, Any] | None:
         cfg = self.config
-        try:
-            result = evaluate(model, cfg.env, episodes=cfg.eval_episodes, repeats=1, greedy=True,
-                              env_wrappers=tuple(cfg.env_wrappers),
-                              num_workers=self.num_workers, envs_per_worker=self.envs_per_worker,
-                              seed=cfg.seed + 100_003, device=self.device, backend="local",
-                              step_timeout=cfg.step_timeout, core=cfg.core, core_options=cfg.core_options,
-                              stop=self.stop)
-        except BaseException as exc:  # reported through poll()
-            with self._lock:
-                self.errors.append(exc)
-            return
-        if result is not None:
-            row = metrics_row(result, agent_steps)
-            row["time"] = round(time.monotonic() - self.start_time, 2)
-            with self._lock:
-                self.rows.append(row)
-
-    def poll(self) -> list[dict[str, Any]]:
-        """Rows of the evaluations finished since the last call; re-raises an evaluation's error."""
-        with self._lock:
-            rows, self.rows = self.rows, []
-            errors, self.errors = self.errors, []
-        if errors:
-            raise FwrlError(f"evaluation during training failed: {errors[0]}") from errors[0]
-        return rows
-
-    def close(self, wait: bool = False) -> None:
-        """Stop a running evaluation (or, with ``wait``, let it finish) and join its thread."""
-        if not wait:
-            self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        result = evaluate(model, cfg.env, episodes=cfg.eval_episodes, repeats=1, greedy=True,
+                          env_wrappers=tuple(cfg.env_wrappers),
+                          num_workers=self.num_workers, envs_per_worker=self.envs_per_worker,
+                          seed=cfg.seed + 100_003, device=self.device, backend="local",
+                          step_timeout=cfg.step_timeout, core=cfg.core, core_options=cfg.core_options,
+                          stop=self.stop)
+        if result is None:
+            return None
+        row = metrics_row(result, agent_steps)
+        row["time"] = round(time.monotonic() - self.start_time, 2)
+        return row

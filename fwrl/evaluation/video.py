@@ -42,6 +42,7 @@ import numpy as np
 
 from fwrl.envs.spec import parse_env_spec
 from fwrl.errors import FwrlError, missing_dependency
+from fwrl.evaluation.periodic import PeriodicJob
 from fwrl.utils.files import check_writable_folder
 
 MACRO_BLOCK = 16  # H.264 frames' sides: multiples of this (imageio-ffmpeg's default block), padded black
@@ -354,7 +355,7 @@ def record_videos(model, env: str, folder: Path, *, episodes: int = 1, splits: S
     return videos
 
 
-class PeriodicVideo:
+class PeriodicVideo(PeriodicJob[tuple[int, list[Video]]]):
     """``video_every``: record a greedy episode of the run's first task and split every that many
     updates, with a snapshot of the acting weights, in a background thread (one at a time), into
     ``folder`` (``update<N>-<task>-<split>-episode0-return<R>.mp4``); :meth:`poll` hands the
@@ -363,56 +364,19 @@ class PeriodicVideo:
     def __init__(self, config, folder: Path, device, updates: int = 0):
         from fwrl.evaluation.protocols import protocol_splits
 
+        super().__init__(config.video_every, updates, "fwrl-video", "recording a video")
         self.config = config
-        self.every = int(config.video_every)
         self.folder = Path(folder)
         self.device = device
         self.split = protocol_splits(config.env)[0]
-        self.next_at = (updates // self.every + 1) * self.every if self.every > 0 else 0
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.done: list[tuple[int, list[Video]]] = []
-        self.errors: list[BaseException] = []
-        self._lock = threading.Lock()
 
     def maybe_start(self, updates: int, agent_steps: int, model, lock) -> bool:
         """Start a recording if ``updates`` passed the next mark and none is running."""
-        if self.every <= 0 or updates < self.next_at or (self.thread is not None and self.thread.is_alive()):
-            return False
-        from fwrl.agents.policy_weights import acting_copy
+        return self._start(updates, model, lock, updates, agent_steps)
 
-        self.next_at = (updates // self.every + 1) * self.every
-        with lock:
-            snapshot = acting_copy(model)
-        self.thread = threading.Thread(target=self._run, args=(snapshot, updates, agent_steps), name="fwrl-video",
-                                       daemon=True)
-        self.thread.start()
-        return True
-
-    def _run(self, model, updates: int, agent_steps: int) -> None:
+    def _work(self, model, updates: int, agent_steps: int) -> tuple[int, list[Video]]:
         cfg = self.config
-        try:
-            videos = record_videos(model, cfg.env, self.folder, episodes=1, splits=[self.split], tasks=[0],
-                                   seed=cfg.seed + 100_003, device=self.device, env_wrappers=tuple(cfg.env_wrappers),
-                                   prefix=f"update{updates}-", stop=self.stop)
-        except BaseException as exc:  # reported through poll()
-            with self._lock:
-                self.errors.append(exc)
-            return
-        with self._lock:
-            self.done.append((agent_steps, videos))
-
-    def poll(self) -> list[tuple[int, list[Video]]]:
-        """(agent steps, videos) of the recordings finished since the last call."""
-        with self._lock:
-            done, self.done = self.done, []
-            errors, self.errors = self.errors, []
-        if errors:
-            raise FwrlError(f"recording a video during training failed: {errors[0]}") from errors[0]
-        return done
-
-    def close(self, wait: bool = False) -> None:
-        if not wait:
-            self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        videos = record_videos(model, cfg.env, self.folder, episodes=1, splits=[self.split], tasks=[0],
+                               seed=cfg.seed + 100_003, device=self.device, env_wrappers=tuple(cfg.env_wrappers),
+                               prefix=f"update{updates}-", stop=self.stop)
+        return agent_steps, videos

@@ -1,12 +1,13 @@
 """Choose the fused Triton kernel or the PyTorch reference for each call of a rule.
 
 Each rule declares its backends once, as a :class:`KernelRule` in its ``__init__.py``:
-the reference (``naive``), whose signature is the rule's; the CPU path (``cpu``) and the
-fused kernel (``fused_recurrent``, imported on the first call that may use it: importing
-a rule does not import Triton), which take the same arguments; and which of them the
-kernel's ``supports`` reads. :func:`kernel_function` makes the rule's public function
-from it (the reference's signature and a ``layer=`` keyword), and every call goes
-through :func:`dispatch`.
+the reference (``naive``), whose signature is the rule's, stated there once; the CPU path
+(``cpu``) and the fused kernel (``fused_recurrent``, imported on the first call that may use
+it: importing a rule does not import Triton), which take the same arguments
+(``tests/interpreter/test_kernel_signatures.py`` checks it); the kernel's ``supports`` reads
+a call's arguments by the reference's parameter names (:func:`kernel_inputs`).
+:func:`kernel_function` makes the rule's public function from it (the reference's
+signature and a ``layer=`` keyword), and every call goes through :func:`dispatch`.
 
 CUDA tensors with a shape a kernel supports use Triton; CPU tensors use the rule's CPU path
 (``cpu.py``: the same maths in a few batched torch calls per step with a hand-derived backward)
@@ -32,7 +33,7 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from torch import Tensor, nn
@@ -55,10 +56,11 @@ class KernelFallbackWarning(UserWarning):
 
 class Fused(NamedTuple):
     """A rule's fused kernel: ``run`` takes the arguments of the rule's reference;
-    ``supports`` says why it cannot run on given inputs (None when it can)."""
+    ``supports(inputs)`` says why it cannot run on a call's arguments (:func:`kernel_inputs`;
+    None when it can)."""
 
     run: Callable[..., Any]
-    supports: Callable[..., str | None]
+    supports: Callable[[Mapping[str, Any]], str | None]
 
 
 class KernelRule(NamedTuple):
@@ -66,20 +68,46 @@ class KernelRule(NamedTuple):
 
     ``reference(*args, **options)`` defines the maths and the signature; ``cpu`` (None: the rule
     has no CPU path) takes the same arguments, and so does ``<name>_triton`` in the ``fused``
-    module, whose ``supports(*supports_args, **options)`` says why it cannot run on given inputs
-    (None when it can). ``title`` names the rule in messages ("no Triton <title> kernel ...")."""
+    module (with, at most, the keyword-only tuning knobs its ``TUNING_KEYWORDS`` names), whose
+    ``supports(inputs)`` says why it cannot run on a call's arguments (None when it can).
+    ``title`` names the rule in messages ("no Triton <title> kernel ...")."""
 
     name: str
     title: str
     reference: Callable[..., Any]
     cpu: Callable[..., Any] | None
     fused: str
-    supports_args: tuple[str, ...]
 
     def load_fused(self) -> Fused:
         """The fused kernel and its ``supports`` (imports Triton)."""
         module = importlib.import_module(self.fused)
         return Fused(getattr(module, f"{self.name}_triton"), module.supports)
+
+    def inputs(self, *args: Any, **options: Any) -> dict[str, Any]:
+        """The arguments of a call of this rule by the reference's parameter names (what
+        ``supports`` reads): :func:`kernel_inputs` of the reference."""
+        return kernel_inputs(self.reference, args, options)
+
+
+@functools.cache
+def _parameters(reference: Callable[..., Any]) -> tuple[inspect.Signature, tuple[str, ...], dict[str, Any]]:
+    """The reference's signature, the names its positional arguments bind to, and its defaults."""
+    signature = inspect.signature(reference)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = tuple(name for name, p in signature.parameters.items() if p.kind in positional)
+    defaults = {name: p.default for name, p in signature.parameters.items() if p.default is not p.empty}
+    return signature, names, defaults
+
+
+def kernel_inputs(reference: Callable[..., Any], args: tuple, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of the call ``reference(*args, **options)`` by its parameter names, defaults
+    filled in: what a rule's ``supports`` reads, so that its reasons name the reference's
+    parameters. Arguments that do not bind raise the ``TypeError`` the call would."""
+    signature, names, defaults = _parameters(reference)
+    inputs = {**defaults, **dict(zip(names, args)), **options}
+    if len(args) > len(names) or len(inputs) != len(signature.parameters):
+        signature.bind(*args, **options)
+    return inputs
 
 
 def kernel_function(rule: KernelRule) -> Callable[..., Any]:
@@ -87,18 +115,12 @@ def kernel_function(rule: KernelRule) -> Callable[..., Any]:
     ``layer`` (the key its first call's log line and any fallback warning name), dispatching
     each call to a backend (:func:`dispatch`)."""
     signature = inspect.signature(rule.reference)
-    names = list(signature.parameters)
-    positions = tuple(names.index(name) for name in rule.supports_args)
-    last, named = max(positions), frozenset(rule.supports_args)
     layer_parameter = inspect.Parameter("layer", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation="str | None")
 
     @functools.wraps(rule.reference)
     def run(*args: Any, layer: str | None = None, **options: Any) -> Any:
-        if len(args) <= last or not named.isdisjoint(options):
-            bound = signature.bind(*args, **options)  # tensors passed by name: the slow way
-            args, options = bound.args, bound.kwargs
-        return dispatch(rule, args, options, tuple(args[i] for i in positions), layer)
+        return dispatch(rule, args, options, layer)
 
     run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), layer_parameter])
     run.__name__ = run.__qualname__ = rule.name
@@ -184,17 +206,23 @@ def _load_fused(load: Callable[[], Fused]) -> tuple[Fused | None, str | None]:
                       f"{install_command('kernels')})")
 
 
-def dispatch(rule: KernelRule, args: tuple, options: dict[str, Any], supports_args: tuple,
-             layer: str | None) -> Any:
+def _first_input(rule: KernelRule, args: tuple, options: Mapping[str, Any]) -> Tensor:
+    """The call's first argument (every rule's is a per-step input tensor): its device decides."""
+    if args:
+        return args[0]
+    return kernel_inputs(rule.reference, args, options)[_parameters(rule.reference)[1][0]]
+
+
+def dispatch(rule: KernelRule, args: tuple, options: dict[str, Any], layer: str | None) -> Any:
     """``rule``'s fused kernel on ``(*args, **options)`` where the backend allows Triton and its
-    ``supports(*supports_args, **options)`` gives no reason against; the rule's CPU path for CPU
-    inputs (or everywhere under ``FWRL_KERNELS=cpu``); otherwise the reference, or under
-    ``FWRL_KERNELS=triton`` an error "FWRL_KERNELS=triton but no Triton <title> kernel can run on
-    these inputs: <reason>.". Logs the choice once per ``layer``; warns once per layer and reason
-    when a CUDA input falls back."""
+    ``supports`` gives no reason against the call's arguments (:func:`kernel_inputs`); the rule's
+    CPU path for CPU inputs (or everywhere under ``FWRL_KERNELS=cpu``); otherwise the reference,
+    or under ``FWRL_KERNELS=triton`` an error "FWRL_KERNELS=triton but no Triton <title> kernel
+    can run on these inputs: <reason>.". Logs the choice once per ``layer``; warns once per layer
+    and reason when a CUDA input falls back."""
     backend = kernel_backend()
     kernel = rule.name
-    x = supports_args[0]
+    x = _first_input(rule, args, options)
     layer = layer or f"{kernel} (unnamed)"
     if backend == "reference":
         _announce(layer, kernel, "reference", x, "FWRL_KERNELS=reference")
@@ -209,7 +237,7 @@ def dispatch(rule: KernelRule, args: tuple, options: dict[str, Any], supports_ar
         return rule.reference(*args, **options)
     triton_kernel, reason = _load_fused(rule.load_fused)
     if triton_kernel is not None:
-        reason = triton_kernel.supports(*supports_args, **options)
+        reason = triton_kernel.supports(kernel_inputs(rule.reference, args, options))
         if reason is None:
             _announce(layer, kernel, "triton", x)
             return triton_kernel.run(*args, **options)

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fwrl.kernels.delta_lstm import delta_lstm
 from fwrl.kernels.delta_lstm.naive import MATRICES
@@ -42,27 +41,18 @@ class DeltaLSTMLayer(FastWeightLayer):
 
     def __init__(self, config: FWPConfig):
         super().__init__()
-        H, d = config.num_heads, config.head_dim
-        self.num_heads, self.head_dim = H, d
-        self.grad_mode = config.grad_mode
+        d = config.head_dim
         self.num_matrices = len(MATRICES)
-        self.per_head = d + self.num_matrices * (2 * d + 1)
-        self.slow_net = nn.Linear(config.hidden_size, H * self.per_head, bias=False)
-        self.out_size = H * d
+        self._add_slow_net(config, per_head=d + self.num_matrices * (2 * d + 1))
 
     def initial_state(self, batch_size: int, device=None) -> State:
-        kw = dict(device=device, dtype=self.slow_net.weight.dtype)
         H, d, M = self.num_heads, self.head_dim, self.num_matrices
-        return {
-            "W": torch.zeros(batch_size, H, M, d, d, **kw),
-            "c": torch.zeros(batch_size, H, d, **kw),
-            "y": torch.zeros(batch_size, H, d, **kw),
-        }
+        return self._zero_state(batch_size, device, W=(H, M, d, d), c=(H, d), y=(H, d))
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         T, B, _ = x.shape
         H, d, M = self.num_heads, self.head_dim, self.num_matrices
-        p = self.slow_net(x).view(T, B, H, self.per_head)
+        p = self._per_head(x)
         # split, not slices: the backward of a split is one concatenation, where each slice's writes a
         # zero tensor the size of p
         q, k, v, beta = p.split([d, M * d, M * d, M], dim=-1)

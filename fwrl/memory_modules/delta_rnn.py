@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fwrl.kernels.delta_rnn import delta_rnn
 from fwrl.kernels.dispatch import kernel_layer_name
@@ -39,28 +38,18 @@ class DeltaRNNLayer(FastWeightLayer):
 
     def __init__(self, config: FWPConfig):
         super().__init__()
-        H, d = config.num_heads, config.head_dim
-        self.num_heads, self.head_dim = H, d
         self.feature_map = config.feature_map
-        self.grad_mode = config.grad_mode
-        self.key_dim = feature_dim(config.feature_map, d)
-        self.per_head = 5 * d + 2
-        self.slow_net = nn.Linear(config.hidden_size, H * self.per_head, bias=False)
-        self.out_size = H * d
+        self.key_dim = feature_dim(config.feature_map, config.head_dim)
+        self._add_slow_net(config, per_head=5 * config.head_dim + 2)
 
     def initial_state(self, batch_size: int, device=None) -> State:
-        kw = dict(device=device, dtype=self.slow_net.weight.dtype)
         H, d = self.num_heads, self.head_dim
-        return {
-            "W": torch.zeros(batch_size, H, d, self.key_dim, **kw),
-            "R": torch.zeros(batch_size, H, d, d, **kw),
-            "h": torch.zeros(batch_size, H, d, **kw),
-        }
+        return self._zero_state(batch_size, device, W=(H, d, self.key_dim), R=(H, d, d), h=(H, d))
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         T, B, _ = x.shape
         d = self.head_dim
-        p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+        p = self._per_head(x)
         # split, not slices: its backward is one concatenation, a slice's a zero tensor the size of p
         q, k, v, beta, kr, vr, betar = p.split([d, d, d, 1, d, d, 1], dim=-1)
         beta, betar = beta.squeeze(-1), betar.squeeze(-1)

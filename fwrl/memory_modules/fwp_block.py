@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable, ClassVar, Literal
 
 from pydantic import Field
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -134,6 +135,26 @@ class FastWeightLayer(nn.Module):
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         raise NotImplementedError
+
+    def _add_slow_net(self, config: FWPConfig, per_head: int) -> None:
+        """Set the layer's heads (``num_heads``, ``head_dim``), gradient mode and output size (a
+        ``head_dim`` vector per head), and its slow net: a linear map (no bias) from the hidden size to
+        ``per_head`` numbers per head."""
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.grad_mode = config.grad_mode
+        self.per_head = per_head
+        self.slow_net = nn.Linear(config.hidden_size, config.num_heads * per_head, bias=False)
+        self.out_size = config.num_heads * config.head_dim
+
+    def _per_head(self, x: Tensor) -> Tensor:
+        """The slow net's outputs for x [T, B, hidden], per head: [T, B, num_heads, per_head]."""
+        T, B, _ = x.shape
+        return self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+
+    def _zero_state(self, batch_size: int, device, **shapes: tuple[int, ...]) -> State:
+        """A state of zeros in the slow net's dtype: ``[batch_size, *shape]`` for each named part."""
+        dtype = self.slow_net.weight.dtype
+        return {name: torch.zeros(batch_size, *shape, device=device, dtype=dtype) for name, shape in shapes.items()}
 
 
 LayerFactory = Callable[[FWPConfig, int], FastWeightLayer]

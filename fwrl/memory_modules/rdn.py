@@ -54,32 +54,24 @@ class RDNLayer(FastWeightLayer):
     def __init__(self, config: FWPConfig):
         super().__init__()
         H, d = config.num_heads, config.head_dim
-        self.num_heads, self.head_dim = H, d
         self.feature_map = config.feature_map
-        self.grad_mode = config.grad_mode
         self.key_dim = feature_dim(config.feature_map, d)
-        self.per_head = 3 * d + 1
-        self.slow_net = nn.Linear(config.hidden_size, H * self.per_head, bias=False)
+        self._add_slow_net(config, per_head=3 * d + 1)
         self.R_q = nn.Parameter(torch.empty(H, d, d))
         self.R_k = nn.Parameter(torch.empty(H, d, d))
         self.R_v = nn.Parameter(torch.empty(H, d, d))
         self.r_b = nn.Parameter(torch.empty(H, d))
         for p in (self.R_q, self.R_k, self.R_v, self.r_b):
             normal_init_(p, 1.0 / math.sqrt(d))
-        self.out_size = H * d
 
     def initial_state(self, batch_size: int, device=None) -> State:
-        dtype = self.slow_net.weight.dtype
         H, d = self.num_heads, self.head_dim
-        return {
-            "W": torch.zeros(batch_size, H, d, self.key_dim, device=device, dtype=dtype),
-            "h": torch.zeros(batch_size, H, d, device=device, dtype=dtype),
-        }
+        return self._zero_state(batch_size, device, W=(H, d, self.key_dim), h=(H, d))
 
     def forward(self, x: Tensor, state: State, done: Tensor) -> tuple[Tensor, State]:
         T, B, _ = x.shape
         d = self.head_dim
-        p = self.slow_net(x).view(T, B, self.num_heads, self.per_head)
+        p = self._per_head(x)
         # split, not slices: its backward is one concatenation, a slice's a zero tensor the size of p
         q, k, v, beta = p.split([d, d, d, 1], dim=-1)
         y, W, h = rdn(

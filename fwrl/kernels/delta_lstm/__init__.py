@@ -8,5 +8,5 @@ from .cpu import delta_lstm_cpu
 from .naive import delta_lstm_reference
 
 RULE = KernelRule(name="delta_lstm", title="Delta LSTM", reference=delta_lstm_reference, cpu=delta_lstm_cpu,
-                  fused=f"{__name__}.fused_recurrent", supports_args=('q', 'k', 'v', 'beta', 'W0'))
+                  fused=f"{__name__}.fused_recurrent")
 delta_lstm = kernel_function(RULE)

@@ -255,10 +255,8 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Ten
 
 
 def delta_lstm_cpu(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    W0: Tensor, c0: Tensor, y0: Tensor, reset: Tensor,
-    *,
-    grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Tensor, y0: Tensor,
+    reset: Tensor, *, grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Delta LSTM of ``naive.delta_lstm_reference`` (same arguments and results, to round-off)."""
     check_grad_mode(grad_mode)

@@ -70,6 +70,9 @@ No atomics: every program writes its own rows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -79,21 +82,21 @@ from fwrl.kernels import GRAD_MODES, check_grad_mode
 from fwrl.kernels.feature_maps import RECURRENT_SOFTMAX_EPS
 
 from ..triton.common import (
-    _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _softmax,
-    _softmax_backward, _sum, _vecmat, aligned, launch_options, option_reasons, padded,
-    replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, _flag, _matvec, _recurrent_softmax, _recurrent_softmax_backward, _sigmoid,
+    _softmax, _softmax_backward, _sum, _vecmat, aligned, launch_options, option_reasons, padded,
+    rank_reasons, replay_starts, tensor_reasons,
 )
 from .naive import MATRICES
 
 NUM_MATRICES = len(MATRICES)  # 6
 # Largest head dim the kernels take. Up to 32 the register kernels, with the
 # warps (forward, backward) per padded head dim that run them without spilling
-# on sm_90 (tests/interpreter/test_kernels_rules.py).
+# on sm_90 (tests/interpreter/test_kernels_delta_lstm.py).
 MAX_HEAD_DIM = 64
 WARPS = {16: (2, 4), 32: (8, 8)}
 # Head dims above STREAM_ABOVE run the streamed kernels, with (forward row tile,
 # forward warps, backward row tile, backward warps) per padded head dim: no spill
-# on sm_90 at d = 48 and 64, fp32 and bf16 (tests/interpreter/test_kernels_rules.py;
+# on sm_90 at d = 48 and 64, fp32 and bf16 (tests/interpreter/test_kernels_delta_lstm.py;
 # forward 122-127 registers, backward 221-251). Each step is a serial chain of
 # (row tiles x 6 matrices) tile-steps, so the tiles are as tall as fits: 32 rows
 # (2 tiles per matrix) both ways; backward tiles of 8 rows (192-201 registers)
@@ -731,33 +734,30 @@ class _DeltaLSTMFunction(torch.autograd.Function):
         return (*grads, *states, None, None)
 
 
-def supports(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, *, grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    reason = (option_reasons(inputs, {"grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, ("q",), "[T, B, H, d]"))
+    if reason is not None:
         return reason
-    if q.dim() != 4:
-        return f"q has shape {tuple(q.shape)}; expected [T, B, H, d]"
-    T, B, H, D = q.shape
+    T, B, H, D = inputs["q"].shape
     expected = {"k": (T, B, H, NUM_MATRICES, D), "v": (T, B, H, NUM_MATRICES, D),
                 "beta": (T, B, H, NUM_MATRICES), "W0": (B, H, NUM_MATRICES, D, D)}
-    for name, x in (("k", k), ("v", v), ("beta", beta), ("W0", W0)):
-        if tuple(x.shape) != expected[name]:
-            return f"{name} has shape {tuple(x.shape)}; expected {expected[name]}"
+    for name, shape in expected.items():
+        if tuple(inputs[name].shape) != shape:
+            return f"{name} has shape {tuple(inputs[name].shape)}; expected {shape}"
     if T == 0:
-        return "the sequence is empty (T = 0)"
+        return EMPTY_SEQUENCE
     if not 1 <= D <= MAX_HEAD_DIM:
         return (f"head dim {D} is larger than the {MAX_HEAD_DIM} the Delta LSTM kernels "
                 f"take (use a head_dim of at most {MAX_HEAD_DIM})")
-    return tensor_reasons((("q", q), ("k", k), ("v", v), ("beta", beta), ("W0", W0)))
+    return tensor_reasons(inputs, ("q", *expected))
 
 
 def delta_lstm_triton(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    W0: Tensor, c0: Tensor, y0: Tensor, reset: Tensor,
-    *, grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, c0: Tensor, y0: Tensor,
+    reset: Tensor, *, grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused Delta LSTM (paper 000 App. A.2 Eq. 36-40); returns (y [T, B, H, d] in q's dtype,
     W_T [B, H, 6, d, d], c_T, y_T in fp32).

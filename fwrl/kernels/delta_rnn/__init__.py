@@ -8,5 +8,5 @@ from .cpu import delta_rnn_cpu
 from .naive import delta_rnn_reference
 
 RULE = KernelRule(name="delta_rnn", title="Delta RNN", reference=delta_rnn_reference, cpu=delta_rnn_cpu,
-                  fused=f"{__name__}.fused_recurrent", supports_args=('q', 'k', 'v', 'kr', 'vr'))
+                  fused=f"{__name__}.fused_recurrent")
 delta_rnn = kernel_function(RULE)

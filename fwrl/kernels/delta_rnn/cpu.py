@@ -232,11 +232,8 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
 
 
 def delta_rnn_cpu(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    kr: Tensor, vr: Tensor, betar: Tensor,
-    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor,
-    *,
-    feature_map: str = "softmax",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Tensor, betar: Tensor,
+    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
     grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Delta RNN of ``naive.delta_rnn_reference`` (same arguments and results, to round-off)."""

@@ -34,6 +34,9 @@ subtracts. No atomics: every program writes its own rows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -46,14 +49,14 @@ from fwrl.kernels.feature_maps import (
 )
 
 from ..triton.common import (
-    FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _recurrent_softmax,
-    _recurrent_softmax_backward, _sigmoid, _sum, _vecmat, aligned, launch_options, option_reasons,
-    padded, replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, FMAP_SOFTMAX, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward,
+    _recurrent_softmax, _recurrent_softmax_backward, _sigmoid, _sum, _tile, _vecmat, aligned,
+    launch_options, option_reasons, padded, rank_reasons, replay_starts, tensor_reasons,
 )
 
 # Largest head dim (and key feature size) the kernels run without spilling
 # registers on sm_90, with the warps (forward, backward) per padded (head dim,
-# key feature size) that achieve it (tests/interpreter/test_kernels_rules.py). Both
+# key feature size) that achieve it (tests/interpreter/test_kernels_delta_rnn.py). Both
 # sizes are compile-time constants (vectorised loads, compact layouts).
 MAX_HEAD_DIM = 64
 MAX_KEY_DIM = 64
@@ -71,14 +74,10 @@ def _forward_kernel(
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
-    od = tl.arange(0, BD)
-    ok = tl.arange(0, BK)
-    md = od < D
-    mk = ok < DK
-    wm = md[:, None] & mk[None, :]
-    w_loc = od[:, None] * DK + ok[None, :]
-    rm = md[:, None] & md[None, :]
-    r_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    ok, mk = _lanes(0, BK, DK)
+    wm, w_loc = _tile(od, md, ok, mk, DK)
+    rm, r_loc = _tile(od, md, od, md, D)
     W = tl.load(W0 + i_bh * D * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     R = tl.load(R0 + i_bh * D * D + r_loc, mask=rm, other=0.0).to(tl.float32)
     h = tl.load(H0 + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
@@ -122,14 +121,10 @@ def _backward_kernel(
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
-    od = tl.arange(0, BD)
-    ok = tl.arange(0, BK)
-    md = od < D
-    mk = ok < DK
-    wm = md[:, None] & mk[None, :]
-    w_loc = od[:, None] * DK + ok[None, :]
-    rm = md[:, None] & md[None, :]
-    r_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    ok, mk = _lanes(0, BK, DK)
+    wm, w_loc = _tile(od, md, ok, mk, DK)
+    rm, r_loc = _tile(od, md, od, md, D)
     W = tl.load(WT + i_bh * D * DK + w_loc, mask=wm, other=0.0)
     R = tl.load(RT + i_bh * D * D + r_loc, mask=rm, other=0.0)
     GW = tl.load(DWT + i_bh * D * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
@@ -287,38 +282,33 @@ class _DeltaRNNFunction(torch.autograd.Function):
         return (*grads, *states, None, None, None)
 
 
-def supports(
-    q: Tensor, k: Tensor, v: Tensor, kr: Tensor, vr: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    reason = option_reasons(("feature map", feature_map, FEATURE_MAPS),
-                            ("grad_mode", grad_mode, GRAD_MODES))
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    steps = ("q", "k", "v", "kr", "vr")
+    reason = (option_reasons(inputs, {"feature_map": FEATURE_MAPS, "grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, steps, "[T, B, H, d]"))
     if reason is not None:
         return reason
-    for name, x in (("q", q), ("k", k), ("v", v), ("kr", kr), ("vr", vr)):
-        if x.dim() != 4:
-            return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, d]"
+    q, k, v, kr, vr = (inputs[name] for name in steps)
     if q.shape != k.shape or not v.shape == kr.shape == vr.shape or q.shape[:3] != v.shape[:3]:
         return (f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                 f"kr {tuple(kr.shape)}, vr {tuple(vr.shape)} do not match")
     if q.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
-    d, dk = v.shape[-1], feature_dim(feature_map, q.shape[-1])
+        return EMPTY_SEQUENCE
+    d, dk = v.shape[-1], feature_dim(inputs["feature_map"], q.shape[-1])
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= dk <= MAX_KEY_DIM):
         return (f"head dims (value {d}, key feature {dk}) are larger than the Delta RNN kernel "
                 f"supports ({MAX_HEAD_DIM}, key {MAX_KEY_DIM}; use a head_dim of at most "
                 f"{MAX_HEAD_DIM} with feature map softmax or elu1_sumnorm, or a dpfp feature "
                 f"map of at most {MAX_KEY_DIM} features)")
-    return tensor_reasons((("q", q), ("k", k), ("v", v), ("kr", kr), ("vr", vr)))
+    return tensor_reasons(inputs, steps)
 
 
 def delta_rnn_triton(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-    kr: Tensor, vr: Tensor, betar: Tensor,
-    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Tensor, betar: Tensor,
+    W0: Tensor, R0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
+    grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fused Delta RNN (paper 000 Eq. 12); returns (y [T, B, H, d] in v's dtype, W_T, R_T,
     h_T in fp32).

@@ -6,5 +6,5 @@ from .cpu import delta_rule_cpu
 from .naive import delta_rule_reference
 
 RULE = KernelRule(name="delta_rule", title="delta rule", reference=delta_rule_reference, cpu=delta_rule_cpu,
-                  fused=f"{__name__}.fused_recurrent", supports_args=('q', 'k', 'v'))
+                  fused=f"{__name__}.fused_recurrent")
 delta_rule = kernel_function(RULE)

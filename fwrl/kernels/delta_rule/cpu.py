@@ -181,16 +181,8 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, W0: Tensor, 
 
 
 def delta_rule_cpu(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    W0: Tensor,
-    reset: Tensor,
-    *,
-    rule: str = "delta",
-    feature_map: str = "elu1_sumnorm",
-    grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, W0: Tensor, reset: Tensor, *,
+    rule: str = "delta", feature_map: str = "elu1_sumnorm", grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor]:
     """The sum / delta rule of ``naive.delta_rule_reference`` (same arguments, same results to
     round-off) with the hand-derived backward above."""

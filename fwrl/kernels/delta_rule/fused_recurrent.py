@@ -44,6 +44,9 @@ fixed order: no atomics, bitwise-deterministic results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -54,8 +57,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import SUM_NORM_EPS, apply_feature_map, feature_dim
 
 from ..triton.common import (
-    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _vecmat, aligned,
-    launch_options, option_reasons, padded, replay_starts, tensor_reasons, warps_for,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward, _sigmoid,
+    _sum, _tile, _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons,
+    replay_starts, tensor_reasons, warps_for,
 )
 
 RULES = ("delta", "sum")
@@ -96,12 +100,9 @@ def _forward_kernel(
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     W = tl.load(W0 + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * B * H + i_bh  # index of (t, b, h)
@@ -149,12 +150,9 @@ def _backward_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
     TBH = T * B * H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     W = tl.load(WT + i_bh * DV * DK + w_loc, mask=wm, other=0.0)
     dW = tl.load(DWT + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for i in range(T):
@@ -237,7 +235,7 @@ def _block_sizes(dk: int, dv: int, split: int = 1) -> tuple[int, int, int, int]:
 
     BV covers ``ceil(dv / split)`` rows, at most MAX_BLOCK_ELEMENTS / BK of them
     (head dim 128: four programs of 32 rows even at split 1). The warps keep
-    both kernels free of spills on sm_90 (``tests/interpreter/test_kernels_rules.py``).
+    both kernels free of spills on sm_90 (``tests/interpreter/test_kernels_delta_rule.py``).
     """
     bk = padded(dk)
     bv = min(max(1, triton.next_power_of_2(triton.cdiv(dv, split))), MAX_BLOCK_ELEMENTS // bk)
@@ -349,42 +347,35 @@ class _DeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dbeta, dW0, None, None, None, None, None
 
 
-def supports(
-    q: Tensor, k: Tensor, v: Tensor, *, rule: str = "delta",
-    feature_map: str = "elu1_sumnorm", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    reason = option_reasons(("rule", rule, RULES), ("feature map", feature_map, FEATURE_MAPS),
-                            ("grad_mode", grad_mode, GRAD_MODES))
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    feature_map = inputs["feature_map"]
+    reason = (option_reasons(inputs, {"rule": RULES, "feature_map": FEATURE_MAPS, "grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, ("q", "k", "v"), "[T, B, H, D]"))
     if reason is not None:
         return reason
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, D]"
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
     if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
         return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match"
     if q.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
+        return EMPTY_SEQUENCE
     dk, dv = feature_dim(feature_map, q.shape[-1]), v.shape[-1]
     if not (1 <= dk <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
         return (f"head dims (key feature {dk}, value {dv}) are outside the supported "
                 f"range 1..{MAX_HEAD_DIM} (use a head_dim, and a feature map size, of at most "
                 f"{MAX_HEAD_DIM})")
-    return tensor_reasons((("q", q), ("k", k), ("v", v)))
+    return tensor_reasons(inputs, ("q", "k", "v"))
+
+
+# The keyword-only arguments ``delta_rule_triton`` takes beyond the reference's: a tuning knob that
+# changes no result (beyond round-off); dispatch never passes it (``fwrl bench kernels`` does).
+TUNING_KEYWORDS = ("split",)
 
 
 def delta_rule_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    W0: Tensor,
-    reset: Tensor,
-    *,
-    rule: str = "delta",
-    feature_map: str = "elu1_sumnorm",
-    grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, W0: Tensor, reset: Tensor, *,
+    rule: str = "delta", feature_map: str = "elu1_sumnorm", grad_mode: str = "full",
     split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
     """Fused sum / delta rule (paper 001 Eq. 20-25); returns (y [T,B,H,Dv] in v's

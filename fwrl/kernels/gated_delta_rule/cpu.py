@@ -135,16 +135,8 @@ def _one_step(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tens
 
 
 def gated_delta_rule_cpu(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
-    S0: Tensor,
-    reset: Tensor,
-    *,
-    feature_map: str = "l2norm",
-    grad_mode: str = "full",
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tensor, reset: Tensor, *,
+    feature_map: str = "l2norm", grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule of ``naive.gated_delta_rule_reference`` (same arguments, same results to
     round-off) with the hand-derived backward above (``grad_mode`` step, and full on one step) or the

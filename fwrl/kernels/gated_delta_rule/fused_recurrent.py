@@ -41,6 +41,9 @@ afterwards in a fixed order: no atomics, bitwise-deterministic results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -51,8 +54,9 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import L2_NORM_EPS, SUM_NORM_EPS, feature_dim
 
 from ..triton.common import (
-    KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _matvec, _phi, _phi_backward, _sigmoid, _sum,
-    _vecmat, aligned, launch_options, option_reasons, padded, tensor_reasons, warps_for,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _l2norm, _l2norm_backward, _lanes, _matvec, _phi,
+    _phi_backward, _sigmoid, _sum, _tile, _vecmat, aligned, launch_options, option_reasons, padded,
+    rank_reasons, tensor_reasons, warps_for,
 )
 
 # Feature maps of q and k computed in the kernel, and their codes (3: l2norm, this kernel's own).
@@ -114,12 +118,9 @@ def _forward_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     b = i_bh // H
     BH = B * H
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     S = tl.load(S0 + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     for t in range(T):
         row = t * BH + i_bh  # index of (t, b, h)
@@ -155,12 +156,9 @@ def _backward_kernel(
     b = i_bh // H
     BH = B * H
     TBH = T * BH
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    mk = ok < DK
-    mv = ov < DV
-    wm = mv[:, None] & mk[None, :]
-    w_loc = ov[:, None] * DK + ok[None, :]
+    ok, mk = _lanes(0, BK, DK)
+    ov, mv = _lanes(i_v * BV, BV, DV)
+    wm, w_loc = _tile(ov, mv, ok, mk, DK)
     S = tl.load(ST + i_bh * DV * DK + w_loc, mask=wm, other=0.0)
     dS = tl.load(DST + i_bh * DV * DK + w_loc, mask=wm, other=0.0).to(tl.float32)
     undone = tl.full([], 0.0, tl.float32)  # the log-decay undone by division since the last exact state
@@ -367,40 +365,33 @@ class _GatedDeltaRuleFunction(torch.autograd.Function):
         return dq, dk, dv, dbeta, dg, dS0, None, None, None, None
 
 
-def supports(
-    q: Tensor, k: Tensor, v: Tensor, *, feature_map: str = "l2norm", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with what would
-    avoid it)."""
-    reason = option_reasons(("feature map", feature_map, FEATURE_MAPS), ("grad_mode", grad_mode, GRAD_MODES))
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    reason = (option_reasons(inputs, {"feature_map": FEATURE_MAPS, "grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, ("q", "k", "v"), "[T, B, H, D]"))
     if reason is not None:
         return reason
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            return f"{name} has shape {tuple(x.shape)}; expected [T, B, H, D]"
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
     if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
         return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match"
     if q.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
-    dk, dv = feature_dim(feature_map, q.shape[-1]), v.shape[-1]
+        return EMPTY_SEQUENCE
+    dk, dv = feature_dim(inputs["feature_map"], q.shape[-1]), v.shape[-1]
     if not (1 <= dk <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
         return (f"head dims (key {dk}, value {dv}) are outside the supported range 1..{MAX_HEAD_DIM} "
                 f"(use a head_dim of at most {MAX_HEAD_DIM})")
-    return tensor_reasons((("q", q), ("k", k), ("v", v)))
+    return tensor_reasons(inputs, ("q", "k", "v"))
+
+
+# The keyword-only arguments ``gated_delta_rule_triton`` takes beyond the reference's: a tuning knob that
+# changes no result (beyond round-off); dispatch never passes it (``fwrl bench kernels`` does).
+TUNING_KEYWORDS = ("split",)
 
 
 def gated_delta_rule_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
-    S0: Tensor,
-    reset: Tensor,
-    *,
-    feature_map: str = "l2norm",
-    grad_mode: str = "full",
-    split: int | str = 1,
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, S0: Tensor, reset: Tensor, *,
+    feature_map: str = "l2norm", grad_mode: str = "full", split: int | str = 1,
 ) -> tuple[Tensor, Tensor]:
     """Fused gated delta rule (Gated DeltaNet Eq. 10); returns (y [T,B,H,Dv] in v's dtype,
     S_T [B,H,Dv,Dk] fp32).

@@ -7,5 +7,5 @@ from .cpu import rdn_cpu
 from .naive import rdn_reference
 
 RULE = KernelRule(name="rdn", title="RDN", reference=rdn_reference, cpu=rdn_cpu,
-                  fused=f"{__name__}.fused_recurrent", supports_args=('xq', 'xk', 'xv', 'xb', 'Rq', 'W0'))
+                  fused=f"{__name__}.fused_recurrent")
 rdn = kernel_function(RULE)

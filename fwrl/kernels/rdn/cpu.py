@@ -351,11 +351,8 @@ def _one_step(x: Tensor, R: Tensor, W0: Tensor, h0: Tensor, reset: Tensor, featu
 
 
 def rdn_cpu(
-    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor,
-    Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
-    W0: Tensor, h0: Tensor, reset: Tensor,
-    *,
-    feature_map: str = "softmax",
+    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
+    W0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
     grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The RDN recurrence of ``naive.rdn_reference`` (same arguments and results, to round-off) with

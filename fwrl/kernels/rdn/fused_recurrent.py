@@ -44,7 +44,8 @@ not recorded, rebuilds it from y in chunks of at most S_CHUNK_BYTES.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 import triton
@@ -56,13 +57,14 @@ from fwrl.kernels import GRAD_MODES, check_grad_mode
 from fwrl.kernels.feature_maps import SUM_NORM_EPS
 
 from ..triton.common import (
-    KERNEL_FEATURE_MAPS, _flag, _matvec, _phi, _phi_backward, _sigmoid, _sum, _tanh, _vecmat,
-    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, KERNEL_FEATURE_MAPS, _flag, _lanes, _matvec, _phi, _phi_backward, _sigmoid,
+    _sum, _tanh, _tile, _vecmat, aligned, launch_options, option_reasons, padded, replay_starts,
+    tensor_reasons,
 )
 
 # Largest head dim the kernels run without spilling registers on sm_90, and
 # the warps (forward, backward) per padded head dim that achieve it (checked by
-# tests/interpreter/test_kernels_rules.py). The head dim is a compile-time constant: with a
+# tests/interpreter/test_kernels_rdn.py). The head dim is a compile-time constant: with a
 # known row stride the loads vectorise and Triton picks a layout that keeps
 # each per-row vector in a few registers (at d = 64 with a run-time stride the
 # same kernels spilled up to 224 bytes).
@@ -91,10 +93,8 @@ def _forward_kernel(
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
     hd = i_bh % H
-    od = tl.arange(0, BD)
-    md = od < D
-    wm = md[:, None] & md[None, :]
-    w_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    wm, w_loc = _tile(od, md, od, md, D)
     Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(W0 + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
     h = tl.load(H0 + i_bh * D + od, mask=md, other=0.0).to(tl.float32)
@@ -148,10 +148,8 @@ def _backward_kernel(
     i_bh = tl.program_id(0).to(tl.int64)
     b = i_bh // H
     hd = i_bh % H
-    od = tl.arange(0, BD)
-    md = od < D
-    wm = md[:, None] & md[None, :]
-    w_loc = od[:, None] * D + od[None, :]
+    od, md = _lanes(0, BD, D)
+    wm, w_loc = _tile(od, md, od, md, D)
     Rq, Rk, Rv, rb = _load_r(RQ, RK, RV, RB, hd, od, md, wm, w_loc, D)
     W = tl.load(WT + i_bh * D * D + w_loc, mask=wm, other=0.0)
     G = tl.load(DWT + i_bh * D * D + w_loc, mask=wm, other=0.0).to(tl.float32)
@@ -349,35 +347,31 @@ class _RDNFunction(torch.autograd.Function):
                 None, None, None)
 
 
-def supports(
-    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, W0: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    if feature_map not in KERNEL_FEATURE_MAPS:
-        return (f"feature map {feature_map!r} is not one the RDN kernel computes "
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    if inputs["feature_map"] not in KERNEL_FEATURE_MAPS:
+        return (f"feature map {inputs['feature_map']!r} is not one the RDN kernel computes "
                 f"(use feature_map {', '.join(KERNEL_FEATURE_MAPS)})")
-    if (reason := option_reasons(("grad_mode", grad_mode, GRAD_MODES))) is not None:
+    if (reason := option_reasons(inputs, {"grad_mode": GRAD_MODES})) is not None:
         return reason
+    xq, xk, xv, xb = inputs["xq"], inputs["xk"], inputs["xv"], inputs["xb"]
     if xq.dim() != 4 or xq.shape != xk.shape or xq.shape != xv.shape or xb.shape != xq.shape[:3]:
         return (f"shapes xq {tuple(xq.shape)}, xk {tuple(xk.shape)}, xv {tuple(xv.shape)}, "
                 f"xb {tuple(xb.shape)} do not match [T, B, H, d] / [T, B, H]")
     if xq.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
+        return EMPTY_SEQUENCE
     d = xq.shape[-1]
     if not 1 <= d <= MAX_HEAD_DIM:
         return (f"head dim {d} is larger than the {MAX_HEAD_DIM} the RDN kernel supports "
                 f"(use a head_dim of at most {MAX_HEAD_DIM})")
-    return tensor_reasons((("xq", xq), ("xk", xk), ("xv", xv), ("xb", xb), ("Rq", Rq),
-                           ("W0", W0)))
+    return tensor_reasons(inputs, ("xq", "xk", "xv", "xb", "Rq", "W0"))
 
 
 def rdn_triton(
-    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor,
-    Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
-    W0: Tensor, h0: Tensor, reset: Tensor,
-    *, feature_map: str = "softmax", grad_mode: str = "full",
+    xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor,
+    W0: Tensor, h0: Tensor, reset: Tensor, *, feature_map: str = "softmax",
+    grad_mode: str = "full",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fused RDN (paper 000 Eq. 15-18); returns (y [T, B, H, d] in xv's dtype, W_T, h_T
     in fp32).

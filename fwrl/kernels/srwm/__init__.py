@@ -11,5 +11,5 @@ from .cpu import srwm_cpu
 from .naive import srwm_reference
 
 RULE = KernelRule(name="srwm", title="SRWM", reference=srwm_reference, cpu=srwm_cpu,
-                  fused=f"{__name__}.fused_recurrent", supports_args=('x', 'W_y', 'W_q', 'W_k', 'w_b'))
+                  fused=f"{__name__}.fused_recurrent")
 srwm = kernel_function(RULE)

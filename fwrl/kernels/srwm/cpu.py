@@ -276,16 +276,8 @@ def _steps_without_records(phi_x: Tensor, W_slow: Tensor, offset: Tensor, reset:
 
 
 def srwm_cpu(
-    x: Tensor,
-    W_y: Tensor,
-    W_q: Tensor,
-    W_k: Tensor,
-    w_b: Tensor,
-    offsets: Offsets,
-    reset: Tensor,
-    *,
-    input_map: str = "softmax",
-    grad_mode: str = "full",
+    x: Tensor, W_y: Tensor, W_q: Tensor, W_k: Tensor, w_b: Tensor, offsets: Offsets, reset: Tensor,
+    *, input_map: str = "softmax", grad_mode: str = "full",
 ) -> tuple[Tensor, Offsets]:
     """The SRWM recurrence of ``naive.srwm_reference`` (same arguments and results, to round-off)
     with the hand-derived backward above."""

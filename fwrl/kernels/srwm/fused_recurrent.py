@@ -64,6 +64,9 @@ no atomics.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -73,21 +76,22 @@ from fwrl.kernels import GRAD_MODES
 from fwrl.kernels.feature_maps import apply_feature_map
 
 from ..triton.common import (
-    _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid, _softmax, _sum, _vecmat,
-    aligned, launch_options, option_reasons, padded, replay_starts, tensor_reasons,
+    EMPTY_SEQUENCE, _add_rows, _block, _load_rows, _matvec, _pick, _runtime_zero, _sigmoid,
+    _softmax, _sum, _vecmat, aligned, launch_options, option_reasons, padded, rank_reasons,
+    replay_starts, tensor_reasons,
 )
 from .fused_recurrent_split import (
     SPLIT_ROWS, _core_rates, _core_step_backward, _load_core_offsets, _num_records,
     _store_core_offsets, offset_buffers, split_backward, split_forward,
 )
-from .naive import INPUT_MAPS, NUM_RATES, check_srwm_args
+from .naive import INPUT_MAPS, NUM_RATES, Offsets, check_srwm_args
 
 KERNEL_INPUT_MAPS = {"identity": 0, "softmax": 2}
 MIN_HEAD_DIM = 1
 MAX_HEAD_DIM = 64
 # Warps (forward, backward) per padded block shape (BD, BY) = (head dim, rows of
 # W^y), each compiled for sm_90 without spilling registers (the shipped shapes
-# are checked by tests/interpreter/test_kernels_rules.py). It covers the
+# are checked by tests/interpreter/test_kernels_srwm.py). It covers the
 # SRWM (Dy = d) up to d = 64 and SR-DeltaNet (Dy = 3d + 1) up to d = 32; other
 # shapes (SR-DeltaNet at d = 64: Dy = 193, a 325 x 64 matrix) take the split
 # path of ``fused_recurrent_split``. The backward takes few warps: its per-row
@@ -449,46 +453,38 @@ class _SRWMFunction(torch.autograd.Function):
                 None, None, None, None)
 
 
-def supports(
-    x: Tensor, W_y: Tensor, W_q: Tensor, W_k: Tensor, w_b: Tensor,
-    *, input_map: str = "softmax", grad_mode: str = "full",
-) -> str | None:
-    """None if the fused kernel can run on these inputs, otherwise the reason (with
-    what would avoid it)."""
-    reason = option_reasons(("input map", input_map, INPUT_MAPS),
-                            ("grad_mode", grad_mode, GRAD_MODES))
+def supports(inputs: Mapping[str, Any]) -> str | None:
+    """None if the fused kernel can run on a call's arguments (``inputs``, by the reference's
+    parameter names: ``dispatch.kernel_inputs``), otherwise the reason (with what would avoid it)."""
+    reason = (option_reasons(inputs, {"input_map": INPUT_MAPS, "grad_mode": GRAD_MODES})
+              or rank_reasons(inputs, ("x",), "[T, B, H, D]"))
     if reason is not None:
         return reason
-    if x.dim() != 4:
-        return f"x has shape {tuple(x.shape)}; expected [T, B, H, D]"
+    x, W_y = inputs["x"], inputs["W_y"]
     if x.shape[0] == 0:
-        return "the sequence is empty (T = 0)"
+        return EMPTY_SEQUENCE
     H, D = x.shape[2], x.shape[3]
     if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
         return (f"head dim {D} is larger than the {MAX_HEAD_DIM} the SRWM kernel supports "
                 f"(use a head_dim of at most {MAX_HEAD_DIM})")
     if W_y.dim() != 3 or W_y.shape[0] != H or W_y.shape[2] != D or W_y.shape[1] < 1:
         return f"W_y has shape {tuple(W_y.shape)}; expected [{H}, Dy, {D}]"
-    for name, t, rows in (("W_q", W_q, D), ("W_k", W_k, D), ("w_b", w_b, NUM_RATES)):
-        if tuple(t.shape) != (H, rows, D):
-            return f"{name} has shape {tuple(t.shape)}; expected {(H, rows, D)}"
+    for name, rows in (("W_q", D), ("W_k", D), ("w_b", NUM_RATES)):
+        if tuple(inputs[name].shape) != (H, rows, D):
+            return f"{name} has shape {tuple(inputs[name].shape)}; expected {(H, rows, D)}"
     # Any Dy: shapes without a WARPS entry take the split path (W^y over programs).
-    return tensor_reasons((("x", x), ("W_y", W_y), ("W_q", W_q), ("W_k", W_k), ("w_b", w_b)))
+    return tensor_reasons(inputs, ("x", "W_y", "W_q", "W_k", "w_b"))
+
+
+# The keyword-only arguments ``srwm_triton`` takes beyond the reference's: a tuning knob that
+# changes no result (beyond round-off); dispatch never passes it (``fwrl bench kernels`` does).
+TUNING_KEYWORDS = ("split_rows",)
 
 
 def srwm_triton(
-    x: Tensor,
-    W_y: Tensor,
-    W_q: Tensor,
-    W_k: Tensor,
-    w_b: Tensor,
-    offsets: tuple[Tensor, Tensor, Tensor, Tensor],
-    reset: Tensor,
-    *,
-    input_map: str = "softmax",
-    grad_mode: str = "full",
-    split_rows: int | None = None,
-) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    x: Tensor, W_y: Tensor, W_q: Tensor, W_k: Tensor, w_b: Tensor, offsets: Offsets, reset: Tensor,
+    *, input_map: str = "softmax", grad_mode: str = "full", split_rows: int | None = None,
+) -> tuple[Tensor, Offsets]:
     """Fused SRWM (paper 002 Eq. 5-8, App. A); returns (y [T, B, H, Dy] in x's dtype,
     final offsets, fp32).
 

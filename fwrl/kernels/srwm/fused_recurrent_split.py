@@ -71,7 +71,7 @@ from ..triton.common import (
 from .naive import NUM_RATES
 
 # Rows of W^y per program of the split kernels (a power of two). 64 rows at
-# d = 64 compile for sm_90 without spilling (tests/interpreter/test_kernels_rules.py checks
+# d = 64 compile for sm_90 without spilling (tests/interpreter/test_kernels_srwm.py checks
 # the shipped shapes) and give 4 programs per (batch, head) at Dy = 193.
 SPLIT_ROWS = 64
 # Warps (forward, backward) of the C = [W^q; W^k; W^b] kernels per padded head

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import triton
@@ -200,6 +201,20 @@ def _pick(vec, idx, i: tl.constexpr):
 
 
 @triton.jit
+def _lanes(start, BLOCK: tl.constexpr, N):
+    """Lanes ``start + [0, BLOCK)`` of an axis of length N, and their mask (lanes at N or past it off)."""
+    o = start + tl.arange(0, BLOCK)
+    return o, o < N
+
+
+@triton.jit
+def _tile(o_rows, m_rows, o_cols, m_cols, C):
+    """Mask and offsets of the tile (the given rows and columns, with their masks) of a row-major
+    matrix of C columns."""
+    return m_rows[:, None] & m_cols[None, :], o_rows[:, None] * C + o_cols[None, :]
+
+
+@triton.jit
 def _block(row0, rows, BR: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     """Offsets and mask of rows [row0, row0 + rows) of a [*, D] matrix, as [BR, BD]."""
     orr = tl.arange(0, BR)
@@ -242,27 +257,43 @@ def interpreting() -> bool:
     return INTERPRETED and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def option_reasons(*options: tuple[str, str, tuple[str, ...]]) -> str | None:
-    """The first of the ``(name, value, choices)`` whose value is not one of its choices, as
-    a reason of ``supports`` ("<name> <value> is not one of <choices>"); None if none."""
-    for name, value, choices in options:
-        if value not in choices:
-            return f"{name} {value!r} is not one of {', '.join(choices)}"
+# The reason of every ``supports`` for an empty sequence.
+EMPTY_SEQUENCE = "the sequence is empty (T = 0)"
+
+
+def option_reasons(inputs: Mapping[str, Any], choices: Mapping[str, Collection[str]]) -> str | None:
+    """The first option of a call (``inputs``: its arguments by the reference's parameter names)
+    named in ``choices`` whose value is not one of its choices, as a reason of ``supports``
+    ("<name> <value> is not one of <choices>"); None if none."""
+    for name, allowed in choices.items():
+        if inputs[name] not in allowed:
+            return f"{name} {inputs[name]!r} is not one of {', '.join(allowed)}"
     return None
 
 
-def tensor_reasons(named: tuple[tuple[str, Tensor], ...]) -> str | None:
-    """The first dtype or device problem of the named inputs, with what would fix it.
+def rank_reasons(inputs: Mapping[str, Any], names: Sequence[str], layout: str) -> str | None:
+    """The first of the named tensors of a call whose rank is not that of ``layout`` (e.g.
+    "[T, B, H, D]"), as a reason of ``supports``; None if none."""
+    rank = layout.count(",") + 1
+    for name in names:
+        if inputs[name].dim() != rank:
+            return f"{name} has shape {tuple(inputs[name].shape)}; expected {layout}"
+    return None
+
+
+def tensor_reasons(inputs: Mapping[str, Any], names: Sequence[str]) -> str | None:
+    """The first dtype or device problem of the named tensors of a call, with what would fix it.
 
     Dtypes are checked before devices, so a CUDA caller learns of every problem
     the kernel has with its inputs.
     """
-    for name, x in named:
-        if x.dtype not in INPUT_DTYPES:
-            return f"{name} has dtype {x.dtype} (use float32, bfloat16 or float16 inputs)"
-    for name, x in named:
-        if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
-            return (f"{name} is on {x.device.type}; the kernel needs CUDA tensors "
+    for name in names:
+        if inputs[name].dtype not in INPUT_DTYPES:
+            return f"{name} has dtype {inputs[name].dtype} (use float32, bfloat16 or float16 inputs)"
+    for name in names:
+        device = inputs[name].device.type
+        if device != "cuda" and not (device == "cpu" and interpreting()):
+            return (f"{name} is on {device}; the kernel needs CUDA tensors "
                     "(or TRITON_INTERPRET=1 when this module was imported, for CPU tests)")
     return None
 

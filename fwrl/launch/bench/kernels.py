@@ -64,6 +64,7 @@ from fwrl.errors import FwrlError, install_command
 from fwrl.kernels.delta_lstm.naive import delta_lstm_reference
 from fwrl.kernels.delta_rnn.naive import delta_rnn_reference
 from fwrl.kernels.delta_rule.naive import delta_rule_reference
+from fwrl.kernels.dispatch import kernel_inputs
 from fwrl.kernels.feature_maps import apply_feature_map
 from fwrl.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fwrl.kernels.rdn.naive import rdn_reference
@@ -331,16 +332,13 @@ def _uncapped_triton_runners(core: str, args,
     except ImportError as exc:
         return {"triton": (None, f"Triton kernel unavailable ({exc}); install Triton with: "
                                  f"{install_command('kernels')}", {})}
-    *tensors, _ = inputs
-    supports_args = {
-        "delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
-        "gated_delta_rule": lambda: (tensors[0], tensors[1], tensors[2]),
-        "srwm": lambda: tuple(tensors[:5]),
-        "rdn": lambda: (*tensors[:5], tensors[8]),
-        "delta_rnn": lambda: (*tensors[:3], tensors[4], tensors[5]),
-        "delta_lstm": lambda: tuple(tensors[:5]),
-    }[kernel]()
-    reason = module.supports(*supports_args, **kwargs)
+    *tensors, reset = inputs
+    # the call's arguments as the reference takes them (the SRWM's four offsets as one tuple)
+    arguments = (*tensors[:5], tuple(tensors[5:9])) if kernel == "srwm" else tuple(tensors)
+    reference = {"delta_rule": delta_rule_reference, "gated_delta_rule": gated_delta_rule_reference,
+                 "srwm": srwm_reference, "rdn": rdn_reference, "delta_rnn": delta_rnn_reference,
+                 "delta_lstm": delta_lstm_reference}[kernel]
+    reason = module.supports(kernel_inputs(reference, (*arguments, reset), kwargs))
     if reason is not None:
         return {"triton": (None, f"the kernel cannot run here: {reason}", {})}
     if core not in ("delta_rule", "gated_delta_rule"):
