@@ -215,8 +215,10 @@ def _check_resume(runs: Path, extra: list[str], target: int, saved_config: dict)
 
     run = runs / "r"
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
-    # rows a killed run wrote after its checkpoint are dropped on resume (those steps are acted again)
-    kept = [s for s in _metrics_steps(run) if s <= ckpt["agent_steps"]]
+    # rows a killed run wrote after its checkpoint was taken are dropped on resume (those steps are acted
+    # again): the first metrics_rows rows, the count the checkpoint recorded (a row of a step at or before
+    # the checkpoint's can be written just after the snapshot, and is dropped too)
+    kept = _metrics_steps(run)[:ckpt["progress"]["metrics_rows"]]
     code, _, err = run_cli(["train", "--runs-dir", runs, "--name", "r", "--resume", "--total-steps", target, *extra])
     assert code == 0, err[-3000:]
     steps = _metrics_steps(run)
