@@ -34,7 +34,7 @@ def test_a_memory_task_scores_chance_under_its_protocol(tmp_path):
     result = evaluate_random_policy("memory:cue_delay", episodes=60, num_workers=2, envs_per_worker=2, seed=3)
     [row] = result["aggregates"]
     assert result["policy"] == "uniform random" and row["episodes"] == 60
-    assert 0.25 <= row["success"] <= 0.75, row
+    assert 0.25 <= row["success"] <= 0.75, row  # 0.5 +- 3.9 standard errors of 60 coin flips (0.065 each)
 
 
 def test_the_benchmark_writes_json_and_a_table(tmp_path):
