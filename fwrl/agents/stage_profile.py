@@ -49,15 +49,27 @@ class WindowProfiler:
         self._started_at: float | None = None
         self._done = False
         self._lock = threading.Lock()
+        self._warm_up()
+
+    def _activities(self) -> list:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        return activities
+
+    def _warm_up(self) -> None:
+        """Start and stop a profile now: a process's first ``start()`` takes about 2 s (torch 2.13,
+        on CPU), which would otherwise block the acting thread inside the window and leave the
+        profile nearly empty."""
+        warm = torch.profiler.profile(activities=self._activities())
+        warm.start()
+        warm.stop()
 
     def update(self, row: dict[str, Any]) -> None:
         t = float(row.get("time", 0.0))
         with self._lock:
             if self.profiler is None and not self._done and t >= self.start:
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if self.cuda:
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler = torch.profiler.profile(activities=self._activities())
                 self.profiler.start()
                 self._started_at = t
             elif self.profiler is not None and not self._done and t >= self.stop:

@@ -162,6 +162,19 @@ def test_bench_window_starts_at_the_first_update():
     assert (result.agent_steps, result.seconds, result.updates) == (1280, 2.0, 2)  # from 12 s, not from 5 s
 
 
+def test_a_window_of_seconds_ends_at_the_first_row_that_long_after_its_start():
+    """Rows a log interval apart come with jitter: a one-second window whose next row is logged
+    1.04 s after its start still holds that row (the profile after it starts at the same row), and
+    the row after that is left out."""
+    from fwrl.launch.bench.throughput import window_summary
+
+    rows = [{"time": str(t), "agent_steps": str(s), "updates": str(u), "steps_per_second": "1"}
+            for t, s, u in [(0.5, 0, 0), (1.02, 20, 1), (2.06, 60, 3), (3.1, 100, 5)]]
+    result = window_summary(rows, warmup=1.0, seconds=1.0)
+    assert (result.agent_steps, result.updates) == (40, 2)
+    assert abs(result.seconds - 1.04) < 1e-9
+
+
 def test_bench_without_an_update_in_its_window_says_why_not(tmp_path, monkeypatch):
     """A first batch that takes longer than the window and the wait for a first update after it (1 s
     here, 2 minutes by default): no '0 steps/s', but what the learner waited for."""

@@ -99,7 +99,11 @@ def window_summary(rows: list[dict[str, str]], warmup: float, until: float = flo
     first_update = next((float(r["time"]) for r in timed if int(float(r.get(progress) or 0)) > 0), None)
     start = max(warmup, first_update) if first_update is not None else warmup
     if seconds is not None:
+        # the window ends at the first row logged ``seconds`` or more after its start: the rows come a
+        # log interval apart with some jitter, and a profile that follows begins at that same row
         until = start + seconds
+        end = next((float(r["time"]) for r in timed if float(r["time"]) >= until), None)
+        until = until if end is None else end
     after = [r for r in timed if start <= float(r["time"]) <= until]
     if first_update is None or len(after) < 2 or int(after[-1][progress]) <= int(after[0][progress]):
         raise FwrlError(_no_update_text(timed, warmup, until, first_update, config))
@@ -232,7 +236,8 @@ def measure_throughput(config: TrainConfig, seconds: float, warmup: float, progr
                     waiting[0] = False
                     profiler.start = max(profiler.start, float(row.get("time", 0.0)) + seconds)
                     profiler.stop = profiler.start + profiled
-                profiler.update(row)
+                if not waiting[0]:  # a slow first update must not start the profile before the window
+                    profiler.update(row)
                 shown(row)
 
             progress.update = update
