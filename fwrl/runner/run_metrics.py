@@ -8,6 +8,10 @@ normalised where the family has constants), and how the pipeline spent the
 interval: ``share/<stage>`` of each thread's wall time (summing to 1 per thread; several acting
 threads are summed, so their shares are those of the mean acting thread), ``policy_lag_*``,
 ``rollout_queue`` and ``peak_memory_mb``.
+
+``episodes.csv`` has a row per finished training episode (``agent_steps``, the count of the metrics
+row written after it ended; ``task``, ``return``, ``length`` in agent steps, ``worker``): the data
+for a confidence interval over a run's last episodes, per task.
 """
 
 from __future__ import annotations
@@ -50,11 +54,24 @@ class Episodes:
         self.recent: deque[EpisodeRecord] = deque(maxlen=window)
         self.by_task = {i: deque(maxlen=window) for i in range(len(task_names))}
         self.count = count
+        self.unwritten: deque[EpisodeRecord] = deque()  # finished since episodes.csv's last rows
 
     def add(self, record: EpisodeRecord) -> None:
         self.recent.append(record)
         self.by_task.setdefault(record.task, deque(maxlen=self.window)).append(record)
+        self.unwritten.append(record)
         self.count += 1
+
+    def take_rows(self, agent_steps: int) -> list[dict[str, Any]]:
+        """episodes.csv's rows of the episodes finished since the last call (safe beside other acting
+        threads' :meth:`add`), stamped with ``agent_steps``."""
+        rows = []
+        while self.unwritten:
+            record = self.unwritten.popleft()
+            name = self.task_names[record.task] if 0 <= record.task < len(self.task_names) else str(record.task)
+            rows.append({"agent_steps": agent_steps, "task": name, "return": record.episode_return,
+                         "length": record.episode_step, "worker": record.worker})
+        return rows
 
     def mean_return(self) -> float:
         return mean([r.episode_return for r in self.recent])
@@ -148,14 +165,17 @@ class MetricsSink:
     """Writes each row to ``metrics.csv``, TensorBoard (where installed), the live panel and, with
     ``--wandb``, the run's W&B tracker (:class:`fwrl.runner.tracking.WandbTracker`)."""
 
-    def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None, tracker=None):
+    def __init__(self, run_dir: Path, progress, resumed: Mapping[str, Any] | None = None, tracker=None,
+                 episodes: Episodes | None = None):
         """``resumed``: a resumed run's checkpoint counters (``agent_steps``, and ``metrics_rows``, the
         rows written when it was taken; -1 in checkpoints that predate it): the folder keeps the rows
         written until then (:meth:`fwrl.runner.rundir.RunDir.metrics`, which also starts a new run's
-        metrics anew), and TensorBoard hides a killed session's events from the checkpoint's step on."""
+        metrics anew), and TensorBoard hides a killed session's events from the checkpoint's step on.
+        ``episodes``: the run's finished episodes, whose rows go to episodes.csv before each training row."""
         folder = RunDir(run_dir)
         metrics = folder.metrics(resumed)
         self.csv = metrics.csv
+        self.episodes_csv, self.episodes = metrics.episodes, episodes
         # a resumed run's checkpoint step, until a row passes it
         self.resumed_steps: int | None = metrics.purge_step if self.csv.rows else None
         self.progress = progress
@@ -185,6 +205,8 @@ class MetricsSink:
                     self.progress.update(row)                    # this step already; shown, not written
                 return
             self.resumed_steps = None
+        if self.episodes is not None and "agent_steps" in row and not any(str(k).startswith("eval/") for k in row):
+            self.episodes_csv.write_rows(self.episodes.take_rows(int(row["agent_steps"])))
         self.csv.write(row)
         self._write_tensorboard(row)
         if self.tracker is not None:

@@ -1,13 +1,14 @@
 """Run folders (``runs/<name>/``) and their one owner, :class:`RunDir`: it creates, locks, reads and
 trims the folder, and writes its small files (``config.yaml``, ``run.json``, ``config-edits.log``).
 The other files have their own writers: ``checkpoint.pt`` the checkpoint thread
-(:mod:`fwrl.runner.checkpointing`), ``metrics.csv`` :class:`MetricsCSV` (opened for a session by
-:meth:`RunDir.metrics`), ``tensorboard/`` the metrics sink (:mod:`fwrl.runner.run_metrics`).
+(:mod:`fwrl.runner.checkpointing`), ``metrics.csv`` and ``episodes.csv`` a :class:`MetricsCSV` each
+(opened for a session by :meth:`RunDir.metrics`), ``tensorboard/`` the metrics sink
+(:mod:`fwrl.runner.run_metrics`).
 
-Every file but metrics.csv and the append-only ones (``config-edits.log``, TensorBoard's event files)
+Every file but the two CSV files and the append-only ones (``config-edits.log``, TensorBoard's event files)
 is written atomically (``fwrl.utils.files.atomic_write``), so a crash never leaves a half-written file
-behind, only a temporary one, removed when the folder is next opened; metrics.csv is appended a whole
-row at a time, and a row a crash cut short is dropped when the file is next opened
+behind, only a temporary one, removed when the folder is next opened; the CSV files are appended whole
+rows at a time, and a row a crash cut short is dropped when the file is next opened
 (``fwrl.utils.metrics_file``).
 """
 
@@ -26,7 +27,7 @@ from fwrl.errors import FwrlError
 from fwrl.settings.config import TrainConfig, save_config
 from fwrl.utils.files import atomic_write, atomic_write_text, check_writable_folder, remove_temporary_files
 from fwrl.utils.locks import FileLock
-from fwrl.utils.metrics_file import METRICS_FILE, append_whole, format_rows, read_metrics_file
+from fwrl.utils.metrics_file import EPISODES_FILE, METRICS_FILE, append_whole, format_rows, read_metrics_file
 
 LOCK_FILE = ".lock"  # one writer per run folder (fwrl.utils.locks)
 RUN_FILE = "run.json"  # the run's identity: its id, which every checkpoint it writes carries
@@ -41,9 +42,11 @@ def say(line: str) -> None:
 
 
 class SessionMetrics(NamedTuple):
-    """A session's metrics.csv, opened and trimmed (:meth:`RunDir.metrics`), and what TensorBoard needs of it."""
+    """A session's metrics.csv and episodes.csv, opened and trimmed (:meth:`RunDir.metrics`), and what
+    TensorBoard needs of them."""
 
     csv: "MetricsCSV"
+    episodes: "MetricsCSV"  # episodes.csv: one row per finished training episode
     purge_step: int | None  # a resumed run's checkpoint step: TensorBoard hides later events of a killed session
     at_purge_step: list[dict[str, str]]  # the kept rows of that step (TensorBoard writes them again)
 
@@ -238,26 +241,35 @@ class RunDir:
         (and TensorBoard events) of a run killed before its first checkpoint starts them anew. A damaged
         tail is repaired. ``resumed``: a resumed run's checkpoint counters (``agent_steps``, and
         ``metrics_rows``, the rows written when it was taken; -1 in checkpoints that predate it): the rows
-        a killed session wrote after it are dropped (they are acted again). Each is said in one line."""
-        path = self.path / METRICS_FILE
-        if resumed is None and (path.exists() or self.tensorboard.exists()):
+        a killed session wrote after it are dropped (they are acted again), and so are the episodes.csv rows
+        of more agent steps than the checkpoint's. Each is said in one line."""
+        path, episodes_path = self.path / METRICS_FILE, self.path / EPISODES_FILE
+        if resumed is None and (path.exists() or episodes_path.exists() or self.tensorboard.exists()):
             path.unlink(missing_ok=True)
+            episodes_path.unlink(missing_ok=True)
             shutil.rmtree(self.tensorboard, ignore_errors=True)
             say(f"fwrl train: removed the metrics a run killed before its first checkpoint left in {self.path}")
-        csv = MetricsCSV(path)
-        if csv.repaired:
-            say(f"fwrl train: dropped {csv.repaired} damaged row(s) of {path}: {csv.damage}")
+        csv, episodes = MetricsCSV(path), MetricsCSV(episodes_path)
+        for table in (csv, episodes):
+            if table.repaired:
+                say(f"fwrl train: dropped {table.repaired} damaged row(s) of {table.path}: {table.damage}")
         if resumed is None:
             csv.forget_read()
-            return SessionMetrics(csv, None, [])
+            episodes.forget_read()
+            return SessionMetrics(csv, episodes, None, [])
         steps, rows = int(resumed["agent_steps"]), int(resumed.get("metrics_rows", -1))
         dropped = csv.keep_first(rows) if rows >= 0 else csv.drop_rows_after(steps)
         if dropped:
             say(f"fwrl train: dropped {dropped} row(s) of {path} written after the checkpoint at {steps:,} agent "
                 "steps (the steps after it are acted again)")
+        dropped = episodes.drop_rows_after(steps)
+        if dropped:
+            say(f"fwrl train: dropped {dropped} row(s) of {episodes_path} logged after the checkpoint at {steps:,} "
+                "agent steps")
         at_step = csv.rows_at(steps)
         csv.forget_read()
-        return SessionMetrics(csv, steps, at_step)
+        episodes.forget_read()
+        return SessionMetrics(csv, episodes, steps, at_step)
 
 
 def _checkpoint_run_text(payload: dict[str, Any]) -> str:
@@ -268,7 +280,7 @@ def _checkpoint_run_text(payload: dict[str, Any]) -> str:
 
 
 class MetricsCSV:
-    """The run's metrics.csv (``fwrl.utils.metrics_file``): rows appended whole, in the order they are
+    """A run's metrics.csv or episodes.csv (``fwrl.utils.metrics_file``): rows appended whole, in the order they are
     written; new columns rewrite the file with the wider header. Opening it reads it once and repairs a
     damaged tail (a row cut short by a kill, rows glued together): ``repaired`` says how many rows were
     dropped. The rows read are kept for the trims a resume makes (:meth:`keep_first`,
@@ -317,13 +329,19 @@ class MetricsCSV:
         self._read = None
 
     def write(self, row: dict[str, Any]) -> None:
-        new_cols = [k for k in row if k not in self.columns]
+        self.write_rows([row])
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` with one write (a new column first rewrites the file with the wider header)."""
+        if not rows:
+            return
+        new_cols = [k for row in rows for k in row if k not in self.columns]
         if new_cols:
             old_rows = self._rows()
-            self.columns += new_cols
+            self.columns += list(dict.fromkeys(new_cols))
             self._rewrite(old_rows)
-        append_whole(self.path, format_rows(self.columns, [row]))
-        self.rows += 1
+        append_whole(self.path, format_rows(self.columns, rows))
+        self.rows += len(rows)
         self._read = None
 
     def _rows(self) -> list[dict[str, str]]:

@@ -105,8 +105,8 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
                      acting.queue_depth, setup.device)
     run_dir = setup.folder.path
     progress = (progress or Progress(config, run_dir)) if setup.main else None
-    sink = (MetricsSink(run_dir, progress, resumed=state.start if state.resumed else None, tracker=tracker)
-            if setup.main else None)
+    sink = (MetricsSink(run_dir, progress, resumed=state.start if state.resumed else None, tracker=tracker,
+                        episodes=state.episodes) if setup.main else None)
     evaluator = video = None
     try:
         with stop.on_signals(), switch_interval(0.001), DeviceStreams.use(acting_parts.streams.inference):

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from fwrl.errors import FwrlError
 
 METRICS_FILE = "metrics.csv"
+EPISODES_FILE = "episodes.csv"  # one row per finished training episode (fwrl.runner.run_metrics)
 STEP_COLUMN = "agent_steps"
 
 

@@ -364,3 +364,30 @@ def test_the_sweeps_progress_shows_the_last_whole_row(tmp_path):
     with open(path, "ab") as f:
         f.write(b"5.0,30")  # a row being written as the sweep looks
     assert last_metrics_row(path)["agent_steps"] == "200"
+
+
+def test_episodes_csv_has_every_finished_episode_and_a_resume_drops_those_after_the_checkpoint(tmp_path):
+    """episodes.csv: one row per finished training episode (its task, return, length, worker, and the
+    agent steps of the metrics row written after it), as many as metrics.csv's ``episodes`` count; a
+    run killed after its checkpoint leaves rows of more steps, which the resume drops (and says so)."""
+    runs = ["--runs-dir", tmp_path, "--name", "e"]
+    assert run_cli(["train", *TINY, "--total-steps", 200, *runs])[0] == 0
+    path, metrics = tmp_path / "e" / "episodes.csv", rows(tmp_path / "e" / "metrics.csv")
+    episodes = rows(path)
+    assert len(episodes) == int(metrics[-1]["episodes"]) > 0, (len(episodes), metrics[-1])
+    assert set(episodes[0]) == {"agent_steps", "task", "return", "length", "worker"}, episodes[0]
+    # cue_delay?delay=3: the cue, 3 blank steps, the query (5 steps), and a reward of 1 or 0 at the end
+    assert {r["task"] for r in episodes} == {"cue_delay"} and {r["length"] for r in episodes} == {"5"}, episodes[:3]
+    assert {float(r["return"]) for r in episodes} <= {0.0, 1.0}, episodes[:3]
+    row_steps = {r["agent_steps"] for r in metrics}
+    assert {r["agent_steps"] for r in episodes} <= row_steps  # stamped with the row written after them
+    saved = torch.load(tmp_path / "e" / "checkpoint.pt", weights_only=True)["agent_steps"]
+    MetricsCSV(path).write({"agent_steps": saved + 40, "task": "cue_delay", "return": 9.0, "length": 5, "worker": 0})
+    code, _, err = run_cli(["train", "--resume", *runs, "--total-steps", saved + 100])
+    assert code == 0, err
+    assert f"dropped 1 row(s) of {path} logged after the checkpoint" in err, err
+    kept = rows(path)
+    assert "9.0" not in {r["return"] for r in kept} and len(kept) > len(episodes), len(kept)
+    assert len(kept) == int(rows(tmp_path / "e" / "metrics.csv")[-1]["episodes"])
+    steps = [int(r["agent_steps"]) for r in kept]
+    assert steps == sorted(steps), steps
