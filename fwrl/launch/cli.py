@@ -845,10 +845,15 @@ def run_plot(args: argparse.Namespace) -> int:
     out = Path(opts.out) if opts.out else default_out(runs, opts.metric)
     check_writable(out, "plot", "Pass --out PATH to write it elsewhere.")
     image_format(out)  # before any drawing
+    if opts.random:
+        from fwrl.launch.plot import random_returns
+
+        random_returns(Path(opts.random), opts.by)  # a bad file is said before any drawing
 
     import matplotlib.pyplot as plt
 
-    fig = plot_runs(runs, opts.metric, opts.by, opts.smooth, out, parse_size(opts.size))
+    fig = plot_runs(runs, opts.metric, opts.by, opts.smooth, out, parse_size(opts.size),
+                    random=Path(opts.random) if opts.random else None)
     plt.close(fig)
     print(f"wrote {out}")
     return 0

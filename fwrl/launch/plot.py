@@ -7,11 +7,13 @@ task of multi-task runs, from the columns ``<prefix>/<task>`` (``return/<task>``
 for ``mean_return``; e.g. ``eval/test/return/<task>`` for
 ``--metric eval/test/return``). ``--smooth K`` averages each point with the
 K - 1 before it. Rows where the metric is empty (e.g. evaluation rows for a
-training metric) are skipped.
+training metric) are skipped. ``--random FILE`` (with ``--by task``) draws each
+task's random-policy return (``benchmarks/random_policy.py``'s JSON) as a dashed line.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -74,6 +76,23 @@ def task_columns(rows: Sequence[dict[str, str]], metric: str) -> list[str]:
     return [c for c in columns if c.startswith(prefix) and "/" not in c[len(prefix):]]
 
 
+def random_returns(path: Path, by: str) -> dict[str, float]:
+    """Each task's mean return in a random policy's JSON (``benchmarks/random_policy.py``, the shape of
+    ``fwrl evaluate``'s): its train split where it has one, else its first split."""
+    if by != "task":
+        raise FwrlError(f"--random draws each task's random return in its panel: add --by task (got --by {by}).")
+    try:
+        rows = [r for r in json.loads(Path(path).read_text())["aggregates"] if r.get("std") is not None]
+        splits = list(dict.fromkeys(r["split"] for r in rows))
+        split = "train" if "train" in splits else splits[0]
+        return {r["task"]: float(r["mean"]) for r in rows if r["split"] == split}
+    except FileNotFoundError:
+        raise FwrlError(f"--random {path}: no such file; pass the JSON benchmarks/random_policy.py wrote.") from None
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise FwrlError(f"--random {path}: not a random policy's JSON (benchmarks/random_policy.py writes one, "
+                        "with per-task rows under 'aggregates').") from None
+
+
 def plot_runs(
     run_dirs: Sequence[Path],
     metric: str = "mean_return",
@@ -82,8 +101,10 @@ def plot_runs(
     out: Path | None = None,
     size: tuple[int, int] = (1200, 800),
     dpi: int = 100,
+    random: Path | None = None,
 ):
-    """Draw the curves; write ``out`` (PNG) if given; return the matplotlib figure."""
+    """Draw the curves (and, with ``random``, each task's random-policy return); write ``out`` (PNG)
+    if given; return the matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,6 +117,7 @@ def plot_runs(
     if not run_dirs:
         raise FwrlError("fwrl plot needs at least one run folder.")
     runs = [(_label(Path(d), run_dirs), read_metrics(Path(d))) for d in run_dirs]
+    floors = random_returns(random, by) if random is not None else {}
 
     panels: dict[str, list[tuple[str, str, list]]] = {}  # panel title -> [(label, column, rows)]
     for label, rows in runs:
@@ -119,6 +141,8 @@ def plot_runs(
         for label, column, rows in lines:
             xs, ys = series(rows, column)
             ax.plot(xs, smooth(ys, smooth_k), label=label)
+        if title in floors:
+            ax.axhline(floors[title], color="grey", linestyle="--", label="random policy")
         ax.set_title(title)
         ax.set_xlabel("agent steps")
         ax.set_ylabel(metric if by == "run" else f"{TASK_PREFIX.get(metric, metric)} ({title})")

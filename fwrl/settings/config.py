@@ -303,6 +303,7 @@ class PlotConfig(Settings):
     smooth: int = Field(1, ge=1, description="moving average over K points")
     out: str | None = Field(None, min_length=1, description="PNG path; default: <run>/<metric>.png for one run, ./<metric>.png for several")
     size: str = Field("1200x800", description="WIDTHxHEIGHT in pixels, each from 100 to 10000")
+    random: str | None = Field(None, min_length=1, description="a random policy's JSON (benchmarks/random_policy.py, its train split where it has one): a dashed line at each task's random return, with --by task")
 
     @field_validator("size")
     @classmethod

@@ -72,6 +72,36 @@ def test_one_panel_per_task_for_multi_task_runs(tmp_path):
         plot_runs([r1], metric="no_such_metric")
 
 
+def test_random_draws_each_tasks_random_return_from_its_train_split(tmp_path, capsys):
+    """``--random``: a dashed line per task panel at the random policy's train-split mean (its other
+    splits and the over-task rows ignored); with --by run, or a file that is not such JSON, one line."""
+    import json
+
+    rows = [{"agent_steps": 10 * i, "return/bigfish": float(i), "return/maze": 5.0 + i} for i in range(1, 4)]
+    run = make_run(tmp_path / "r", rows)
+    random = tmp_path / "random_policy.json"
+    random.write_text(json.dumps({"aggregates": [
+        {"task": "bigfish", "split": "test_1000", "mean": 9.0, "std": 1.0},
+        {"task": "bigfish", "split": "train", "mean": 1.5, "std": 1.0},
+        {"task": "maze", "split": "train", "mean": 5.5, "std": 2.0},
+        {"task": "all", "split": "train", "mean": 3.5, "std": None}]}))
+    fig = plot_runs([run], by="task", random=random)
+    floors = {ax.get_title(): [line for line in ax.get_lines() if line.get_label() == "random policy"]
+              for ax in fig.axes if ax.get_visible()}
+    assert {title: [line.get_ydata()[0] for line in lines] for title, lines in floors.items()} == \
+        {"bigfish": [1.5], "maze": [5.5]}
+    assert floors["maze"][0].get_linestyle() == "--"
+    plt.close(fig)
+    capsys.readouterr()
+    assert main(["plot", str(run), "--random", str(random), "--out", str(tmp_path / "x.png")]) == 2
+    assert "add --by task" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["plot", str(run), "--by", "task", "--random", str(tmp_path / "bad.json"),
+                 "--out", str(tmp_path / "y.png")]) == 2
+    assert "not a random policy's JSON" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()
+
+
 def test_cli_plot(runs, tmp_path, capsys):
     out = tmp_path / "cli.png"
     assert main(["plot", *map(str, runs), "--out", str(out), "--size", "500x300", "--smooth", "2"]) == 0
