@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -104,10 +105,17 @@ class EpisodeCollector:
                                       len(played), dict(rec.extra)))
 
     def wait(self, timeout: float | None = None) -> list[StepResult]:
+        """Every active worker's result once all have answered, else [] when ``timeout`` passes first (the
+        answers so far are kept for the next call). The acting loop calls again before it acts when it waits
+        for more workers to join a batch: no worker is stepping then, so the call ends at its timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._active.issubset(self._buffer):
             if self.stop is not None and self.stop.is_set():
                 return []
-            for r in self.pool.wait(0.5):
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                return []
+            for r in self.pool.wait(left):
                 self._record(r)
                 self._buffer[r.worker] = r
         results = [self._buffer[w] for w in sorted(self._active)]

@@ -196,6 +196,26 @@ def test_greedy_takes_argmax_and_keeps_first_episodes_per_slot_in_order():
     assert all(e.length == 4 for e in eps)  # delay 2: cue, 2 blanks, query
 
 
+def test_a_second_wait_before_acting_ends_at_its_timeout():
+    """The acting loop waits again for more workers to join a batch before it acts (min_batch: half the
+    workers), as it does once fewer are still playing (multi-task ProcGen: games finish their quotas at
+    different times). No worker is stepping then: the collector's wait must end at its timeout with
+    nothing, not loop forever (a 6-game random-policy evaluation hung at 489 of 600 episodes)."""
+    from fwrl.evaluation.episodes import EpisodeCollector
+
+    collector = EpisodeCollector(InlinePool(ENV, 2, 1, 0), num_tasks=1, quota={0: 3})
+    collector.start()
+    assert [r.worker for r in collector.wait(1.0)] == [0, 1]
+    answer: list = []
+    waiting = threading.Thread(target=lambda: answer.append(collector.wait(0.05)), daemon=True)
+    waiting.start()
+    waiting.join(5.0)
+    assert not waiting.is_alive() and answer == [[]]
+    for worker in (0, 1):  # acting after the empty wait: the next wait has both workers' results
+        collector.act(worker, np.zeros(1, dtype=np.int64))
+    assert [r.worker for r in collector.wait(1.0)] == [0, 1]
+
+
 def test_sampling_differs_from_greedy_and_is_seeded():
     model, seed, n = first_action_model(), 3, 48
     greedy = collect_episodes(model, InlinePool(ENV, 2, 4, seed), ENV, episodes=n, greedy=True, seed=seed)[0]
