@@ -199,13 +199,14 @@ class MetricsSink:
         return self.csv.rows
 
     def write(self, row: dict[str, Any], show: bool = True) -> None:
-        if self.resumed_steps is not None and not any(str(k).startswith("eval/") for k in row):
+        training = not any(str(k).startswith("eval/") for k in row)  # an evaluation row has eval/ columns
+        if self.resumed_steps is not None and training:
             if row.get("agent_steps", 0) <= self.resumed_steps:  # a resumed session's training row before its
                 if show and self.progress is not None:           # first update: the checkpoint's row holds
                     self.progress.update(row)                    # this step already; shown, not written
                 return
             self.resumed_steps = None
-        if self.episodes is not None and "agent_steps" in row and not any(str(k).startswith("eval/") for k in row):
+        if self.episodes is not None and training and "agent_steps" in row:
             self.episodes_csv.write_rows(self.episodes.take_rows(int(row["agent_steps"])))
         self.csv.write(row)
         self._write_tensorboard(row)
