@@ -69,6 +69,13 @@ def share(total: int, ranks: Ranks) -> int:
     return base + (1 if ranks.rank < extra else 0)
 
 
+def first_of_share(total: int, ranks: Ranks) -> int:
+    """The run-wide index of this rank's first item of ``total`` shared by :func:`share` (e.g. its
+    first env worker: worker ``w`` of rank ``r`` is worker ``first_of_share(total, r) + w`` of the run)."""
+    base, extra = divmod(total, ranks.world_size)
+    return ranks.rank * base + min(ranks.rank, extra)
+
+
 def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
     """``cuda`` becomes ``cuda:<local rank mod GPUs>`` (ranks share GPUs when there are more ranks
     than GPUs); a CPU device is kept."""

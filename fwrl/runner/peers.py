@@ -10,11 +10,12 @@ thread exchanges (this rank's acting counters read from the run's
 from __future__ import annotations
 
 import queue
+from dataclasses import replace
 from typing import Callable
 
 from torch import nn
 
-from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks
+from fwrl.agents.distributed import CollectiveFailed, LearnerGroup, Ranks, first_of_share
 from fwrl.envs.worker_pool import EpisodeRecord
 from fwrl.errors import FwrlError
 from fwrl.runner.counters import Counters
@@ -39,9 +40,13 @@ class Peers:
         self.counts: dict[int, dict[str, int]] = {}  # rank -> its latest acting counters (rank 0)
         self.stopped = False  # another rank voted to stop
 
-    def episode_sink(self, episodes: Episodes) -> Callable[[EpisodeRecord], None]:
-        """Where this rank's finished episodes go: its own log on rank 0, the outbox elsewhere."""
-        return episodes.add if self.ranks.is_main else self.outbox.append
+    def episode_sink(self, episodes: Episodes, num_workers: int) -> Callable[[EpisodeRecord], None]:
+        """Where this rank's finished episodes go: its own log on rank 0, the outbox elsewhere, each
+        named by its run-wide worker (of the run's ``num_workers``; a rank numbers its own from 0)."""
+        if self.ranks.is_main:
+            return episodes.add
+        first = first_of_share(num_workers, self.ranks)
+        return lambda record: self.outbox.append(replace(record, worker=first + record.worker))
 
     def exchange(self, updates: int, model: nn.Module) -> None:
         """After update number ``updates`` (learner thread): the exchange of episodes and acting

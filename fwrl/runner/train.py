@@ -92,7 +92,7 @@ def train(config: TrainConfig, run_dir: Path, resume: bool = False, progress: Pr
     peers = Peers(setup.ranks, setup.group, counters)
     acting = ActingLoop(acting_parts.pool, acting_parts.store, acting_parts.rollouts, acting_parts.streams,
                         acting_parts.new_loop, acting_parts.timers, state.budget, counters, stop,
-                        peers.episode_sink(state.episodes))
+                        peers.episode_sink(state.episodes, config.num_workers))
     sink: MetricsSink | None = None  # rank 0's, made below; a checkpoint records how many rows it wrote
     checkpoints = CheckpointWriter(lambda: source.snapshot(acting.acted_steps, sink.rows if sink is not None else -1))
     # what stopping needs: the last update (the learner may be in one), the last checkpoint's copy and write

@@ -2,6 +2,7 @@
 folder, global agent steps, resume across rank counts, a killed rank; learning with two ranks is
 ``tests/learning/test_multi_learner_learning.py``."""
 
+import csv
 import os
 import signal
 import subprocess
@@ -30,9 +31,13 @@ def test_two_ranks_write_one_run_and_resume_on_one_and_back_on_two(tmp_path):
     first = train_cli(*QUICK, "--learners", "2", "--total-steps", "800", "--runs-dir", str(tmp_path), "--name", "r")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert "2 learner ranks" in first.stdout
-    # (.lock: the one writer's lock, fwrl.runner.rundir.RunDir.lock; run.json: the run's id, rank 0's)
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoint.pt", "config.yaml", "metrics.csv",
-                                                     "run.json", "tensorboard"]
+    # (.lock: the one writer's lock, fwrl.runner.rundir.RunDir.lock; run.json: the run's id, rank 0's;
+    # episodes.csv: every finished episode of both ranks, written by rank 0)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoint.pt", "config.yaml", "episodes.csv",
+                                                     "metrics.csv", "run.json", "tensorboard"]
+    with (run / "episodes.csv").open() as f:
+        workers = {int(row["worker"]) for row in csv.DictReader(f)}
+    assert workers == {0, 1}, workers  # run-wide workers: rank 1's one worker is worker 1 in rank 0's file
     payload = torch.load(run / "checkpoint.pt", weights_only=True)
     per_update = 4 * 10 * 2  # B x T x ranks: agent steps count every rank's columns
     assert payload["agent_steps"] == payload["updates"] * per_update >= 800

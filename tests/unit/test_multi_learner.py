@@ -3,7 +3,7 @@ workers. The ranks themselves (gloo, two processes) are tests/e2e/test_learner_r
 
 import pytest
 
-from fwrl.agents.distributed import Ranks, ranks_from_env, share
+from fwrl.agents.distributed import Ranks, first_of_share, ranks_from_env, share
 
 
 def test_ranks_from_launchers_and_shares():
@@ -14,5 +14,7 @@ def test_ranks_from_launchers_and_shares():
     assert ranks_from_env({**slurm, "MASTER_ADDR": ""} | {"SLURM_NTASKS": "1"}) == Ranks()
     assert [share(10, Ranks(r, 4)) for r in range(4)] == [3, 3, 2, 2]
     assert sum(share(7, Ranks(r, 3)) for r in range(3)) == 7
+    assert [first_of_share(10, Ranks(r, 4)) for r in range(4)] == [0, 3, 6, 8]  # each after the ranks before
+    assert [first_of_share(7, Ranks(r, 3)) for r in range(3)] == [0, 3, 5]
     with pytest.raises(AssertionError):
         assert share(1, Ranks(1, 2)) >= 1  # too few workers for the ranks: the caller must refuse it

@@ -287,7 +287,7 @@ def test_rank_0_receives_the_other_ranks_episodes_and_counters_every_exchange():
     group = _Group(other)
     peers = Peers(Ranks(0, 2), group, counters)
     episodes = Episodes(("t",))
-    assert peers.episode_sink(episodes) == episodes.add
+    assert peers.episode_sink(episodes, num_workers=4) == episodes.add
     assert peers.totals() == {}
     peers.exchange(9, model=None)  # not due
     assert group.sent == [] and group.checked == 0
@@ -304,8 +304,9 @@ def test_another_rank_sends_its_episodes_and_a_failed_collective_names_the_missi
     counters = Counters()
     group = _Group(([], {}))
     peers = Peers(Ranks(1, 2), group, counters)
-    sink = peers.episode_sink(Episodes(("t",)))
-    sink(EpisodeRecord(1.0, 2, 0, 0))
+    sink = peers.episode_sink(Episodes(("t",)), num_workers=5)  # rank 0 plays workers 0-2, rank 1 3-4
+    sink(EpisodeRecord(1.0, 2, 0, 1))
+    assert peers.outbox[0].worker == 4  # its run-wide number, as rank 0's episodes.csv names it
     peers.exchange(Peers.EXCHANGE_EVERY, model=None)
     assert [len(episodes) for episodes, _ in group.sent] == [1] and peers.outbox == []
     assert peers.counts == {}  # only rank 0 keeps the others' counters
