@@ -66,6 +66,16 @@ ENV_RESOURCE = "envs"  # the custom resource of env (CPU) nodes in the recipes u
 
 
 HEAD_LOST_SECONDS = 10.0  # the head's GCS unreachable this long: the cluster is lost (Ray's own limit: 60 s)
+_head_lost_here = False  # a pool of this process lost its cluster's head (see head_lost_in_this_process)
+
+
+def head_lost_in_this_process() -> bool:
+    """Whether a pool of this process found its cluster's head gone. The process should then end
+    without Ray's exit handler: ``ray.shutdown`` (which Ray registers with ``atexit``) waits on the lost
+    head, 5 s on an idle machine and past Ray's own 60 s end of the driver under load, while skipping it
+    (``atexit.unregister``) crashes the interpreter's exit (SIGSEGV in Ray 2.60); the command's entry
+    points end such a process with ``os._exit`` (:func:`fwrl.launch.exits.end_process`)."""
+    return _head_lost_here
 
 
 class WorkersLost(_PoolWorkersLost, FwrlError):
@@ -323,7 +333,8 @@ class RayWorkerPool(WorkerPool):
         """Raise :class:`WorkersLost` once the cluster's head has not answered for HEAD_LOST_SECONDS."""
         if self.head is None or self.head.silent_for() < HEAD_LOST_SECONDS:
             return
-        self.head_lost = True
+        global _head_lost_here
+        self.head_lost = _head_lost_here = True
         given = f" (--ray-address {self.address})" if self.address not in ("local", self.head.address) else ""
         raise WorkersLost(
             f"the Ray cluster's head at {self.head.address}{given} has not answered for {self.head.silent_for():.0f} s: "

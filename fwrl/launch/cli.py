@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from fwrl.errors import FwrlError
-from fwrl.launch.exits import EXIT_OS_ERROR, interrupted
+from fwrl.launch.exits import EXIT_OS_ERROR, end_process, interrupted
 from fwrl.settings.config import BenchConfig, EvaluateConfig, InspectConfig, PlotConfig, TrainConfig
 from fwrl.launch.flags import add_setting_flags, add_train_config_flags, given_settings, parse_key_values
 
@@ -945,4 +945,4 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(end_process(main()))

@@ -14,7 +14,7 @@ import time
 
 STARTED = time.monotonic()  # when fwrl began its work: --max-seconds and the elapsed time count from here
 
-from fwrl.launch.exits import interrupted  # noqa: E402
+from fwrl.launch.exits import end_process, interrupted  # noqa: E402
 
 
 def main() -> int:
@@ -22,4 +22,4 @@ def main() -> int:
         from fwrl.launch.cli import main as cli_main
     except KeyboardInterrupt:
         return interrupted()
-    return cli_main(started=STARTED)
+    return end_process(cli_main(started=STARTED))

@@ -1,8 +1,9 @@
-"""The command's exit statuses beyond 0 (done) and 2 (a usage or settings error), and how a caught
-Ctrl-C is said."""
+"""The command's exit statuses beyond 0 (done) and 2 (a usage or settings error), how a caught
+Ctrl-C is said, and how a process whose Ray cluster's head was lost ends."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 EXIT_OS_ERROR = 74  # sysexits.h EX_IOERR: the disk or the file system said no
@@ -20,3 +21,16 @@ def interrupted() -> int:
     exec("pass")
     print("fwrl: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
+
+
+def end_process(code: int) -> int:
+    """``code``, for the entry point to exit with; where a Ray pool of this process lost its cluster's
+    head, the process ends here instead (output flushed, ``os._exit(code)``): Ray's exit handler
+    would wait on the lost head (:func:`fwrl.envs.ray_workers.head_lost_in_this_process`). Everything
+    fwrl holds (the final checkpoint, files, child processes) was closed before the command returned."""
+    ray_workers = sys.modules.get("fwrl.envs.ray_workers")  # imported only where a Ray pool ran
+    if ray_workers is not None and ray_workers.head_lost_in_this_process():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

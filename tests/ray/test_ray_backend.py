@@ -330,7 +330,9 @@ def test_a_lost_ray_head_stops_the_run_with_a_final_checkpoint_and_one_line(clus
             cluster.kill_group(group)
     log = _read(err_path)
     assert proc.returncode == 69, log[-3000:]
-    assert HEAD_LOST_SECONDS <= took < 50, (took, log[-2000:])
+    # silence counts from the head's last answer, up to one probe (1 s) before the kill; the exit skips
+    # Ray's own shutdown, which waits on the lost head (fwrl.launch.exits.end_process)
+    assert HEAD_LOST_SECONDS - 1.5 <= took < HEAD_LOST_SECONDS + 20, (took, log[-2000:])
     assert "Traceback" not in log, log[-3000:]
     fwrl_errors = [line for line in log.splitlines() if line.startswith("fwrl: error:")]
     assert len(fwrl_errors) == 1 and "the Ray cluster's head at" in fwrl_errors[0], log[-3000:]
