@@ -18,6 +18,15 @@ settings, the baseline of all the figures. Written for the Pong runs of issue
 26, whose LSTM agents stayed at -20.3: their outputs were found constant across
 states (gates saturated), not merely unlearned.
 
+``--per-task`` measures each task of a multi-task env (ProcGen's games: the env
+worker i makes plays task i) in a row of its own, ``--steps`` steps each, and
+adds two figures of how the policy uses the task, which no input names (issue
+73): ``policy_kl``, the mean KL of a step's policy from its task's mean action
+distribution (how much the frame moves the policy within a task), and, per
+agent, ``task_action_mi``: the mutual information between task and action in
+nats, H(mean of the tasks' mean action distributions) - the mean of their
+entropies (0: every task gets the same action distribution).
+
     python benchmarks/learning/state_dependence.py RUN [RUN ...] --fresh --out state_dependence.md
 """
 
@@ -42,18 +51,25 @@ from fwrl.runner.agent import build_model, load_agent
 SATURATED = 5.0  # |pre-activation| beyond which sigmoid' < 0.007 and tanh' < 0.0002
 FIELDS = ("agent_steps", "value_std", "value_corr", "logit_std", "entropy", "entropy_std", "stem_rel_var",
           "gate_saturation")
+TASK_FIELDS = ("agent_steps", "value_std", "value_corr", "entropy", "policy_kl", "top_action", "top_share")
 
 
 def _model(source: Path, fresh: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     if not fresh:
         model, payload, _ = load_agent(source)
-        return model, {"env": payload["config"]["env"], "agent_steps": int(payload["agent_steps"])}
+        return model, {"env": payload["config"]["env"], "agent_steps": int(payload["agent_steps"]),
+                       **_tasks(payload)}
     path = source / "checkpoint.pt" if source.is_dir() else source
     payload = load_checkpoint(path)
     config = TrainConfig.from_dict(saved_settings(payload["config"]), source=str(path))
     torch.manual_seed(config.seed)
     model = build_model(config, EnvInfo.from_dict(payload["env_info"])).eval()
-    return model, {"env": config.env, "agent_steps": 0}
+    return model, {"env": config.env, "agent_steps": 0, **_tasks(payload)}
+
+
+def _tasks(payload: dict[str, Any]) -> dict[str, Any]:
+    names = tuple(EnvInfo.from_dict(payload["env_info"]).task_names)
+    return {"task_names": names, "num_tasks": max(1, len(names))}
 
 
 def _lstm_gate_hook(model: torch.nn.Module, store: list[torch.Tensor]):
@@ -73,12 +89,13 @@ def _lstm_gate_hook(model: torch.nn.Module, store: list[torch.Tensor]):
     return lstm.register_forward_pre_hook(hook)
 
 
-def measure(source: Path, steps: int, seed: int, fresh: bool = False) -> dict[str, Any]:
-    """The figures above for the agent of ``source`` (a run folder or checkpoint file)."""
+def measure(source: Path, steps: int, seed: int, fresh: bool = False, task: int | None = None) -> dict[str, Any]:
+    """The figures above for the agent of ``source`` (a run folder or checkpoint file), on its env's
+    task ``task`` (the env worker ``task`` plays it; None: the first)."""
     model, meta = _model(source, fresh)
     if model.extra_size:
         raise FwrlError(f"{source}: agents with extra observation entries are not measured by this script.")
-    env = make_env(meta["env"], seed=seed)
+    env = make_env(meta["env"], seed=seed, worker_index=task or 0)
     obs, _ = env.reset(seed=seed)
     features: list[torch.Tensor] = []
     gates: list[torch.Tensor] = []
@@ -113,9 +130,14 @@ def measure(source: Path, steps: int, seed: int, fresh: bool = False) -> dict[st
     entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
     feats = torch.cat(features)
     corr = float(np.corrcoef(value, to_go)[0, 1]) if value.std() > 0 and to_go.std() > 0 else math.nan
+    mean_probs = probs.mean(0)
+    kl = (probs * (probs.clamp_min(1e-12).log() - mean_probs.clamp_min(1e-12).log())).sum(-1)
     return {
         "source": str(source) + (" (fresh init)" if fresh else ""),
+        "task": None if task is None else model_task_name(meta, task),
         "agent_steps": meta["agent_steps"],
+        "policy_kl": float(kl.mean()), "mean_probs": [round(float(p), 5) for p in mean_probs],
+        "top_action": int(mean_probs.argmax()), "top_share": float(mean_probs.max()),
         "value_std": float(value.std()), "value_corr": corr,
         "logit_std": float(logit.std(0).mean()),
         "entropy": float(entropy.mean()), "entropy_std": float(entropy.std()),
@@ -124,11 +146,42 @@ def measure(source: Path, steps: int, seed: int, fresh: bool = False) -> dict[st
     }
 
 
+def model_task_name(meta: dict[str, Any], task: int) -> str:
+    names = meta["task_names"]
+    return names[task] if task < len(names) else str(task)
+
+
+def task_action_mi(rows: list[dict[str, Any]]) -> float:
+    """Mutual information (nats) between task and action for one agent's per-task rows (each task
+    weighted equally): H(mean of the mean action distributions) - the mean of their entropies."""
+    probs = np.array([r["mean_probs"] for r in rows])
+
+    def entropy(p: np.ndarray) -> np.ndarray:
+        return -(p * np.log(np.clip(p, 1e-12, None))).sum(-1)
+
+    return float(entropy(probs.mean(0)) - entropy(probs).mean())
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row[key]
+    if key in ("agent_steps", "top_action"):
+        return f"{value:,}"
+    return "-" if math.isnan(value) else f"{value:.4g}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
+    if rows and rows[0]["task"] is not None:
+        head = "| run | task | " + " | ".join(TASK_FIELDS) + " |\n|---|---|" + "---|" * len(TASK_FIELDS) + "\n"
+        body = "".join(f"| {r['source']} | {r['task']} | " + " | ".join(_cell(r, k) for k in TASK_FIELDS) + " |\n"
+                       for r in rows)
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_source.setdefault(r["source"], []).append(r)
+        mi = "".join(f"- {source}: task_action_mi {task_action_mi(group):.4f} nats (at most ln {len(group)} = "
+                     f"{math.log(len(group)):.3f})\n" for source, group in by_source.items())
+        return head + body + "\n" + mi
     head = "| run | " + " | ".join(FIELDS) + " |\n|---|" + "---|" * len(FIELDS) + "\n"
-    body = "".join("| " + r["source"] + " | " + " | ".join(
-        f"{r[k]:,}" if k == "agent_steps" else ("-" if math.isnan(r[k]) else f"{r[k]:.4g}") for k in FIELDS)
-        + " |\n" for r in rows)
+    body = "".join("| " + r["source"] + " | " + " | ".join(_cell(r, k) for k in FIELDS) + " |\n" for r in rows)
     return head + body
 
 
@@ -138,16 +191,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000, help="env steps played per agent (default 3000)")
     parser.add_argument("--seed", type=int, default=3, help="env seed (default 3)")
     parser.add_argument("--fresh", action="store_true", help="add a freshly initialised agent of the first run")
+    parser.add_argument("--per-task", action="store_true", help="a row per task of a multi-task env, --steps each")
     parser.add_argument("--out", type=Path, help="markdown table path (a JSON beside it)")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps must be at least 2, got {args.steps}")
     torch.set_num_threads(1)
+    agents = ([(args.runs[0], True)] if args.fresh else []) + [(run, False) for run in args.runs]
     try:
-        rows = [measure(args.runs[0], args.steps, args.seed, fresh=True)] if args.fresh else []
-        for run in args.runs:
-            rows.append(measure(run, args.steps, args.seed))
-            print(f"measured {run}", file=sys.stderr)
+        rows = []
+        for run, fresh in agents:
+            tasks = range(_model(run, fresh)[1]["num_tasks"]) if args.per_task else [None]
+            for task in tasks:
+                rows.append(measure(run, args.steps, args.seed, fresh=fresh, task=task))
+                print(f"measured {run}{' (fresh init)' if fresh else ''}{'' if task is None else f' task {task}'}",
+                      file=sys.stderr)
     except (FwrlError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
