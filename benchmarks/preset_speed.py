@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpu_cores import core_flags  # this folder's: `name[:key=value...]` as --core/--core-opt flags
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -53,15 +55,6 @@ def parse_variant(text: str) -> Variant:
     if not (folder / "fwrl" / "__init__.py").is_file():
         raise argparse.ArgumentTypeError(f"--variant {text!r}: {folder} holds no fwrl package")
     return Variant(label, folder, tuple(shlex.split(flags)))
-
-
-def core_flags(spec: str) -> list[str]:
-    """``name[:key=value...]`` as fwrl's flags: ``--core name --core-opt key=value ...``."""
-    name, *options = spec.split(":")
-    flags = ["--core", name]
-    for option in options:
-        flags += ["--core-opt", option]
-    return flags
 
 
 def measure(variant: Variant, core: str, seconds: float, warmup: float, preset: str = "popgym") -> dict:

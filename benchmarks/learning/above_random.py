@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from fwrl.envs.spec import parse_env_spec
+from fwrl.evaluation.results import task_rows
 from fwrl.evaluation.scores import normalise
 from fwrl.utils.files import atomic_write_text
 from fwrl.utils.metrics_file import EPISODES_FILE, read_metrics_file
@@ -52,12 +53,10 @@ def verdict(low: float, high: float, random_low: float, random_high: float) -> s
 
 def random_rows(path: Path, split: str) -> dict[str, dict]:
     """The random policy's row per task on ``split`` (from random_policy.json)."""
-    result = json.loads(path.read_text())
-    rows = {r["task"]: r for r in result["aggregates"] if r["split"] == split and r["std"] is not None}
-    if not rows:
-        splits = sorted({r["split"] for r in result["aggregates"]})
-        raise SystemExit(f"above_random: error: {path} has no split {split!r}; it has {', '.join(splits)}")
-    return rows
+    try:
+        return task_rows(json.loads(path.read_text()), split)[1]
+    except KeyError as error:
+        raise SystemExit(f"above_random: error: {path}: {error.args[0]}") from None
 
 
 def run_rows(label: str, folder: Path, last: int, randoms: dict[str, dict]) -> list[dict]:

@@ -96,6 +96,19 @@ def attach_published(rows: list[dict[str, Any]], spec: EnvSpec, core: str, core_
                             for p in found]
 
 
+def task_rows(result: Mapping[str, Any], split: str | None = None) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The split and each task's aggregate row of an evaluation result (``fwrl evaluate``'s JSON, or a
+    random policy's of ``benchmarks/random_policy.py``) on ``split``; None: ``train`` where the result has
+    it, else its first split. Raises KeyError naming the splits it has where it lacks ``split``."""
+    rows = [r for r in result["aggregates"] if r.get("std") is not None]  # per task (the '*' rows have none)
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    if split is None:
+        split = "train" if "train" in splits or not splits else splits[0]
+    if split not in splits:
+        raise KeyError(f"no split {split!r}; it has {', '.join(splits) or 'none'}")
+    return split, {r["task"]: r for r in rows if r["split"] == split}
+
+
 def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
     """Cells of the result table: task, split, episodes, return, normalised x100, success, published."""
     out = []

@@ -81,11 +81,11 @@ def random_returns(path: Path, by: str) -> dict[str, float]:
     ``fwrl evaluate``'s): its train split where it has one, else its first split."""
     if by != "task":
         raise FwrlError(f"--random draws each task's random return in its panel: add --by task (got --by {by}).")
+    from fwrl.evaluation.results import task_rows
+
     try:
-        rows = [r for r in json.loads(Path(path).read_text())["aggregates"] if r.get("std") is not None]
-        splits = list(dict.fromkeys(r["split"] for r in rows))
-        split = "train" if "train" in splits else splits[0]
-        return {r["task"]: float(r["mean"]) for r in rows if r["split"] == split}
+        _, rows = task_rows(json.loads(Path(path).read_text()))
+        return {task: float(row["mean"]) for task, row in rows.items()}
     except FileNotFoundError:
         raise FwrlError(f"--random {path}: no such file; pass the JSON benchmarks/random_policy.py wrote.") from None
     except (ValueError, KeyError, TypeError, IndexError):

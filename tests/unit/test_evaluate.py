@@ -23,7 +23,7 @@ from fwrl.evaluation import evaluate as ev
 from fwrl.evaluation import scores
 from fwrl.evaluation.episodes import collect_episodes, slots_per_task
 from fwrl.evaluation.protocols import default_protocol, select_splits
-from fwrl.evaluation.results import aggregate
+from fwrl.evaluation.results import aggregate, task_rows
 from fwrl.settings.config import TrainConfig
 from fwrl.runner.agent import load_agent
 from fwrl.memory_modules import core_names
@@ -136,6 +136,13 @@ def test_aggregates_average_normalised_scores_over_games_and_test_splits():
     assert rows[("*", "test")]["normalised"] == pytest.approx(0.5)
     assert rows[("*", "test_1200")]["normalised"] == pytest.approx(0.75)
     assert rows[("*", "test_1200")]["median_normalised"] == pytest.approx(0.75)
+    # a split's per-task rows, as fwrl plot --random and benchmarks/learning/above_random.py read them
+    result = {"aggregates": aggregate(runs, "procgen", {"distribution": "easy"})}
+    split, by_task = task_rows(result)
+    assert split == "test_1000" and sorted(by_task) == ["bigfish", "maze"]  # no train split: the first
+    assert task_rows(result, "test_1200")[1]["bigfish"]["mean"] == pytest.approx(40.0)
+    with pytest.raises(KeyError, match="no split 'train'; it has test_1000, test_1200"):
+        task_rows(result, "train")
 
 
 def test_published_figures_match_their_setting():
