@@ -17,8 +17,6 @@ policy stayed near uniform while their gradient norm sat at 4-10x the clip of 40
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,10 +28,11 @@ from fwrl.agents.checkpoint import load_checkpoint
 from fwrl.agents.losses import baseline_loss, entropy_loss, impala_loss, policy_gradient_loss, vtrace_returns
 from fwrl.envs.registry import make_env
 from fwrl.envs.step_record import DONE, OBS, REWARD
+from fwrl.errors import FwrlError
 from fwrl.settings.config import TrainConfig, saved_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from state_dependence import _model  # noqa: E402  (a checkpoint's model, or a fresh one of its settings)
+from state_dependence import _model, show  # noqa: E402  (a checkpoint's model, or a fresh one of its settings)
 
 
 TERMS = ("pg_loss", "baseline_loss", "entropy_loss", "total_loss")
@@ -144,15 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     agents = ([(args.runs[0], True)] if args.fresh else []) + [(run, False) for run in args.runs]
     rows = []
-    for run, fresh in agents:
-        rows.append(measure(run, args.batch, args.unroll, args.warmup, args.seed, fresh))
-        print(f"measured {run}{' (fresh init)' if fresh else ''}", file=sys.stderr)
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table)
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    try:
+        for run, fresh in agents:
+            rows.append(measure(run, args.batch, args.unroll, args.warmup, args.seed, fresh))
+            print(f"measured {run}{' (fresh init)' if fresh else ''}", file=sys.stderr)
+    except (FwrlError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    show(markdown(rows), rows, args.out)
     return 0
 
 

@@ -209,13 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     except (FwrlError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table)
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    show(markdown(rows), rows, args.out)
     return 0
+
+
+def show(table: str, rows: list[dict[str, Any]], out: Path | None) -> None:
+    """Print the table; with ``out``, write it there and the rows as JSON beside it."""
+    print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table)
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
