@@ -59,7 +59,9 @@ def random_rows(path: Path, split: str) -> dict[str, dict]:
         raise SystemExit(f"above_random: error: {path}: {error.args[0]}") from None
 
 
-def run_rows(label: str, folder: Path, last: int, randoms: dict[str, dict]) -> list[dict]:
+def run_rows(label: str, folder: Path, last: int, randoms: dict[str, dict], until: int | None = None) -> list[dict]:
+    """The run's rows per task: its last ``last`` episodes (of those logged by agent step ``until``, where
+    given: runs compared at the same steps) against the random policy's."""
     path = folder / EPISODES_FILE
     if not path.exists():
         raise SystemExit(f"above_random: error: {folder} has no {EPISODES_FILE} (runs of fwrl before it was "
@@ -67,6 +69,8 @@ def run_rows(label: str, folder: Path, last: int, randoms: dict[str, dict]) -> l
     config = yaml.safe_load((folder / "config.yaml").read_text())
     spec = parse_env_spec(config["env"])
     episodes = read_metrics_file(path).rows
+    if until is not None:
+        episodes = [r for r in episodes if int(float(r["agent_steps"])) <= until]
     steps = max((int(float(r["agent_steps"])) for r in episodes), default=0)
     rows = []
     for task in sorted({r["task"] for r in episodes} | set(randoms)):
@@ -112,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", type=Path, required=True, help="random_policy.json of benchmarks/random_policy.py")
     parser.add_argument("--split", default="train", help="the random policy's split the runs trained on (default train)")
     parser.add_argument("--last", type=int, default=100, help="episodes per task, the last of each run (default 100)")
+    parser.add_argument("--until", type=int, help="only episodes logged by this agent step (runs at equal steps)")
     parser.add_argument("--out", type=Path, help="write the markdown here (and the figures beside it as .json)")
     args = parser.parse_args(argv)
     if args.last < 2:
         parser.error(f"--last {args.last}: an interval needs at least 2 episodes")
+    if args.until is not None and args.until < 1:
+        parser.error(f"--until {args.until}: give an agent step count of at least 1")
     randoms = random_rows(args.random, args.split)
     rows = []
     for text in args.run:
         label, sep, folder = text.partition("=")
         if not sep or not label:
             parser.error(f"--run {text!r}: expected LABEL=RUN_FOLDER")
-        rows += run_rows(label, Path(folder), args.last, randoms)
+        rows += run_rows(label, Path(folder), args.last, randoms, args.until)
     command = "python benchmarks/learning/above_random.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = markdown(rows, args.last, command)
     if args.out:
