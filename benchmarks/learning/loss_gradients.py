@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fwrl.agents.checkpoint import load_checkpoint
-from fwrl.agents.losses import baseline_loss, entropy_loss, impala_loss, policy_gradient_loss, vtrace_returns
+from fwrl.agents.losses import baseline_loss, entropy_loss, policy_gradient_loss, vtrace_returns
 from fwrl.envs.registry import make_env
 from fwrl.envs.step_record import DONE, OBS, REWARD
 from fwrl.errors import FwrlError
@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from state_dependence import _model, show  # noqa: E402  (a checkpoint's model, or a fresh one of its settings)
 
 
-TERMS = ("pg_loss", "baseline_loss", "entropy_loss", "total_loss")
 FIELDS = ("agent_steps", "pg", "baseline", "entropy", "total", "cos_pg_baseline", "clip_scale", "pg_step",
           "mean_entropy")
 
@@ -89,31 +88,32 @@ def collect(model: torch.nn.Module, env_spec: str, num_tasks: int, batch: int, u
 def measure(source: Path, batch: int, unroll: int, warmup: int, seed: int, fresh: bool = False) -> dict[str, Any]:
     model, meta = _model(source, fresh)
     config = _config(source)
+    torch.manual_seed(seed)  # the sampled actions (the envs and the warm-up lengths take the seed too)
     tensors, initial = collect(model, meta["env"], meta["num_tasks"], batch, unroll, warmup, seed)
     model.train()
-    outputs, _ = model(tensors, initial)
-    _, stats = impala_loss(outputs, tensors, discount=config.discount, baseline_cost=config.baseline_cost,
-                           entropy_cost=config.entropy_cost, reward_clip=config.reward_clip or None)
+    outputs, _ = model(tensors, initial)  # one forward; each term's gradient through its graph
+    loss_terms = _terms(outputs, tensors, config)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = {}
-    for term in TERMS[:3]:
-        outputs, _ = model(tensors, initial)
-        loss_terms = _terms(outputs, tensors, config)
+    for term, loss in loss_terms.items():
         grads[term] = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(
-            torch.autograd.grad(loss_terms[term], params, allow_unused=True), params)])
-    total = grads["pg_loss"] + grads["baseline_loss"] + grads["entropy_loss"]
+            torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True), params)])
+    total = sum(grads.values())
+    logits = outputs["policy_logits"][:-1]
+    mean_entropy = float(-entropy_loss(logits.detach())) / (logits.shape[0] * logits.shape[1])  # nats per step
     norm = {k: float(v.norm()) for k, v in grads.items()}
     scale = min(1.0, config.grad_norm_clip / float(total.norm())) if config.grad_norm_clip > 0 else 1.0
     cos = float(torch.nn.functional.cosine_similarity(grads["pg_loss"], grads["baseline_loss"], dim=0))
     return {"source": str(source) + (" (fresh init)" if fresh else ""), "agent_steps": meta["agent_steps"],
             "pg": norm["pg_loss"], "baseline": norm["baseline_loss"], "entropy": norm["entropy_loss"],
             "total": float(total.norm()), "cos_pg_baseline": cos, "clip_scale": scale,
-            "pg_step": scale * norm["pg_loss"], "mean_entropy": stats["entropy"],
+            "pg_step": scale * norm["pg_loss"], "mean_entropy": mean_entropy,
             "grad_norm_clip": config.grad_norm_clip, "batch": batch, "unroll": unroll}
 
 
 def _terms(outputs: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], config: TrainConfig) -> dict[str, Any]:
-    """The three weighted terms as tensors (impala_loss returns their sum and floats)."""
+    """The three weighted terms of :func:`fwrl.agents.losses.impala_loss` as tensors (it returns their
+    sum and floats), from the same parts."""
     returns = vtrace_returns(outputs, tensors, discount=config.discount, reward_clip=config.reward_clip or None)
     logits, baseline = outputs["policy_logits"][:-1], outputs["baseline"][:-1]
     return {"pg_loss": policy_gradient_loss(logits, tensors["action"][1:], returns.pg_advantages),

@@ -89,10 +89,12 @@ def _lstm_gate_hook(model: torch.nn.Module, store: list[torch.Tensor]):
     return lstm.register_forward_pre_hook(hook)
 
 
-def measure(source: Path, steps: int, seed: int, fresh: bool = False, task: int | None = None) -> dict[str, Any]:
+def measure(source: Path, steps: int, seed: int, fresh: bool = False, task: int | None = None,
+            loaded: tuple[torch.nn.Module, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The figures above for the agent of ``source`` (a run folder or checkpoint file), on its env's
-    task ``task`` (the env worker ``task`` plays it; None: the first)."""
-    model, meta = _model(source, fresh)
+    task ``task`` (the env worker ``task`` plays it; None: the first); ``loaded``: its ``_model``
+    already built (the tasks of one agent share it)."""
+    model, meta = loaded or _model(source, fresh)
     if model.extra_size:
         raise FwrlError(f"{source}: agents with extra observation entries are not measured by this script.")
     env = make_env(meta["env"], seed=seed, worker_index=task or 0)
@@ -201,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = []
         for run, fresh in agents:
-            tasks = range(_model(run, fresh)[1]["num_tasks"]) if args.per_task else [None]
+            loaded = _model(run, fresh)
+            tasks = range(loaded[1]["num_tasks"]) if args.per_task else [None]
             for task in tasks:
-                rows.append(measure(run, args.steps, args.seed, fresh=fresh, task=task))
+                rows.append(measure(run, args.steps, args.seed, fresh=fresh, task=task, loaded=loaded))
                 print(f"measured {run}{' (fresh init)' if fresh else ''}{'' if task is None else f' task {task}'}",
                       file=sys.stderr)
     except (FwrlError, FileNotFoundError) as error:
