@@ -248,7 +248,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _say_family_defaults(args: argparse.Namespace) -> None:
     """Say which settings a new run took from its env family's defaults (the learning suite's), if any."""
-    from fwrl.settings.config import env_and_core, layered_settings
+    from fwrl.settings.config import PER_CORE, env_and_core, layered_settings, load_preset
     from fwrl.settings.family_defaults import describe, family_defaults
     from fwrl.launch.flags import train_overrides
 
@@ -257,6 +257,12 @@ def _say_family_defaults(args: argparse.Namespace) -> None:
     added = family_defaults(settings, env, core)
     if added:
         print(f"fwrl train: {describe(added, env, core)}", file=sys.stderr)
+    own = (load_preset(args.preset).get(PER_CORE) or {}).get(core) if args.preset else None
+    own = {key: value for key, value in (own or {}).items() if settings.get(key) == value}  # a flag may win
+    if own:
+        values = ", ".join(f"{key} {value}" for key, value in own.items())
+        print(f"fwrl train: the {args.preset} preset's settings for {core} (its per_core): {values}; a flag or "
+              "--config sets them otherwise", file=sys.stderr)
     if float(settings.get("max_seconds") or 0) > 0 and "total_steps" not in {**settings, **added}:
         default = TrainConfig.model_fields["total_steps"].default
         print(f"fwrl train: the learning rate decays to 0 over --total-steps ({default:,} agent steps, the "

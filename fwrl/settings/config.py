@@ -6,7 +6,9 @@ valid range, help); ``fwrl train`` generates its flags from it
 defaults, the env family's defaults (``family_defaults``: the learning suite's
 settings, per core), a preset (a packaged name or a YAML file), ``--config FILE``,
 then flags. A layer that picks another ``core`` drops the core options gathered
-so far (they belong to the old core).
+so far (they belong to the old core). A preset or ``--config`` file may hold
+``per_core: {CORE: {KEY: VALUE}}``: a run of that core takes those settings right
+after the file's own, under every later layer (``merge_with_per_core``).
 
 A run's ``config.yaml`` is this model as a mapping. Core options whose default
 changed (``CHANGED_CORE_DEFAULTS``) are always written out, so a saved config
@@ -363,10 +365,48 @@ def _settings_mapping(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise FwrlError(f"{source} is not a mapping of settings (KEY: VALUE lines), got {type(data).__name__}.")
     for key in data:
-        if key not in TrainConfig.model_fields:
-            valid = ", ".join(TrainConfig.model_fields)
+        if key not in TrainConfig.model_fields and key != PER_CORE:
+            valid = ", ".join([*TrainConfig.model_fields, PER_CORE])
             raise FwrlError(f"unknown setting {key!r} in {source}; valid choices: {valid}.")
+    if PER_CORE in data:
+        _check_per_core(data[PER_CORE], source)
     return dict(data)
+
+
+# A preset's or config file's settings for particular cores: {CORE: {KEY: VALUE}}, which a run of that core
+# takes over the file's own (a later layer, --config or a flag, still wins). The popgym preset's rate, chosen
+# on the GRU, is one the fast-weight cores cannot learn at (benchmarks/results/learning/popgym-cpu/lr-screen).
+PER_CORE = "per_core"
+
+
+def _check_per_core(value: Any, source: str) -> None:
+    from fwrl.settings.core_catalog import core_names  # without importing torch
+
+    if not isinstance(value, dict):
+        raise FwrlError(f"{PER_CORE} in {source} is not a mapping of cores to settings (CORE: {{KEY: VALUE}}).")
+    for core, settings in value.items():
+        if core not in core_names():
+            raise unknown_choice("core", core, core_names(), f"in {PER_CORE} of {source}")
+        if not isinstance(settings, dict):
+            raise FwrlError(f"{PER_CORE}.{core} in {source} is not a mapping of settings (KEY: VALUE).")
+        for key in settings:
+            if key not in TrainConfig.model_fields or key == "core":
+                valid = ", ".join(k for k in TrainConfig.model_fields if k != "core")
+                raise FwrlError(f"unknown setting {key!r} in {PER_CORE}.{core} of {source}; valid choices: {valid}.")
+
+
+def merge_with_per_core(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``merge_settings(layers)`` where a layer's ``per_core`` settings for the core the layers end on
+    apply right after that layer: over its own settings, under every later layer's."""
+    plain = [{k: v for k, v in layer.items() if k != PER_CORE} for layer in layers]
+    core = env_and_core(merge_settings(plain))[1]
+    expanded: list[Mapping[str, Any]] = []
+    for layer, own in zip(layers, plain):
+        expanded.append(own)
+        chosen = (layer.get(PER_CORE) or {}).get(core)
+        if chosen:
+            expanded.append({"core": core, **chosen})
+    return merge_settings(expanded)
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -390,6 +430,12 @@ def merge_settings(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                             "(KEY: VALUE) is needed.")
         if "core" in layer and layer["core"] != data.get("core", TrainConfig.model_fields["core"].default):
             data.pop("core_options", None)
+        per_core = layer.pop(PER_CORE, None)
+        if per_core:  # merged core by core: a --config file's entry for a core adds to its preset's
+            merged = dict(data.get(PER_CORE, {}))
+            for core, settings in per_core.items():
+                merged[core] = {**merged.get(core, {}), **settings}
+            data[PER_CORE] = merged
         data.update(layer)
         if options:
             data["core_options"] = {**data.get("core_options", {}), **options}
@@ -407,7 +453,7 @@ def layered_settings(preset: str | None, overrides: Mapping[str, Any], config_fi
     if config_file is not None:
         layers.append(read_settings_file(config_file))
     layers.append(dict(overrides))
-    merged = merge_settings(layers)
+    merged = merge_with_per_core(layers)
     if family:
         from fwrl.settings.family_defaults import family_defaults
 

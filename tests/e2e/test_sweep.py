@@ -435,3 +435,11 @@ def test_a_finished_sweep_says_what_next_and_the_extra_it_needs(monkeypatch):
     assert next_step("sw").startswith("next: fwrl report sw")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else real(name, *a))
     assert next_step("sw").endswith("it needs the report extra: pip install -e '.[report]'")
+
+
+def test_each_cell_takes_the_presets_settings_for_its_core_under_the_grids(tmp_path):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text("core: [gru, srwm, {label: srwm-fast, core: srwm, learning_rate: 0.002}]\n")
+    cells = {c.name: c.config for c in expand(grid_of("--grid", str(grid_file), "--preset", "popgym"))}
+    assert (cells["gru"].learning_rate, cells["srwm"].learning_rate, cells["srwm-fast"].learning_rate) == (
+        0.004, 0.001, 0.002)

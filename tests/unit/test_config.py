@@ -342,3 +342,52 @@ def test_acting_staging_reaches_the_config_with_the_local_backend(capsys):
     """``--acting-staging shared`` (refused with Ray: test_cli_errors' cross-setting checks)."""
     assert main(["train", "--print-config", "--acting-staging", "shared"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["acting_staging"] == "shared"
+
+
+def test_a_preset_gives_its_per_core_settings_to_that_core_under_every_later_layer(tmp_path):
+    preset = tmp_path / "family.yaml"
+    preset.write_text("env: memory:cue_delay?delay=2\ncore: lstm\ncore_options:\n  forget_bias: 1.0\n"
+                      "learning_rate: 0.004\nbatch_size: 8\n"
+                      "per_core:\n  srwm:\n    learning_rate: 0.001\n    core_options:\n      num_layers: 1\n"
+                      "  lstm:\n    batch_size: 4\n")
+    lstm = build_config(str(preset), {})
+    assert (lstm.learning_rate, lstm.batch_size, lstm.core_options) == (0.004, 4, {"forget_bias": 1.0})
+    srwm = build_config(str(preset), {"core": "srwm"})
+    assert (srwm.learning_rate, srwm.batch_size, srwm.core_options["num_layers"]) == (0.001, 8, 1)
+    assert "forget_bias" not in srwm.core_options  # the preset's own core's options stay with it
+    assert build_config(str(preset), {"core": "srwm", "learning_rate": "0.002"}).learning_rate == 0.002  # a flag wins
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("learning_rate: 0.003\nper_core:\n  srwm:\n    batch_size: 2\n")
+    srwm = build_config(str(preset), {"core": "srwm"}, config_file=mine)
+    assert (srwm.learning_rate, srwm.batch_size) == (0.003, 2)  # --config over the preset's per-core
+    assert build_config(str(preset), {"core": "gru"}).learning_rate == 0.004  # no entry: the preset's own
+
+
+def test_the_popgym_preset_gives_the_fast_weight_cores_their_rate(capsys):
+    assert main(["train", "--preset", "popgym", "--core", "srwm", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["learning_rate"] == 0.001
+    assert "the popgym preset's settings for srwm (its per_core): learning_rate 0.001" in err
+    assert main(["train", "--preset", "popgym", "--core", "srwm", "--learning-rate", "0.002", "--print-config"]) == 0
+    assert "per_core" not in capsys.readouterr().err  # the flag's rate, not the preset's: nothing to say
+    assert build_config("popgym", {}).learning_rate == 0.004
+    for core in ("srwm", "gated_delta_net", "delta_net", "rdn"):
+        assert build_config("popgym", {"core": core}).learning_rate == 0.001
+    for core in ("gru", "lstm", "feedforward"):
+        assert build_config("popgym", {"core": core}).learning_rate == 0.004
+
+
+@pytest.mark.parametrize("text, names", [
+    ("per_core: 3\n", ["per_core in preset file", "mapping of cores"]),
+    ("per_core:\n  srwn:\n    batch_size: 4\n", ["unknown core 'srwn'", "srwm"]),
+    ("per_core:\n  srwm: 4\n", ["per_core.srwm in preset file", "not a mapping"]),
+    ("per_core:\n  srwm:\n    bach_size: 4\n", ["unknown setting 'bach_size' in per_core.srwm", "batch_size"]),
+    ("per_core:\n  srwm:\n    core: lstm\n", ["unknown setting 'core' in per_core.srwm"]),
+])
+def test_bad_per_core_settings_are_refused_naming_the_choices(tmp_path, text, names):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(FwrlError) as error:
+        build_config(str(bad), {})
+    for name in names:
+        assert name in str(error.value)

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from fwrl.errors import FwrlError, unknown_choice
-from fwrl.settings.config import TrainConfig, merge_settings
+from fwrl.settings.config import TrainConfig, merge_settings, merge_with_per_core
 from fwrl.utils.settings import base_type, show
 from fwrl.utils.yaml_files import read_yaml
 
@@ -260,7 +260,7 @@ def expand(grid: Grid) -> list[Cell]:
             settings = dict(item.settings)
             own_options.update(settings.pop("core_options", {}))
             layers.append(settings)
-        data = merge_settings(layers)
+        data = merge_with_per_core(layers)  # the preset's settings for the cell's core (per_core) under the grid's
         core = data.get("core", TrainConfig.model_fields["core"].default)
         if core not in core_names():
             raise unknown_choice("core", core, core_names(), f"in {source}")
