@@ -7,8 +7,8 @@ the files a session leaves behind are gone when the next one starts elsewhere. `
     python benchmarks/learning/sweep_carry.py save SWEEP DEST      # before the machine goes
     python benchmarks/learning/sweep_carry.py restore DEST SWEEP   # on the next machine, then fwrl sweep SWEEP
 
-``save`` copies ``sweep.yaml``, ``configs/``, every cell's ``status/CELL.json`` and, per run folder,
-``config.yaml``, ``run.json``, ``metrics.csv`` and its evaluations; the checkpoint only of cells not
+``save`` copies ``sweep.yaml``, ``configs/``, every cell's ``status/CELL.json`` and, per run folder
+(under ``run-folders/``: git ignores ``runs/``), ``config.yaml``, ``run.json``, ``metrics.csv`` and its evaluations; the checkpoint only of cells not
 done (a done cell needs none to be skipped, and its figures are in the files above). Left behind: the
 logs, TensorBoard events and ``episodes.csv`` (a 15 M-step POPGym run writes ~100 MB of it; a resumed
 run starts a new one from its checkpoint). A cell that runs while it is saved is saved as interrupted,
@@ -25,6 +25,7 @@ from pathlib import Path
 RUN_FILES = ("config.yaml", "run.json", "metrics.csv", "config-edits.log")
 RUN_PATTERNS = ("evaluation*.json", "evaluation*.md")
 CHECKPOINT = "checkpoint.pt"
+RUNS = "run-folders"  # the sweep's runs/ under another name: git ignores runs/ (.gitignore)
 
 
 def _cell_states(sweep: Path) -> dict[str, str]:
@@ -56,7 +57,7 @@ def save(sweep: Path, dest: Path) -> list[str]:
         run = sweep / "runs" / cell
         if not run.is_dir():
             continue
-        out = tmp / "runs" / cell
+        out = tmp / RUNS / cell
         out.mkdir(parents=True)
         names = [n for n in RUN_FILES if (run / n).is_file()]
         names += sorted(p.name for pattern in RUN_PATTERNS for p in run.glob(pattern))
@@ -79,6 +80,8 @@ def restore(source: Path, sweep: Path) -> list[str]:
     if sweep.exists():
         raise SystemExit(f"{sweep} exists; restore into a new folder (or remove it first).")
     shutil.copytree(source, sweep)
+    if (sweep / RUNS).is_dir():
+        (sweep / RUNS).rename(sweep / "runs")
     for run_json in (sweep / "runs").glob("*/run.json"):  # the run's folder, as the run would record it
         data = json.loads(run_json.read_text())
         data["folder"] = str(run_json.parent.resolve())

@@ -45,13 +45,14 @@ def test_save_keeps_what_resuming_needs_and_leaves_the_bulk(sweep: Path, tmp_pat
     saved = tmp_path / "saved"
     lines = _script().save(sweep, saved)
     assert "2 cells with a status" in lines[0]
-    assert sorted(p.name for p in (saved / "runs" / "done").iterdir()) == [
+    assert sorted(p.name for p in (saved / "run-folders" / "done").iterdir()) == [
         "config.yaml", "evaluation.json", "metrics.csv", "run.json"]  # done: no checkpoint needed
-    assert sorted(p.name for p in (saved / "runs" / "running").iterdir()) == [
+    assert sorted(p.name for p in (saved / "run-folders" / "running").iterdir()) == [
         "checkpoint.pt", "config.yaml", "evaluation.json", "metrics.csv", "run.json"]
     assert read_status(saved, "running")["state"] == "interrupted"
     assert read_status(sweep, "running")["state"] == "running"  # the sweep itself is untouched
     assert (saved / "configs" / "done.yaml").is_file() and not (saved.parent / "saved.partial").exists()
+    assert not any(p.name == "runs" for p in saved.rglob("*"))  # .gitignore ignores runs/: the save is committable
 
 
 def test_a_second_save_replaces_the_first(sweep: Path, tmp_path: Path):
