@@ -22,26 +22,25 @@ import shutil
 import sys
 from pathlib import Path
 
+from fwrl.launch.sweep.status import read_status
+
 RUN_FILES = ("config.yaml", "run.json", "metrics.csv", "config-edits.log")
 RUN_PATTERNS = ("evaluation*.json", "evaluation*.md")
 CHECKPOINT = "checkpoint.pt"
 RUNS = "run-folders"  # the sweep's runs/ under another name: git ignores runs/ (.gitignore)
 
 
-def _cell_states(sweep: Path) -> dict[str, str]:
-    """Each cell's state as its status file says it (a runner's lock does not travel)."""
-    states = {}
-    for path in sorted((sweep / "status").glob("*.json")):
-        data = json.loads(path.read_text())
-        states[data["cell"]] = data["state"]
-    return states
+def _statuses(sweep: Path) -> dict[str, dict]:
+    """Each cell's status as its file says it (a runner's lock does not travel); unreadable ones left out."""
+    statuses = {path.stem: read_status(sweep, path.stem) for path in sorted((sweep / "status").glob("*.json"))}
+    return {cell: status for cell, status in statuses.items() if status is not None}
 
 
 def save(sweep: Path, dest: Path) -> list[str]:
     """Copy ``sweep``'s state to ``dest`` (replacing what an earlier save put there); the lines to print."""
     if not (sweep / "sweep.yaml").is_file():
         raise SystemExit(f"{sweep} is not a sweep folder (no sweep.yaml inside).")
-    states = _cell_states(sweep)
+    statuses = _statuses(sweep)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "status").mkdir(parents=True)
@@ -49,8 +48,8 @@ def save(sweep: Path, dest: Path) -> list[str]:
     if (sweep / "configs").is_dir():
         shutil.copytree(sweep / "configs", tmp / "configs")
     lines = []
-    for cell, state in states.items():
-        status = json.loads((sweep / "status" / f"{cell}.json").read_text())
+    for cell, status in statuses.items():
+        state = status["state"]
         if state == "running":  # its runner stays behind: resumed from its last checkpoint
             status.update(state="interrupted", message="carried to another machine while it ran")
         (tmp / "status" / f"{cell}.json").write_text(json.dumps(status, indent=2) + "\n")
@@ -70,7 +69,7 @@ def save(sweep: Path, dest: Path) -> list[str]:
                      f"{len(names)} files, {size / 1e6:.1f} MB")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
-    return [f"saved {sweep} -> {dest}: {len(states)} cells with a status"] + lines
+    return [f"saved {sweep} -> {dest}: {len(statuses)} cells with a status"] + lines
 
 
 def restore(source: Path, sweep: Path) -> list[str]:
@@ -79,13 +78,16 @@ def restore(source: Path, sweep: Path) -> list[str]:
         raise SystemExit(f"{source} holds no saved sweep (no sweep.yaml inside); save one with: save SWEEP DEST")
     if sweep.exists():
         raise SystemExit(f"{sweep} exists; restore into a new folder (or remove it first).")
-    shutil.copytree(source, sweep)
-    if (sweep / RUNS).is_dir():
-        (sweep / RUNS).rename(sweep / "runs")
-    for run_json in (sweep / "runs").glob("*/run.json"):  # the run's folder, as the run would record it
+    tmp = sweep.with_name(sweep.name + ".partial")  # renamed when whole: a stopped restore leaves no sweep
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    if (tmp / RUNS).is_dir():
+        (tmp / RUNS).rename(tmp / "runs")
+    for run_json in (tmp / "runs").glob("*/run.json"):  # the run's folder, as the run will record it
         data = json.loads(run_json.read_text())
-        data["folder"] = str(run_json.parent.resolve())
+        data["folder"] = str((sweep / "runs" / run_json.parent.name).resolve())
         run_json.write_text(json.dumps(data) + "\n")
+    tmp.rename(sweep)
     return [f"restored {source} -> {sweep}: run `fwrl sweep {sweep}` to go on"]
 
 
